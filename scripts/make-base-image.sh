@@ -12,7 +12,7 @@
 # proxy whose CA lives only in the host's bundle.
 #
 # Env overrides: DEBIAN_MIRROR (default: the bookworm mirror apt uses here),
-#                FORCE=1 (rebuild even if the image is up to date).
+#                FORCE_BASE_IMAGE_REBUILD=1 (rebuild even if up to date).
 set -euo pipefail
 
 IMAGE="${1:-abeja-runtime-base:bookworm}"
@@ -37,7 +37,7 @@ old_id=""
 if old_id=$(docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null); then
     have_recipe=$(docker image inspect --format '{{ index .Config.Labels "abeja-runtime.base.recipe" }}' "$IMAGE" 2>/dev/null || true)
     have_ca=$(docker image inspect --format '{{ index .Config.Labels "abeja-runtime.base.ca-sha256" }}' "$IMAGE" 2>/dev/null || true)
-    if [ "${FORCE:-0}" != 1 ] && [ "$have_recipe" = "$RECIPE_VERSION" ] && [ "$have_ca" = "$ca_sha" ]; then
+    if [ "${FORCE_BASE_IMAGE_REBUILD:-0}" != 1 ] && [ "$have_recipe" = "$RECIPE_VERSION" ] && [ "$have_ca" = "$ca_sha" ]; then
         log "$IMAGE already exists and is up to date ($old_id); skipping"
         exit 0
     fi
