@@ -31,5 +31,6 @@ if ! docker build --rm --force-rm --pull=false -t "$TEST_TAG" "$CTX" >"$CTX/buil
     log "FAILED: a Dockerfile FROM $IMAGE could not 'pip install six' from PyPI"
     exit 1
 fi
-grep -E '^(Python |pip |six .* imported OK)' "$CTX/build.log" | sed 's/^/[check-base-image]   /' >&2 || true
+# (the RUN output may carry terminal colour codes from pip's warnings)
+grep -aE '(^Python |^pip |six .* imported OK)' "$CTX/build.log" | sed 's/^.*\(six \)/\1/; s/^/[check-base-image]   /' >&2 || true
 log "OK: $IMAGE can pip install from PyPI in a RUN step"

@@ -41,7 +41,11 @@ if old_id=$(docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null); then
         log "$IMAGE already exists and is up to date ($old_id); skipping"
         exit 0
     fi
-    log "$IMAGE exists but is stale (recipe '$have_recipe' vs '$RECIPE_VERSION', CA bundle changed: $([ "$have_ca" = "$ca_sha" ] && echo no || echo yes)); rebuilding"
+    if [ "${FORCE_BASE_IMAGE_REBUILD:-0}" = 1 ]; then
+        log "$IMAGE exists; FORCE_BASE_IMAGE_REBUILD=1, rebuilding"
+    else
+        log "$IMAGE exists but is stale (recipe '$have_recipe', want '$RECIPE_VERSION'; CA bundle changed: $([ "$have_ca" = "$ca_sha" ] && echo no || echo yes)); rebuilding"
+    fi
 else
     old_id=""
 fi
