@@ -1,0 +1,158 @@
+"""The runtime's settings: one frozen, picklable ``Config`` built once and passed down.
+
+Field names and defaults live here only. ``main.py`` maps flags and environment variables onto
+these fields; worker processes receive the same object. Nothing below the command line reads
+``os.environ`` for settings.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = [
+    "DEFAULT_MAX_BODY_SIZE",
+    "DEFAULT_SPOOL_THRESHOLD",
+    "LOG_LEVELS",
+    "Config",
+    "PlatformIds",
+    "parse_context",
+]
+
+MiB: Final = 1024 * 1024
+#: The anchor had no limit at all; 100 MiB admits large images and small videos while still
+#: stopping a runaway client before it fills the disk.
+DEFAULT_MAX_BODY_SIZE: Final = 100 * MiB
+#: Bodies up to this size stay in memory; most inference payloads (JSON, a photo) fit.
+DEFAULT_SPOOL_THRESHOLD: Final = 1 * MiB
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True)
+class PlatformIds:
+    """Identifiers that ABEJA Platform puts in the environment.
+
+    They become response headers (contract A3 / Part B 5.2) and log fields (Part B 6.1).
+    """
+
+    organization_id: str = ""
+    model_id: str = ""
+    model_version: str = ""
+    deployment_id: str = ""
+    service_id: str = ""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> PlatformIds:
+        return cls(
+            organization_id=environ.get("ABEJA_ORGANIZATION_ID", ""),
+            model_id=environ.get("ABEJA_MODEL_ID", ""),
+            model_version=environ.get("ABEJA_MODEL_VERSION", ""),
+            deployment_id=environ.get("ABEJA_DEPLOYMENT_ID", ""),
+            service_id=environ.get("ABEJA_SERVICE_ID", ""),
+        )
+
+    def response_headers(self) -> tuple[tuple[str, str], ...]:
+        """The ``X-Abeja-*`` headers of every handler response, for the variables that are set."""
+        pairs = (
+            ("X-Abeja-Model-Id", self.model_id),
+            # The anchor path-escapes the version (Go url.PathEscape): "1.0 β/x" → "1.0%20%CE%B2%2Fx".
+            ("X-Abeja-Model-Version", urllib.parse.quote(self.model_version, safe="")),
+            ("X-Abeja-Deployment-Id", self.deployment_id),
+            ("X-Abeja-Service-Id", self.service_id),
+        )
+        return tuple((name, value) for name, value in pairs if value)
+
+    def log_fields(self) -> dict[str, str]:
+        fields = {
+            "organization_id": self.organization_id,
+            "deployment_id": self.deployment_id,
+            "service_id": self.service_id,
+        }
+        return {key: value for key, value in fields.items() if value}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of one runtime instance; see the README for what each one means."""
+
+    handler: str = "main:handler"
+    host: str = "0.0.0.0"
+    port: int = 5000
+    healthcheck_port: int = 5001
+    workers: int = 1
+    #: Handler calls that may run at once in one worker. 1 keeps the anchor's guarantee that
+    #: non-thread-safe ML frameworks and module globals rely on.
+    concurrency: int = 1
+    #: Requests that may wait for a free handler slot, per worker, before 503 "service busy".
+    max_queue: int = 100
+    #: Seconds from the start of a request until its handler must have answered; 0 = no limit.
+    timeout: float = 60.0
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE
+    spool_threshold: int = DEFAULT_SPOOL_THRESHOLD
+    #: Seconds that in-flight requests get to finish at shutdown; also the time past ``timeout``
+    #: after which a worker whose handler is still running is recycled.
+    grace_period: float = 30.0
+    log_level: str = "info"
+    #: ABEJA_USER_MODEL_ROOT: where the user's code lives (relative to the start directory).
+    user_model_root: str = ""
+    #: ABEJA_TRAINING_RESULT_DIR as given; resolved against the working directory at start.
+    training_result_dir: str = ""
+    #: The parsed CONTEXT variable; every call gets its own deep copy.
+    context: Mapping[str, Any] = field(default_factory=dict)
+    #: Install requirements.txt / Pipfile at start-up, as the anchor does (opt-in here).
+    install_requirements: bool = False
+    platform: PlatformIds = field(default_factory=PlatformIds)
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        problems = []
+        if self.handler.count(":") != 1:
+            problems.append(
+                f"handler {self.handler!r} must have the form module:function, e.g. main:handler"
+            )
+        for name in ("port", "healthcheck_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                problems.append(f"{name} must be from 0 to 65535, got {value}")
+        if self.port == self.healthcheck_port and self.port != 0:
+            problems.append(f"port and healthcheck port must differ, both are {self.port}")
+        for name, minimum in (("workers", 1), ("concurrency", 1), ("max_queue", 0)):
+            if getattr(self, name) < minimum:
+                problems.append(f"{name} must be at least {minimum}, got {getattr(self, name)}")
+        for name in ("timeout", "grace_period"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("max_body_size", "spool_threshold"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.log_level not in LOG_LEVELS:
+            problems.append(f"log level must be one of {', '.join(LOG_LEVELS)}")
+        return problems
+
+    @property
+    def stuck_after(self) -> float | None:
+        """Seconds after which a still-running handler makes its worker be recycled (A1)."""
+        return self.timeout + self.grace_period if self.timeout else None
+
+
+def parse_context(text: str | None) -> dict[str, Any]:
+    """Parse the ``CONTEXT`` variable: a JSON object passed to every handler call.
+
+    Raises ``ValueError`` with a message naming the variable; the anchor crashed with a traceback.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"CONTEXT is not valid JSON ({exc}); set it to a JSON object") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"CONTEXT must be a JSON object, got {type(value).__name__}")
+    return value

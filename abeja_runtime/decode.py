@@ -1,0 +1,234 @@
+"""HTTP request parts → :class:`~abeja_runtime.request.Request`, enforcing limits while reading.
+
+This module knows HTTP semantics but no server library: the server hands it the method, the raw
+target, the headers and an async iterator of body chunks. Multipart bodies are parsed
+incrementally with the ``multipart`` library's sans-IO parser as chunks arrive, so no body is
+ever held whole in memory beyond the spool threshold. Every problem is raised as an
+:class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import urllib.parse
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import IO, Final
+
+import multipart
+from multidict import MultiDict, MultiDictProxy
+
+from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge
+from abeja_runtime.request import Content, Request
+from abeja_runtime.spool import Scratch, Spool
+
+__all__ = [
+    "ALLOWED_METHODS",
+    "BodyLimits",
+    "check_declared_length",
+    "check_method",
+    "decode_request",
+]
+
+#: PATCH and DELETE are delivered like POST (contract A2); GET carries its query as the body.
+ALLOWED_METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE")
+#: Credentials never reach user code (the anchor's docs promise it; its proxy forgot).
+_STRIPPED_HEADERS: Final = frozenset({"authorization", "proxy-authorization"})
+_GET_CONTENT_TYPE: Final = "application/x-www-form-urlencoded"
+_DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
+#: Part header limits: generous for real forms, small enough to stop a header flood in a part.
+_MAX_PART_HEADER_SIZE: Final = 16 * 1024
+_MAX_PART_HEADER_COUNT: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """``max_body_size`` 0 means no limit; bodies above ``spool_threshold`` go to disk."""
+
+    max_body_size: int
+    spool_threshold: int
+    scratch_root: str | None = None
+
+
+def check_method(method: str) -> None:
+    if method not in ALLOWED_METHODS:
+        raise MethodNotAllowed(method, ALLOWED_METHODS)
+
+
+def check_declared_length(content_length: int | None, limits: BodyLimits) -> None:
+    """Refuse a body by its ``Content-Length`` before reading a byte of it."""
+    if limits.max_body_size and content_length is not None:
+        if content_length > limits.max_body_size:
+            raise PayloadTooLarge(limits.max_body_size)
+
+
+async def decode_request(
+    *,
+    method: str,
+    raw_path: str,
+    raw_query: str,
+    headers: Iterable[tuple[str, str]],
+    body: AsyncIterator[bytes],
+    limits: BodyLimits,
+    request_id: str = "",
+) -> Request:
+    """Build the handler's request; raise ``HttpError`` subclasses for anything malformed."""
+    check_method(method)
+    kept = [(name, value) for name, value in headers if name.lower() not in _STRIPPED_HEADERS]
+    content_type = _header(kept, "content-type")
+    path = _unquote(raw_path, "URL path")
+    query = _parse_query(raw_query)
+    scratch = Scratch(limits.scratch_root)
+    try:
+        if method == "GET":
+            content_type = _GET_CONTENT_TYPE
+            contents = [_in_memory_content(raw_query.encode("utf-8", "surrogateescape"))]
+        else:
+            content_type = content_type or _DEFAULT_CONTENT_TYPE
+            mime, options = multipart.parse_options_header(content_type)
+            if mime == "multipart/form-data":
+                length = _header(kept, "content-length")
+                contents = await _read_multipart(
+                    body, options.get("boundary"), length, limits, scratch
+                )
+            else:
+                contents = [Content(await _read_whole(body, limits, scratch))]
+    except BaseException:
+        scratch.remove()
+        raise
+    return Request(
+        http_method=method,
+        content_type=content_type,
+        headers=kept,
+        contents=contents,
+        path=path,
+        query=query,
+        query_string=raw_query,
+        request_id=request_id,
+        scratch=scratch,
+    )
+
+
+def _header(headers: list[tuple[str, str]], wanted: str) -> str | None:
+    for name, value in headers:
+        if name.lower() == wanted:
+            return value
+    return None
+
+
+def _unquote(text: str, what: str) -> str:
+    try:
+        return urllib.parse.unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        raise BadRequest(f"the {what} is not valid percent-encoded UTF-8") from None
+
+
+def _parse_query(raw_query: str) -> MultiDictProxy[str]:
+    try:
+        pairs = urllib.parse.parse_qsl(raw_query, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid percent-encoded UTF-8") from None
+    return MultiDictProxy(MultiDict(pairs))
+
+
+def _in_memory_content(data: bytes) -> Content:
+    spool = Spool(Scratch(), threshold=len(data))
+    spool.write(data)
+    return Content(spool.finish())
+
+
+class _Counter:
+    """Counts body bytes as they arrive and stops at the limit (chunked bodies have no length)."""
+
+    __slots__ = ("limit", "total")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.limit and self.total > self.limit:
+            raise PayloadTooLarge(self.limit)
+
+
+async def _read_whole(
+    body: AsyncIterator[bytes], limits: BodyLimits, scratch: Scratch
+) -> IO[bytes]:
+    spool = Spool(scratch, limits.spool_threshold)
+    counter = _Counter(limits.max_body_size)
+    try:
+        async for chunk in body:
+            counter.add(chunk)
+            spool.write(chunk)
+    except BaseException:
+        spool.discard()
+        raise
+    return spool.finish()
+
+
+async def _read_multipart(
+    body: AsyncIterator[bytes],
+    boundary: str | None,
+    content_length: str | None,
+    limits: BodyLimits,
+    scratch: Scratch,
+) -> list[Content]:
+    if not boundary:
+        raise BadRequest(
+            "multipart/form-data request has no boundary parameter in its Content-Type header; "
+            "let your HTTP library build the header (e.g. 'multipart/form-data; boundary=...')"
+        )
+    parser = multipart.PushMultipartParser(
+        boundary,
+        content_length=int(content_length) if content_length and content_length.isdigit() else -1,
+        max_header_size=_MAX_PART_HEADER_SIZE,
+        max_header_count=_MAX_PART_HEADER_COUNT,
+    )
+    counter = _Counter(limits.max_body_size)
+    contents: list[Content] = []
+    spool: Spool | None = None
+    segment: multipart.MultipartSegment | None = None
+    try:
+        async for chunk in body:
+            counter.add(chunk)
+            for event in parser.parse(chunk):
+                if isinstance(event, multipart.MultipartSegment):
+                    segment, spool = event, Spool(scratch, limits.spool_threshold)
+                elif event is None:
+                    assert segment is not None and spool is not None
+                    contents.append(_part_content(segment, spool))
+                    segment = spool = None
+                else:
+                    assert spool is not None
+                    spool.write(event)
+        for _ in parser.parse(b""):  # end of input: a truncated body raises here
+            pass
+        parser.close()
+    except multipart.MultipartError as exc:
+        _discard(contents, spool)
+        raise BadRequest(f"malformed multipart/form-data body: {exc}") from None
+    except BaseException:
+        _discard(contents, spool)
+        raise
+    return contents
+
+
+def _part_content(segment: multipart.MultipartSegment, spool: Spool) -> Content:
+    file_name = segment.filename
+    if file_name:
+        # Keep the base name only, whichever separator the client used ("../../etc/cat.jpg").
+        file_name = posixpath.basename(file_name.replace("\\", "/")) or None
+    return Content(
+        spool.finish(),
+        content_type=segment.header("Content-Type") or None,
+        file_name=file_name or None,
+        form_name=segment.name or None,
+    )
+
+
+def _discard(contents: list[Content], spool: Spool | None) -> None:
+    for content in contents:
+        content.close()
+    if spool is not None:
+        spool.discard()

@@ -1,0 +1,287 @@
+"""The handler's return value → status, headers and body bytes or a stream of byte chunks.
+
+The rules are the anchor's (contract Part B 5.1) with the fixes of contract A3: ``content`` is
+normalised into a sequence of *elements*; each element is encoded by one small function chosen by
+its kind, with the anchor's separators (JSON and text elements are preceded by a newline once
+anything was written, bytes are appended raw). In-memory content is rendered at once, so the
+response gets a ``Content-Length``; generators, iterators and file objects are encoded lazily,
+one element or chunk at a time, and streamed. Sending the bytes is the server's job.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import datetime
+import functools
+import http
+import io
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+import multipart
+
+from abeja_runtime.errors import HandlerResultError
+
+__all__ = ["EncodedResponse", "encode_result", "json_dumps"]
+
+_log = logging.getLogger("abeja_runtime")
+
+DEFAULT_CONTENT_TYPE: Final = "text/plain"
+#: Headers that describe the message framing; a handler's metadata cannot override them.
+_PROTECTED_HEADERS: Final = frozenset(
+    {"content-type", "content-length", "connection", "transfer-encoding"}
+)
+_HEADER_NAME: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_FORBIDDEN_IN_VALUE: Final = re.compile(r"[\r\n\x00]")
+_BYTES_LIKE: Final = (bytes, bytearray, memoryview)
+#: Read size for streamed file objects: large enough to keep syscalls few, small enough that a
+#: streamed response never holds much memory.
+_FILE_CHUNK: Final = 64 * 1024
+
+Body = bytes | Iterator[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedResponse:
+    """What the server sends: ``body`` is bytes, or an iterator for a streamed response."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: Body
+
+
+def _json_default(value: object) -> Any:
+    """Types the anchor's encoder knew (datetime, numpy) plus those contract A3 adds."""
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        if value.is_finite() and value == value.to_integral_value():
+            return int(value)
+        return float(value)
+    if isinstance(value, set | frozenset):
+        return list(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()  # arrays, numpy integers, floats and bools
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+#: The anchor's JSON: default separators, ASCII only, NaN allowed.
+json_dumps: Callable[[Any], str] = json.JSONEncoder(default=_json_default).encode
+
+
+def encode_result(
+    result: object,
+    *,
+    extra_headers: Iterable[tuple[str, str]] = (),
+    dumps: Callable[[Any], str] = json_dumps,
+) -> EncodedResponse:
+    """Check the handler's result against the contract and encode it.
+
+    ``extra_headers`` (runtime version, ``X-Abeja-*``) are added last and win over metadata.
+    Raises :class:`HandlerResultError` with a message for the handler's author.
+    """
+    if not isinstance(result, Mapping):
+        raise HandlerResultError(
+            f"the handler returned {_describe(result)}, but it must return a dict such as "
+            "{'status_code': 200, 'content_type': 'application/json', 'content': {...}}"
+        )
+    status = _status(result.get("status_code", http.HTTPStatus.OK))
+    content_type = result.get("content_type", DEFAULT_CONTENT_TYPE)
+    if not isinstance(content_type, str) or not content_type.strip():
+        raise HandlerResultError(
+            f"the handler returned content_type {content_type!r}; it must be a media type "
+            "such as 'application/json' (leave the key out for text/plain)"
+        )
+    mime, charset = _media_type(content_type)
+    headers = _headers(content_type, result.get("metadata"), extra_headers)
+    body = _render(result.get("content"), _ElementWriter(mime, charset, dumps))
+    return EncodedResponse(status, headers, body)
+
+
+def _describe(value: object) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _status(value: object) -> int:
+    if value is None:  # the anchor sends JSON null and the proxy falls back to 200
+        return 200
+    if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
+        raise HandlerResultError(
+            f"the handler returned status_code {value!r}; it must be an int from 100 to 599, "
+            "e.g. http.HTTPStatus.OK"
+        )
+    return int(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _media_type(content_type: str) -> tuple[str, str]:
+    mime, options = multipart.parse_options_header(content_type)
+    charset = options.get("charset") or "utf-8"
+    try:
+        charset = codecs.lookup(charset).name
+    except LookupError:
+        raise HandlerResultError(
+            f"the handler's content_type {content_type!r} names the unknown charset {charset!r}; "
+            "use a standard one such as utf-8"
+        ) from None
+    return mime, charset
+
+
+def _headers(
+    content_type: str, metadata: object, extra: Iterable[tuple[str, str]]
+) -> tuple[tuple[str, str], ...]:
+    headers: dict[str, tuple[str, str]] = {"content-type": ("Content-Type", content_type)}
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise HandlerResultError(
+            f"the handler returned metadata of type {type(metadata).__name__}; it must be a dict "
+            "of header names to values"
+        )
+    for name, value in (metadata or {}).items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            raise HandlerResultError(
+                f"metadata key {name!r} is not a valid HTTP header name (letters, digits, '-')"
+            )
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise HandlerResultError(
+                f"metadata value for {name!r} is {_describe(value)}; use a string or a number"
+            )
+        text = str(value)
+        if _FORBIDDEN_IN_VALUE.search(text):
+            raise HandlerResultError(f"metadata value for {name!r} contains a line break")
+        if name.lower() in _PROTECTED_HEADERS:
+            _warn_protected(name.lower())
+            continue
+        headers[name.lower()] = (name, text)
+    for name, value in extra:
+        headers[name.lower()] = (name, value)
+    return tuple(headers.values())
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_protected(name: str) -> None:
+    """Log once per header name: the handler keeps trying, the log should not fill up."""
+    _log.warning(
+        "the handler's metadata sets %s, which the runtime controls; the value is ignored "
+        "(set content_type in the returned dict instead)",
+        name,
+    )
+
+
+class _ElementWriter:
+    """Encodes content elements one by one with the anchor's separator rules."""
+
+    __slots__ = ("_charset", "_csv", "_csv_buffer", "_dumps", "_mime", "_wrote")
+
+    def __init__(self, mime: str, charset: str, dumps: Callable[[Any], str]) -> None:
+        self._mime = mime
+        self._charset = charset
+        self._dumps = dumps
+        self._wrote = False
+        self._csv: csv.DictWriter[str] | None = None
+        self._csv_buffer = io.StringIO()
+
+    def encode(self, element: object) -> bytes:
+        if isinstance(element, _BYTES_LIKE):
+            out = bytes(element)
+        elif isinstance(element, str):
+            out = self._separator() + self.text(element)
+        elif self._mime == "text/csv":
+            out = self._csv_row(element)
+        else:
+            try:
+                out = self._separator() + self._dumps(_pairs_to_dict(element)).encode("ascii")
+            except (TypeError, ValueError) as exc:
+                raise HandlerResultError(f"the handler's content cannot be encoded: {exc}") from exc
+        self._wrote = self._wrote or bool(out)
+        return out
+
+    def text(self, value: str) -> bytes:
+        try:
+            return value.encode(self._charset)
+        except UnicodeEncodeError as exc:
+            raise HandlerResultError(
+                f"the handler's text cannot be encoded as {self._charset}: {exc}"
+            ) from exc
+
+    def _separator(self) -> bytes:
+        return b"\n" if self._wrote else b""
+
+    def _csv_row(self, row: object) -> bytes:
+        if not isinstance(row, Mapping):
+            raise HandlerResultError(
+                f"text/csv content must be dicts, one per row (or a str); got {_describe(row)}"
+            )
+        if self._csv is None:
+            self._csv = csv.DictWriter(self._csv_buffer, fieldnames=list(row))
+            self._csv.writeheader()
+        try:
+            self._csv.writerow(row)
+        except ValueError as exc:
+            raise HandlerResultError(f"a text/csv row does not match the first row: {exc}") from exc
+        text = self._csv_buffer.getvalue()
+        self._csv_buffer.seek(0)
+        self._csv_buffer.truncate()
+        return self.text(text)
+
+
+def _pairs_to_dict(element: object) -> object:
+    """The anchor turns a list of key/value tuples into an object: ``[('a', 1)]`` → ``{"a": 1}``."""
+    if (
+        isinstance(element, list)
+        and element
+        and all(isinstance(item, tuple) and len(item) == 2 for item in element)
+    ):
+        return dict(element)
+    return element
+
+
+def _render(content: object, writer: _ElementWriter) -> Body:
+    """Dispatch on the kind of content; see the table in the README."""
+    if content is None:
+        return b""
+    if isinstance(content, _BYTES_LIKE):
+        return bytes(content)  # raw: contract A3 (the anchor sent decimal byte values)
+    if isinstance(content, str | Mapping):
+        return writer.encode(content)
+    if isinstance(content, io.BytesIO):
+        return content.read()
+    if isinstance(content, io.StringIO):
+        return writer.text(content.read())
+    if type(content).__module__ == "numpy" and hasattr(content, "tolist"):
+        content = content.tolist()  # an array is encoded like the list it holds
+        if not isinstance(content, list):
+            return writer.encode(content)
+    if callable(getattr(content, "read", None)):
+        return _stream_file(content, writer)
+    if isinstance(content, Iterable):
+        if isinstance(content, Sized):  # list, tuple, set...: in memory, render now
+            return b"".join(writer.encode(element) for element in content)
+        return _stream_elements(content, writer)
+    return writer.encode(content)  # numbers, booleans, datetimes, numpy scalars...
+
+
+def _stream_elements(elements: Iterable[object], writer: _ElementWriter) -> Iterator[bytes]:
+    iterator = iter(elements)
+    try:
+        for element in iterator:
+            chunk = writer.encode(element)
+            if chunk:
+                yield chunk
+    finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
+
+
+def _stream_file(file: Any, writer: _ElementWriter) -> Iterator[bytes]:
+    try:
+        while chunk := file.read(_FILE_CHUNK):
+            yield writer.text(chunk) if isinstance(chunk, str) else bytes(chunk)
+    finally:
+        file.close()

@@ -1,0 +1,93 @@
+"""The exceptions of abeja-runtime.
+
+Lower layers (loading, decoding, encoding, execution) raise these; only ``server.py`` turns them
+into HTTP responses and only the command line turns them into exit codes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AbejaRuntimeError",
+    "BadRequest",
+    "HandlerLoadError",
+    "HandlerResultError",
+    "HandlerTimeout",
+    "HttpError",
+    "MethodNotAllowed",
+    "PayloadTooLarge",
+    "ServiceBusy",
+    "ServiceUnavailable",
+]
+
+
+class AbejaRuntimeError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class HandlerLoadError(AbejaRuntimeError):
+    """The user's handler could not be found, imported or used; the message says how to fix it."""
+
+
+class HandlerResultError(AbejaRuntimeError):
+    """The handler returned something that breaks the response contract (contract A3).
+
+    The client only sees ``500 unexpected error occurred``; this message goes to the log so that
+    the handler's author learns exactly what was wrong.
+    """
+
+
+class HttpError(AbejaRuntimeError):
+    """An error with a status code and a message meant for the client."""
+
+    status: int = 500
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(HttpError):
+    status = 400
+
+
+class MethodNotAllowed(HttpError):
+    status = 405
+
+    def __init__(self, method: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(
+            f"method {method} is not allowed; use one of {', '.join(allowed)}",
+            headers={"Allow": ", ".join(allowed)},
+        )
+
+
+class PayloadTooLarge(HttpError):
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body too large (limit {limit} bytes)")
+        self.limit = limit
+
+
+class ServiceUnavailable(HttpError):
+    status = 503
+
+    def __init__(self, message: str = "service unavailable") -> None:
+        super().__init__(message)
+
+
+class ServiceBusy(HttpError):
+    """The handler queue is full: the client should retry a little later."""
+
+    status = 503
+
+    def __init__(self, retry_after: int = 1) -> None:
+        super().__init__("service busy", headers={"Retry-After": str(retry_after)})
+
+
+class HandlerTimeout(HttpError):
+    status = 504
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"handler timed out after {timeout:g} s")
+        self.timeout = timeout

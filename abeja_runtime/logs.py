@@ -1,0 +1,154 @@
+"""JSON-lines logging: runtime messages, one access record per request, the handler's prints.
+
+Field names follow the anchor's proxy (contract Part B 6.1): ``log_level``, ``message``,
+``timestamp``, ``version``, ``request_id``/``requester_id`` while a request runs, and platform ids
+from the environment. Access records carry ``log_type: access_log`` and no ``message``. Lines the
+handler prints become ``info`` (stdout) or ``warning`` (stderr) records with the request id of the
+call that printed them, because the id lives in a ``ContextVar`` that follows the call into its
+handler thread.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import logging
+import logging.config
+import sys
+import threading
+from contextvars import ContextVar
+from typing import Any, Final, TextIO
+
+from abeja_runtime import __version__
+
+__all__ = [
+    "access_logger",
+    "capture_prints",
+    "configure_logging",
+    "format_timestamp",
+    "request_id_var",
+    "requester_id_var",
+]
+
+request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
+requester_id_var: ContextVar[str | None] = ContextVar("abeja_requester_id", default=None)
+
+access_logger: Final = logging.getLogger("abeja_runtime.access")
+_handler_output: Final = logging.getLogger("abeja_runtime.handler")
+_LEVEL_NAMES: Final = {
+    logging.DEBUG: "debug",
+    logging.INFO: "info",
+    logging.WARNING: "warning",
+    logging.ERROR: "error",
+    logging.CRITICAL: "fatal",
+}
+
+
+def format_timestamp(epoch: float, timespec: str = "milliseconds") -> str:
+    """``2026-11-21T18:14:14.672+00:00``, the anchor's format."""
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    return moment.isoformat(timespec=timespec)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, keys sorted as the anchor's logrus output."""
+
+    def __init__(self, static_fields: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self._static = static_fields or {}
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = getattr(record, "access", None) or {}
+        if fields:
+            data = {**fields, **self._static}
+        else:
+            data = {"message": record.getMessage(), "version": __version__, **self._static}
+            data.update(getattr(record, "fields", None) or {})
+            if record.exc_info:
+                data["traceback"] = self.formatException(record.exc_info)
+        data["log_level"] = _LEVEL_NAMES.get(record.levelno, record.levelname.lower())
+        data["timestamp"] = format_timestamp(record.created)
+        if (request_id := request_id_var.get()) is not None:
+            data.setdefault("request_id", request_id)
+        if (requester_id := requester_id_var.get()) is not None:
+            data.setdefault("requester_id", requester_id)
+        return json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str, static_fields: dict[str, str] | None = None) -> None:
+    """Send every log record of this process to stdout as JSON lines."""
+    logging.raiseExceptions = False  # a broken stdout must not loop through our own stderr
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": {
+                "json": {"()": JsonFormatter, "static_fields": static_fields or {}},
+            },
+            "handlers": {
+                "stdout": {
+                    "class": "logging.StreamHandler",
+                    "formatter": "json",
+                    "stream": sys.__stdout__,
+                },
+            },
+            "root": {"level": level.upper(), "handlers": ["stdout"]},
+            "loggers": {
+                # aiohttp's own access log is replaced by ours; its errors still show.
+                "aiohttp.access": {"level": "WARNING"},
+                "abeja_runtime.access": {"level": "INFO"},
+            },
+        }
+    )
+
+
+class _LineLogger(io.TextIOBase):
+    """A text stream that turns each complete line written to it into a log record.
+
+    Lines are assembled per thread, so concurrent handler calls do not mix their output.
+    """
+
+    def __init__(self, level: int, original: TextIO) -> None:
+        super().__init__()
+        self._level = level
+        self._original = original
+        self._pending = threading.local()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._original.fileno()
+
+    def write(self, text: str) -> int:
+        buffered = getattr(self._pending, "text", "") + text
+        *lines, rest = buffered.split("\n")
+        self._pending.text = rest
+        for line in lines:
+            self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        rest = getattr(self._pending, "text", "")
+        if rest:
+            self._pending.text = ""
+            self._emit(rest)
+
+    def _emit(self, line: str) -> None:
+        line = line.rstrip()
+        if line:
+            _handler_output.log(self._level, line)
+
+
+def capture_prints() -> None:
+    """Route ``print()`` and other writes to sys.stdout / sys.stderr into JSON records."""
+    sys.stdout = _LineLogger(logging.INFO, sys.__stdout__)
+    sys.stderr = _LineLogger(logging.WARNING, sys.__stderr__)

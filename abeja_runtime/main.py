@@ -1,0 +1,246 @@
+"""The ``abeja-runtime`` command: flags and environment → :class:`Config` → ``run(config)``.
+
+Every option has an environment variable (the names are fixed by the contract); click gives the
+precedence command line > environment > default. ``.env`` in the start directory fills in
+variables that are not set yet. A bad value is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import click
+from dotenv import load_dotenv
+
+from abeja_runtime import __version__
+from abeja_runtime.config import (
+    DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_SPOOL_THRESHOLD,
+    LOG_LEVELS,
+    Config,
+    PlatformIds,
+    parse_context,
+)
+
+__all__ = ["cli", "main"]
+
+#: logrus level names used by the anchor, mapped onto ours.
+_LEVEL_ALIASES: Final = {
+    "trace": "debug",
+    "warn": "warning",
+    "fatal": "critical",
+    "panic": "critical",
+}
+
+
+class ByteSize(click.ParamType):
+    """A byte count: ``1048576``, ``512KiB``, ``100MiB``, ``1GiB`` (also KB/MB/GB as powers of 1024)."""
+
+    name = "bytes"
+    _pattern: Final = re.compile(r"^\s*(\d+)\s*([kmg]i?b?)?\s*$", re.IGNORECASE)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = self._pattern.match(str(value))
+        if not match:
+            self.fail(f"{value!r} is not a size in bytes (e.g. 1048576 or 100MiB)", param, ctx)
+        number, unit = match.groups()
+        return int(number) * 1024 ** (" kmg".index(unit[0].lower()) if unit else 0)
+
+
+class LogLevel(click.Choice):
+    def __init__(self) -> None:
+        super().__init__([*LOG_LEVELS, *_LEVEL_ALIASES], case_sensitive=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        level = super().convert(value, param, ctx).lower()
+        return _LEVEL_ALIASES.get(level, level)
+
+
+class JsonObject(click.ParamType):
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, dict):
+            return value
+        try:
+            return parse_context(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+_PORT = click.IntRange(0, 65535)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--handler",
+    envvar="HANDLER",
+    show_envvar=True,
+    default=Config.handler,
+    show_default=True,
+    help="The handler to serve, as module:function.",
+)
+@click.option(
+    "--host",
+    envvar="ABEJA_RUNTIME_HOST",
+    show_envvar=True,
+    default=Config.host,
+    show_default=True,
+    help="Interface to listen on (0.0.0.0: all; 127.0.0.1: this machine only).",
+)
+@click.option(
+    "--port",
+    envvar="PORT",
+    show_envvar=True,
+    type=_PORT,
+    default=Config.port,
+    show_default=True,
+    help="Service port: the handler on any path, and /health_check.",
+)
+@click.option(
+    "--healthcheck-port",
+    envvar="HEALTHCHECK_PORT",
+    show_envvar=True,
+    type=_PORT,
+    default=Config.healthcheck_port,
+    show_default=True,
+    help="Port that serves only /health_check.",
+)
+@click.option(
+    "--workers",
+    envvar="ABEJA_RUNTIME_WORKERS",
+    show_envvar=True,
+    type=click.IntRange(min=1),
+    default=Config.workers,
+    show_default=True,
+    help="Worker processes, each with its own copy of the handler.",
+)
+@click.option(
+    "--concurrency",
+    envvar="ABEJA_RUNTIME_CONCURRENCY",
+    show_envvar=True,
+    type=click.IntRange(min=1),
+    default=Config.concurrency,
+    show_default=True,
+    help="Handler calls that may run at once in one worker. Raise it only for "
+    "thread-safe handlers.",
+)
+@click.option(
+    "--max-queue",
+    envvar="ABEJA_RUNTIME_MAX_QUEUE",
+    show_envvar=True,
+    type=click.IntRange(min=0),
+    default=Config.max_queue,
+    show_default=True,
+    help="Requests that may wait for a handler slot in one worker; beyond that: 503 service busy.",
+)
+@click.option(
+    "--timeout",
+    envvar="ABEJA_RUNTIME_TIMEOUT",
+    show_envvar=True,
+    type=click.FloatRange(min=0),
+    default=Config.timeout,
+    show_default=True,
+    help="Seconds a request may take until the handler answers (504 after); 0: none.",
+)
+@click.option(
+    "--max-body-size",
+    envvar="ABEJA_RUNTIME_MAX_BODY_SIZE",
+    show_envvar=True,
+    type=ByteSize(),
+    default=DEFAULT_MAX_BODY_SIZE,
+    show_default=True,
+    help="Largest request body in bytes (413 above); 0: no limit.",
+)
+@click.option(
+    "--spool-threshold",
+    envvar="ABEJA_RUNTIME_SPOOL_THRESHOLD",
+    show_envvar=True,
+    type=ByteSize(),
+    default=DEFAULT_SPOOL_THRESHOLD,
+    show_default=True,
+    help="Bodies larger than this many bytes are spooled to a temporary file.",
+)
+@click.option(
+    "--grace-period",
+    envvar="ABEJA_RUNTIME_GRACE_PERIOD",
+    show_envvar=True,
+    type=click.FloatRange(min=0),
+    default=Config.grace_period,
+    show_default=True,
+    help="Seconds in-flight requests get at shutdown; a handler still running "
+    "timeout + grace seconds after it started gets its worker recycled.",
+)
+@click.option(
+    "--log-level",
+    envvar="LOG_LEVEL",
+    show_envvar=True,
+    type=LogLevel(),
+    default=Config.log_level,
+    show_default=True,
+    help="Lowest level of log records written.",
+)
+@click.option(
+    "--user-model-root",
+    envvar="ABEJA_USER_MODEL_ROOT",
+    show_envvar=True,
+    default="",
+    help="Directory of the handler's code, relative to the current one.  "
+    "[default: current directory]",
+)
+@click.option(
+    "--training-result-dir",
+    envvar="ABEJA_TRAINING_RESULT_DIR",
+    show_envvar=True,
+    default="",
+    help="Directory of training results, made absolute and exported to the handler.  "
+    "[default: abejainc_training_result]",
+)
+@click.option(
+    "--context",
+    envvar="CONTEXT",
+    show_envvar=True,
+    type=JsonObject(),
+    default="{}",
+    help="JSON object passed as the handler's context argument.  [default: {}]",
+)
+@click.option(
+    "--install-requirements/--no-install-requirements",
+    envvar="ABEJA_RUNTIME_INSTALL_REQUIREMENTS",
+    show_envvar=True,
+    default=False,
+    show_default=True,
+    help="Install requirements.txt (or Pipfile) at start-up, as ABEJA Platform does.",
+)
+@click.version_option(__version__, "--version", prog_name="abeja-runtime")
+def main(**options: Any) -> None:
+    """Serve an ABEJA Platform model handler over HTTP.
+
+    Run it in the folder of your main.py. Every option can also be set with the environment
+    variable shown; a .env file in the current directory is read for variables that are unset.
+    """
+    from abeja_runtime.supervisor import run
+
+    try:
+        config = Config(platform=PlatformIds.from_environ(os.environ), **options)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.exit(run(config))
+
+
+def cli() -> None:
+    """Console-script entry: reads ``.env``, then runs :func:`main` with one-line usage errors."""
+    load_dotenv(Path.cwd() / ".env", override=False)
+    try:
+        main.main(standalone_mode=False, prog_name="abeja-runtime")
+    except click.ClickException as exc:
+        click.echo(f"abeja-runtime: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(1)

@@ -1,0 +1,228 @@
+"""The request a handler receives: the anchor's read-only mapping, parts and header view.
+
+Users' handlers were written against ``abejaruntime`` 1.1.1 (contract Part B 2.3), so the shapes
+here copy it exactly: the mapping has exactly five keys, ``request['metadata']`` is special,
+``request.read()`` reads the first body, ``json.load(request)`` works. What the anchor lost (path,
+decoded query) is offered as attributes, never as keys, because code checks ``'key' in request``.
+
+Bodies are file objects (in memory, or spooled to a per-request directory) that the runtime closes
+after the response has been sent; each can be read once from the start, like the anchor's files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any, Final
+
+from multidict import MultiDict, MultiDictProxy
+
+from abeja_runtime.spool import Scratch
+
+__all__ = ["REQUEST_KEYS", "Content", "HttpHeaders", "Request"]
+
+REQUEST_KEYS: Final = ("http_method", "content_type", "headers", "http_headers", "contents")
+_CONTENT_KEYS: Final = ("content_type", "metadata", "body", "file_name", "form_name")
+
+
+class HttpHeaders:
+    """Case-insensitive view over ``(lower-name, value)`` pairs, as the anchor's ``HttpHeaders``.
+
+    ``h['X-Name']`` gives the *last* value or ``None`` (no ``KeyError``), ``h.get_all(name)`` every
+    value, ``len(h)`` the number of pairs, and iteration yields ``(name, value)`` tuples.
+    """
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
+        self._pairs = tuple((name.lower(), value) for name, value in pairs)
+
+    def __getitem__(self, name: str) -> str | None:
+        return self.get(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        wanted = name.lower()
+        for key, value in reversed(self._pairs):
+            if key == wanted:
+                return value
+        return default
+
+    def get_all(self, name: str) -> list[str]:
+        wanted = name.lower()
+        return [value for key, value in self._pairs if key == wanted]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(key == name.lower() for key, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._pairs)
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._pairs)
+
+    def keys(self) -> list[str]:
+        return [key for key, _ in self._pairs]
+
+    def values(self) -> list[str]:
+        return [value for _, value in self._pairs]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HttpHeaders):
+            return NotImplemented
+        return set(self._pairs) == set(other._pairs)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"HttpHeaders({list(self._pairs)!r})"
+
+
+class Content(Mapping[str, Any]):
+    """One body: the whole request body, or one multipart part.
+
+    A mapping with the keys ``content_type``, ``metadata``, ``body`` (an open binary file object),
+    ``file_name`` and ``form_name``; absent values are ``None``. It equals a plain dict with the
+    same items, as in the anchor.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(
+        self,
+        body: IO[bytes] | None,
+        *,
+        content_type: str | None = None,
+        file_name: str | None = None,
+        form_name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._values: dict[str, Any] = {
+            "content_type": content_type,
+            "metadata": metadata,
+            "body": body,
+            "file_name": file_name,
+            "form_name": form_name,
+        }
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_CONTENT_KEYS)
+
+    def __len__(self) -> int:
+        return len(_CONTENT_KEYS)
+
+    def read(self, size: int = -1) -> bytes:
+        """Read from the body; ``ValueError('no body')`` when there is none, as in the anchor."""
+        body = self._values["body"]
+        if body is None:
+            raise ValueError("no body")
+        return body.read(size)
+
+    def close(self) -> None:
+        body = self._values["body"]
+        if body is not None:
+            body.close()
+
+    def __repr__(self) -> str:
+        shown = {key: value for key, value in self._values.items() if key != "body"}
+        return f"Content({shown!r})"
+
+
+class Request(Mapping[str, Any]):
+    """What ``handler(request, context)`` receives.
+
+    Keys: ``http_method``, ``content_type``, ``headers`` (the anchor's list of
+    ``{'key': name, 'values': [...]}``, sorted by name), ``http_headers`` (:class:`HttpHeaders`) and
+    ``contents`` (list of :class:`Content`). Attributes beyond the anchor: ``path`` (the decoded
+    URL path), ``query`` (the decoded query as a read-only multi-dict), ``query_string`` (raw) and
+    ``request_id``.
+    """
+
+    __slots__ = (
+        "_scratch",
+        "_values",
+        "path",
+        "query",
+        "query_string",
+        "request_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        http_method: str,
+        content_type: str,
+        headers: Sequence[tuple[str, str]],
+        contents: list[Content],
+        path: str = "/",
+        query: MultiDictProxy[str] | None = None,
+        query_string: str = "",
+        request_id: str = "",
+        scratch: Scratch | None = None,
+    ) -> None:
+        names: dict[str, list[str]] = {}
+        for name, value in headers:
+            names.setdefault(name.lower(), []).append(value)
+        header_list = [{"key": key, "values": names[key]} for key in sorted(names)]
+        pairs = [(entry["key"], value) for entry in header_list for value in entry["values"]]
+        self._values: dict[str, Any] = {
+            "http_method": http_method,
+            "content_type": content_type,
+            "headers": header_list,
+            "http_headers": HttpHeaders(pairs),
+            "contents": contents,
+        }
+        self.path = path
+        self.query = query if query is not None else MultiDictProxy(MultiDict())
+        self.query_string = query_string
+        self.request_id = request_id
+        self._scratch = scratch
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "metadata":
+            # The anchor's special case: datalake metadata of the first body (None over HTTP).
+            return self._first_content()["metadata"]
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REQUEST_KEYS)
+
+    def __len__(self) -> int:
+        return len(REQUEST_KEYS)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def _first_content(self) -> Content:
+        contents = self._values["contents"]
+        if not contents:
+            raise ValueError("no content")
+        return contents[0]
+
+    def read(self, size: int = -1) -> bytes:
+        """Read from the first body, so that ``json.load(request)`` works."""
+        contents = self._values["contents"]
+        if not contents:
+            raise ValueError("no body")
+        return contents[0].read(size)
+
+    def close(self) -> None:
+        """Close every body and remove the request's spool directory, if one was made."""
+        for content in self._values["contents"]:
+            content.close()
+        if self._scratch is not None:
+            self._scratch.remove()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Request {self._values['http_method']} {self.path} "
+            f"content_type={self._values['content_type']!r} "
+            f"contents={len(self._values['contents'])}>"
+        )

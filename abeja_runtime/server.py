@@ -1,0 +1,249 @@
+"""The HTTP layer: aiohttp's low-level server, health checks, and the one error → response map.
+
+This is the only module that imports aiohttp. It turns an aiohttp request into the parts that
+``decode.py`` understands, hands the call to the executor, and writes the encoded response (from
+memory, or streamed chunk by chunk). Every known error becomes ``{"status": message}`` JSON with
+its status code here, and only here; anything unexpected becomes ``500 unexpected error occurred``
+plus one log line for the handler's author.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from aiohttp import web, web_protocol
+
+from abeja_runtime import __version__
+from abeja_runtime.config import Config
+from abeja_runtime.decode import BodyLimits, check_declared_length, check_method, decode_request
+from abeja_runtime.encode import EncodedResponse, encode_result
+from abeja_runtime.errors import HandlerResultError, HttpError, ServiceUnavailable
+from abeja_runtime.execute import Execution, Executor
+from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.logs import access_logger, format_timestamp, request_id_var, requester_id_var
+from abeja_runtime.request import Request
+
+__all__ = ["HttpServer", "ServingState", "make_web_server"]
+
+_log = logging.getLogger("abeja_runtime")
+
+HEALTH_PATH: Final = "/health_check"
+RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
+REQUEST_ID_HEADER: Final = "x-abeja-request-id"
+REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
+_JSON: Final = "application/json"
+
+
+@dataclass
+class ServingState:
+    """What the health check reports, and the count that graceful shutdown waits on."""
+
+    handler: LoadedHandler | None = None
+    draining: bool = False
+    in_flight: int = 0
+    idle_waiters: list[Any] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.handler is not None and not self.draining
+
+    def request_done(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            for waiter in self.idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.idle_waiters.clear()
+
+
+def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None):  # noqa: ANN202
+    return web.Response(
+        status=status,
+        body=json.dumps({"status": message}).encode(),
+        headers={"Content-Type": _JSON, **(headers or {})},
+    )
+
+
+_HEALTHY: Final = json.dumps({"status": "ok"}).encode()
+
+
+class HttpServer:
+    """Serves the handler on the service port and ``/health_check`` on both ports."""
+
+    def __init__(self, config: Config, executor: Executor, state: ServingState) -> None:
+        self._config = config
+        self._executor = executor
+        self._state = state
+        self._limits = BodyLimits(
+            max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
+        )
+        self._extra_headers = (
+            (RUNTIME_VERSION_HEADER, __version__),
+            *config.platform.response_headers(),
+        )
+        self._encode = functools.partial(encode_result, extra_headers=self._extra_headers)
+
+    async def health(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The health port: ``/health_check`` only."""
+        if request.path != HEALTH_PATH:
+            return _error_response(404, "not found: only /health_check is served on this port")
+        return self._health_response()
+
+    def _health_response(self) -> web.Response:
+        if self._state.ready:
+            return web.Response(body=_HEALTHY, headers={"Content-Type": _JSON})
+        return _error_response(503, "service unavailable")
+
+    async def service(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The service port: any path runs the handler, except ``/health_check``."""
+        if request.path == HEALTH_PATH:
+            return self._health_response()
+        received = time.time()
+        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        request_token = request_id_var.set(request_id)
+        requester_token = requester_id_var.set(request.headers.get(REQUESTER_ID_HEADER))
+        self._state.in_flight += 1
+        response: web.StreamResponse | None = None
+        try:
+            response = await self._serve(request, request_id)
+            response.headers[REQUEST_ID_HEADER] = request_id
+            if self._state.draining:
+                response.force_close()
+            return response
+        finally:
+            self._state.request_done()
+            self._log_access(request, response, received)
+            request_id_var.reset(request_token)
+            requester_id_var.reset(requester_token)
+
+    async def _serve(self, request: web.BaseRequest, request_id: str) -> web.StreamResponse:
+        try:
+            handler = self._state.handler
+            if handler is None or self._state.draining:
+                raise ServiceUnavailable()
+            check_method(request.method)
+            check_declared_length(request.content_length, self._limits)
+            if request.headers.get("Expect", "").lower() == "100-continue":
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            user_request = await decode_request(
+                method=request.method,
+                raw_path=request.rel_url.raw_path,
+                raw_query=request.rel_url.raw_query_string,
+                headers=request.headers.items(),
+                body=request.content.iter_any(),
+                limits=self._limits,
+                request_id=request_id,
+            )
+        except HttpError as exc:
+            response = _error_response(exc.status, exc.message, exc.headers)
+            if exc.status == 413:
+                response.force_close()  # do not read the rest of a body we refused
+            return response
+        try:
+            execution = await self._execute(handler, user_request)
+            try:
+                return await self._send(request, execution)
+            finally:
+                execution.close()
+        except HttpError as exc:
+            return _error_response(exc.status, exc.message, exc.headers)
+        except HandlerResultError as exc:
+            _log.error("the handler's return value breaks the contract: %s", exc)
+        except Exception:
+            _log.exception("unexpected error occurred in the handler %s", handler.name)
+        finally:
+            user_request.close()
+        return _error_response(500, "unexpected error occurred")
+
+    async def _execute(self, handler: LoadedHandler, request: Request) -> Execution:
+        context = copy.deepcopy(self._config.context) if self._config.context else {}
+        if handler.is_async:
+            call = functools.partial(handler.func, request, context)
+        else:
+            call = functools.partial(_call_and_encode, handler.func, request, context, self._encode)
+        return await self._executor.execute(call, is_async=handler.is_async, encode=self._encode)
+
+    async def _send(self, request: web.BaseRequest, execution: Execution) -> web.StreamResponse:
+        encoded: EncodedResponse = execution.response
+        if isinstance(encoded.body, bytes):
+            return web.Response(status=encoded.status, body=encoded.body, headers=encoded.headers)
+        response = web.StreamResponse(status=encoded.status, headers=encoded.headers)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            async for chunk in execution.chunks():
+                await response.write(chunk)
+        except (HandlerResultError, Exception) as exc:
+            if isinstance(exc, ConnectionError):
+                return response  # the client went away; nothing left to tell it
+            # Headers are out: the only honest signal left is to cut the chunked body short.
+            _log.error("the handler's streamed content failed after the response began: %s", exc)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+
+    def _log_access(
+        self, request: web.BaseRequest, response: web.StreamResponse | None, received: float
+    ) -> None:
+        now = time.time()
+        access_logger.info(
+            "",
+            extra={
+                "access": {
+                    "log_type": "access_log",
+                    "http_method": request.method,
+                    "http_status": response.status if response is not None else 500,
+                    "elapsed_microsecs": int((now - received) * 1_000_000),
+                    "request_timestamp": format_timestamp(received, "microseconds"),
+                    "response_timestamp": format_timestamp(now, "microseconds"),
+                }
+            },
+        )
+
+
+def _call_and_encode(func: Any, request: Request, context: dict, encode: Any) -> EncodedResponse:
+    """Runs on the handler thread: the call and the (possibly CPU-heavy) encoding together."""
+    return encode(func(request, context))
+
+
+class _JsonErrorRequestHandler(web_protocol.RequestHandler):
+    """aiohttp answers malformed HTTP (header floods, bad request lines) itself, as text/plain.
+
+    The contract wants every error as ``{"status": ...}`` JSON; this is the one hook for that.
+    """
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        response = super().handle_error(request, status, exc, message)
+        if status == 500:
+            text = "unexpected error occurred"
+        else:
+            text = f"malformed HTTP request: {message or exc or 'bad request'}"
+        error = _error_response(response.status, text)
+        error.force_close()
+        return error
+
+
+class _Server(web.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+def make_web_server(handler: Any) -> web.Server:
+    """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors."""
+    return _Server(handler, access_log=None)

@@ -1,0 +1,62 @@
+"""Request bodies held in memory up to a threshold and spooled to disk above it (contract A1).
+
+Each request gets at most one scratch directory, made only when a body first outgrows the
+threshold, and removed whole when the request ends, whatever path it ends on. Spooled files keep
+a real ``name`` so that handlers may pass a path to libraries that want one.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+from typing import IO
+
+__all__ = ["Scratch", "Spool"]
+
+
+class Scratch:
+    """A request's lazily created temporary directory."""
+
+    __slots__ = ("_path", "_root")
+
+    def __init__(self, root: str | None = None) -> None:
+        self._root = root
+        self._path: str | None = None
+
+    def new_file(self) -> IO[bytes]:
+        if self._path is None:
+            self._path = tempfile.mkdtemp(prefix="abeja-request-", dir=self._root)
+        return tempfile.NamedTemporaryFile(dir=self._path, delete=False)  # noqa: SIM115
+
+    def remove(self) -> None:
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+
+
+class Spool:
+    """Collects one body's bytes; ``finish()`` returns a readable file object at offset 0."""
+
+    __slots__ = ("_file", "_scratch", "_threshold", "size")
+
+    def __init__(self, scratch: Scratch, threshold: int) -> None:
+        self._scratch = scratch
+        self._threshold = threshold
+        self._file: IO[bytes] = io.BytesIO()
+        self.size = 0
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        self.size += len(chunk)
+        if self.size > self._threshold and isinstance(self._file, io.BytesIO):
+            in_memory = self._file
+            self._file = self._scratch.new_file()
+            self._file.write(in_memory.getbuffer())
+        self._file.write(chunk)
+
+    def finish(self) -> IO[bytes]:
+        self._file.seek(0)
+        return self._file
+
+    def discard(self) -> None:
+        self._file.close()
