@@ -1,0 +1,207 @@
+"""Building (or reusing) a project's image with the Docker SDK.
+
+Build output is streamed to the console as it comes; a failing step raises
+:class:`~abeja_cli.errors.BuildError` carrying the whole log, so the user sees pip's error
+rather than the anchor's silent fallback to a stale image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+from abeja_cli import images
+from abeja_cli.errors import BuildError
+from abeja_cli.images import LABEL_PREFIX, ProjectKey, RuntimeKey, RuntimeSource
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import docker
+    from docker.models.images import Image
+
+__all__ = ["ImageBuilder"]
+
+
+class ImageBuilder:
+    """Finds or builds the runtime image and a project's image."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        source: RuntimeSource,
+        *,
+        info: Callable[[str], None],
+        log: Callable[[str], None],
+    ) -> None:
+        self._client = client
+        self._source = source
+        self._info = info
+        self._log = log
+
+    # -- base image ----------------------------------------------------------------------
+
+    def base_image_id(self, base_image: str) -> str:
+        """Id of the base image; pulled (saying so) only when it is not present locally."""
+        from docker.errors import APIError, ImageNotFound
+        from docker.utils import parse_repository_tag
+
+        try:
+            return str(self._client.images.get(base_image).id)
+        except ImageNotFound:
+            pass
+        repository, tag = parse_repository_tag(base_image)
+        self._info(f"base image {base_image} is not present locally; pulling it")
+        try:
+            return str(self._client.images.pull(repository, tag=tag or "latest").id)
+        except APIError as exc:
+            raise BuildError(
+                f"base image {base_image} is not present locally and could not be pulled "
+                f"({_explain(exc)}); pull or build it first, or choose another with -i"
+            ) from None
+
+    # -- the two images ------------------------------------------------------------------
+
+    def runtime_image(self, base_image: str, *, no_cache: bool = False) -> tuple[Image, RuntimeKey]:
+        """The base image with abeja-runtime installed, shared by all projects."""
+        key = RuntimeKey(
+            base_image=base_image,
+            base_image_id=self.base_image_id(base_image),
+            runtime_version=self._source.version,
+            recipe=images.recipe_digest(self._source.runtime_dockerfile),
+        )
+        found = None if no_cache else self._find(key.digest)
+        if found is not None:
+            return found, key
+        wheels = images.runtime_wheels(self._source, self._log)
+        self._info(f"building the runtime image {key.tag} (abeja-runtime {key.runtime_version})")
+        with images.runtime_context(self._source, wheels) as context:
+            image = self._build(
+                context,
+                tag=key.tag,
+                labels=key.labels(),
+                buildargs={"BASE_IMAGE": key.base_image_id},
+                no_cache=no_cache,
+                what=f"the runtime image on {base_image}",
+            )
+        return image, key
+
+    def project_image(self, project: Path, base_image: str, *, no_cache: bool = False) -> Image:
+        """The image for ``project``: reused while its cache key matches, else built."""
+        runtime, runtime_key = self.runtime_image(base_image, no_cache=no_cache)
+        key = ProjectKey(
+            runtime=runtime_key,
+            project=project,
+            requirements=images.requirements_digest(project),
+            recipe=images.recipe_digest(self._source.project_dockerfile),
+        )
+        found = None if no_cache else self._find(key.digest)
+        if found is not None:
+            self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
+            return found
+        self._info(f"building the image {key.tag} for {project}")
+        with images.project_context(self._source, project) as context:
+            image = self._build(
+                context,
+                tag=key.tag,
+                labels=key.labels(),
+                buildargs={"RUNTIME_IMAGE": str(runtime.id)},
+                no_cache=no_cache,
+                what=f"the image of {project}",
+            )
+        self._remove_stale(key, keep=str(image.id))
+        return image
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _find(self, digest: str) -> Image | None:
+        found = self._client.images.list(filters={"label": f"{LABEL_PREFIX}.cache-key={digest}"})
+        return found[0] if found else None
+
+    def _remove_stale(self, key: ProjectKey, *, keep: str) -> None:
+        """Drop this project's older images (other requirements, older runtime): ours, unused."""
+        from docker.errors import APIError
+
+        label = f"{LABEL_PREFIX}.project={key.project}"
+        for image in self._client.images.list(filters={"label": label}):
+            if image.id != keep:
+                # Still used by a container, or tagged elsewhere: leave it.
+                with contextlib.suppress(APIError):
+                    self._client.images.remove(str(image.id), noprune=False)
+
+    def _build(
+        self,
+        context: IO[bytes],
+        *,
+        tag: str,
+        labels: Mapping[str, str],
+        buildargs: Mapping[str, str],
+        no_cache: bool,
+        what: str,
+    ) -> Image:
+        from docker.errors import APIError
+
+        log: list[str] = []
+        try:
+            stream: Iterable[dict[str, Any]] = self._client.api.build(
+                fileobj=context,
+                custom_context=True,
+                tag=tag,
+                labels=dict(labels),
+                buildargs=dict(buildargs),
+                nocache=no_cache,
+                rm=True,
+                forcerm=True,  # no intermediate container is left behind by a failed step
+                pull=False,
+                decode=True,
+            )
+            image_id = self._consume(stream, log)
+        except APIError as exc:
+            raise BuildError(f"building {what} failed: {_explain(exc)}", log="".join(log)) from None
+        if isinstance(image_id, BuildError):
+            image_id.log = "".join(log)
+            raise image_id
+        return self._client.images.get(image_id or tag)
+
+    def _consume(self, stream: Iterable[dict[str, Any]], log: list[str]) -> str | BuildError:
+        image_id = ""
+        pending = ""
+        for chunk in stream:
+            if "stream" in chunk:
+                pending += str(chunk["stream"])
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    log.append(line + "\n")
+                    self._log(line)
+            elif "error" in chunk:
+                if pending:
+                    log.append(pending + "\n")
+                    self._log(pending)
+                message = str(chunk.get("errorDetail", {}).get("message") or chunk["error"])
+                log.append(message + "\n")
+                if "requirements.txt" in message:
+                    return BuildError(
+                        "pip could not install the project's requirements.txt (see its error in "
+                        "the build log); fix the file and run again"
+                    )
+                return BuildError(
+                    f"building the image failed: {_first_line(message)} (see the build log)"
+                )
+            elif "aux" in chunk and isinstance(chunk["aux"], dict):
+                image_id = str(chunk["aux"].get("ID", image_id))
+            elif "status" in chunk:  # pull progress of a FROM image
+                self._log(str(chunk["status"]))
+        if pending:
+            log.append(pending)
+            self._log(pending)
+        return image_id
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _explain(exc: Exception) -> str:
+    explanation = getattr(exc, "explanation", None)
+    return _first_line(str(explanation or exc))

@@ -1,0 +1,203 @@
+"""The Docker engine: the model runs in a container of its project's image.
+
+The container publishes the runtime's port on 127.0.0.1 only, mounts the project at
+``/srv/app`` (edits are live), runs as the calling user where that is not root, and is removed
+on every way out of :meth:`DockerEngine.serve`: success, error, failed start, Ctrl+C.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, Final
+
+from abeja_cli.console import Console
+from abeja_cli.docker_build import ImageBuilder
+from abeja_cli.engine import SERVICE_PORT, LogSink, RunSpec, Server, pump_lines, start_daemon
+from abeja_cli.errors import EngineUnavailable, ServerError
+from abeja_cli.images import LABEL_PREFIX, find_runtime_source
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
+    from docker.models.images import Image
+
+__all__ = ["DockerEngine", "DockerServer", "docker_host"]
+
+#: Seconds a stopping container gets to finish in-flight requests before it is killed.
+_GRACE: Final = 10
+_PROJECT_MOUNT: Final = "/srv/app"
+
+
+def docker_host() -> str:
+    """Where the Docker SDK looks for the engine (for messages)."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _device_options(device_type: str) -> dict[str, Any]:
+    """Container options per ``-d``: GPUs through device requests (``docker run --gpus all``)."""
+    from docker.types import DeviceRequest
+
+    if device_type == "x86_gpu":
+        return {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]}
+    if device_type == "jetson_tx2":  # the anchor's settings for NVIDIA Jetson boards
+        tegra = "/usr/lib/aarch64-linux-gnu/tegra"
+        return {"privileged": True, "volumes": {tegra: {"bind": tegra, "mode": "ro"}}}
+    if device_type == "raspberry3":
+        return {"volumes": {"/opt": {"bind": "/opt", "mode": "ro"}}}
+    return {}
+
+
+class DockerServer(Server):
+    """A running container of the project image."""
+
+    def __init__(self, container: Container, port: int, sink: LogSink, image: str) -> None:
+        self.container = container
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.description = f"docker container {container.short_id} of {image}"
+        self._sink = sink
+
+    def follow_logs(self, since: float | None = None) -> None:
+        """Feed the container's output to the sink from a daemon thread, until it stops."""
+        from docker.errors import APIError
+
+        def pump() -> None:
+            try:
+                stream = self.container.logs(stream=True, follow=True, since=since)
+                pump_lines(stream, self._sink)
+            except APIError:
+                pass  # the container was removed while we were reading: nothing more to show
+
+        self.log_thread = start_daemon(pump, "container-log")
+
+    def exit_code(self) -> int | None:
+        from docker.errors import NotFound
+
+        try:
+            self.container.reload()
+        except NotFound:
+            return -1
+        state = self.container.attrs.get("State", {})
+        if state.get("Status") in ("exited", "dead"):
+            return int(state.get("ExitCode", -1))
+        return None
+
+    def stop(self) -> None:
+        from docker.errors import APIError
+
+        with suppress(APIError):  # already gone; removal follows anyway
+            self.container.stop(timeout=_GRACE)
+
+    def restart(self) -> None:
+        since = time.time()
+        self.container.restart(timeout=_GRACE)
+        self.follow_logs(since=since)
+
+
+class DockerEngine:
+    """Builds the project image and runs it, through the ``docker`` SDK."""
+
+    name = "docker"
+
+    def __init__(self, client: docker.DockerClient, console: Console) -> None:
+        self.client = client
+        self._console = console
+        self._image: Image | None = None
+
+    @classmethod
+    def connect(cls, console: Console) -> DockerEngine:
+        """Connect and ping; :class:`EngineUnavailable` with a one-line reason otherwise."""
+        import docker
+        from docker.errors import DockerException
+
+        try:
+            client = docker.from_env(timeout=30)
+            client.ping()
+        except DockerException as exc:
+            raise EngineUnavailable(
+                f"Docker is not reachable at {docker_host()} ({_short(exc)})"
+            ) from None
+        return cls(client, console)
+
+    def prepare(self, spec: RunSpec) -> None:
+        builder = ImageBuilder(
+            self.client, find_runtime_source(), info=self._console.info, log=self._console.log
+        )
+        self._image = builder.project_image(spec.project, spec.image, no_cache=spec.no_cache)
+
+    @contextmanager
+    def serve(self, spec: RunSpec, sink: LogSink) -> Iterator[Server]:
+        from docker.errors import APIError, NotFound
+
+        if self._image is None:
+            self.prepare(spec)
+        assert self._image is not None
+        container = self._create(spec)
+        try:
+            try:
+                container.start()
+            except APIError as exc:
+                raise ServerError(_start_error(exc, spec)) from None
+            container.reload()
+            bindings = container.attrs["NetworkSettings"]["Ports"][f"{SERVICE_PORT}/tcp"]
+            server = DockerServer(
+                container, int(bindings[0]["HostPort"]), sink, self._image.tags[0]
+            )
+            server.follow_logs()
+            yield server
+        finally:
+            with suppress(NotFound):
+                container.remove(force=True)
+
+    def _create(self, spec: RunSpec) -> Container:
+        assert self._image is not None
+        env = dict(spec.env)
+        options = _device_options(spec.device_type)
+        volumes = {str(spec.project): {"bind": _PROJECT_MOUNT, "mode": "rw"}}
+        volumes.update(options.pop("volumes", {}))
+        user = None
+        if hasattr(os, "getuid") and os.getuid() != 0:
+            # Files the model writes into the mounted project belong to the user, not root.
+            user = f"{os.getuid()}:{os.getgid()}"
+            env.setdefault("HOME", "/tmp")
+        labels = {
+            f"{LABEL_PREFIX}.kind": "container",
+            f"{LABEL_PREFIX}.project": str(spec.project),
+            **spec.labels,
+        }
+        host = ("127.0.0.1", spec.host_port) if spec.host_port else ("127.0.0.1",)
+        return self.client.containers.create(
+            str(self._image.id),
+            detach=True,
+            environment=env,
+            working_dir=_PROJECT_MOUNT,
+            ports={f"{SERVICE_PORT}/tcp": host},
+            volumes=volumes,
+            labels=labels,
+            user=user,
+            **options,
+        )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "explanation", None) or exc)
+    for marker in ("No such file or directory", "Connection refused", "Permission denied"):
+        if marker in text:
+            return marker.lower()
+    return text.splitlines()[0][:160] if text else type(exc).__name__
+
+
+def _start_error(exc: BaseException, spec: RunSpec) -> str:
+    text = _short(exc)
+    lowered = text.lower()
+    if spec.device_type == "x86_gpu" and ("gpu" in lowered or "device driver" in lowered):
+        return (
+            f"Docker cannot give the container a GPU ({text}); install the NVIDIA Container "
+            "Toolkit and restart Docker, or run with -d x86_cpu"
+        )
+    if "port is already allocated" in lowered or "address already in use" in lowered:
+        return f"port {spec.host_port} on 127.0.0.1 is already in use; choose another with -p"
+    return f"Docker could not start the container: {text}"

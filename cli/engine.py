@@ -1,0 +1,217 @@
+"""What both engines share: the run description, the running-server interface, log display,
+and the bounded wait until the model answers its health check.
+
+An engine (``docker_engine.DockerEngine`` or ``local_engine.LocalEngine``) has two verbs:
+``prepare(spec)`` (build or check what is needed; may take long) and ``serve(spec, sink)``, a
+context manager yielding a :class:`Server` that is stopped and removed on every way out.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Protocol
+
+from abeja_cli.errors import ServerError
+
+if TYPE_CHECKING:
+    from abeja_cli.console import Console
+
+__all__ = [
+    "Engine",
+    "LogSink",
+    "RunSpec",
+    "Server",
+    "format_log_line",
+    "wait_ready",
+]
+
+#: Port of the runtime inside a container (the platform's; ``PORT`` default of the runtime).
+SERVICE_PORT: Final = 5000
+#: How many log lines are kept for error reports; older ones are dropped.
+_LOG_KEEP: Final = 5000
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything an engine needs to run one project."""
+
+    project: Path
+    handler: str
+    env: Mapping[str, str]
+    image: str = "python:3.11-slim"
+    device_type: str = "x86_cpu"
+    host_port: int | None = None
+    no_cache: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class Server(ABC):
+    """A running model server, reachable at :attr:`url` on the loopback interface."""
+
+    url: str
+    #: One line saying what runs (shown in the run-local-server banner).
+    description: str
+    #: The thread passing the server's output to the log sink, once started.
+    log_thread: threading.Thread | None = None
+
+    @abstractmethod
+    def exit_code(self) -> int | None:
+        """None while the server runs, else the exit status of its process."""
+
+    def drain_logs(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) until the log reader has passed on everything the server wrote."""
+        if self.log_thread is not None:
+            self.log_thread.join(timeout)
+
+    @abstractmethod
+    def restart(self) -> None:
+        """Stop the runtime and start it again (``--reload``); the URL stays the same."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM, then kill after a grace period)."""
+
+
+class Engine(Protocol):
+    """The interface both engines implement."""
+
+    name: str
+
+    def prepare(self, spec: RunSpec) -> None: ...
+
+    def serve(self, spec: RunSpec, sink: LogSink) -> AbstractContextManager[Server]: ...
+
+
+def format_log_line(line: str) -> str:
+    """Shorten one runtime log line for the terminal.
+
+    The runtime writes one JSON object per line. A record with ``message`` is shown as that
+    message (with its level when it is not info), an access-log record as one short line, and
+    anything else (a plain ``print`` that escaped, a traceback line) as is.
+    """
+    stripped = line.strip()
+    if not stripped.startswith("{"):
+        return line
+    try:
+        record = json.loads(stripped)
+    except ValueError:
+        return line
+    if not isinstance(record, dict):
+        return line
+    if record.get("log_type") == "access_log":
+        elapsed = record.get("elapsed_microsecs")
+        took = f" ({elapsed / 1000:.1f} ms)" if isinstance(elapsed, int | float) else ""
+        return f"access: {record.get('http_method', '?')} {record.get('http_status', '?')}{took}"
+    message = record.get("message")
+    if not isinstance(message, str):
+        return line
+    level = str(record.get("log_level", "info")).lower()
+    text = message if level in ("info", "debug") else f"{level.upper()}: {message}"
+    for key in ("exc_info", "traceback", "exception"):
+        extra = record.get(key)
+        if isinstance(extra, str) and extra:
+            text += "\n" + extra.rstrip("\n")
+    return text
+
+
+class LogSink:
+    """Receives the server's log lines: shows them (formatted) and keeps them for error reports.
+
+    Engines feed it from a reader thread; the CLI reads :meth:`text` when something failed.
+    """
+
+    def __init__(self, console: Console, *, show: bool = True) -> None:
+        self._console = console
+        self.show = show
+        self._lines: collections.deque[str] = collections.deque(maxlen=_LOG_KEEP)
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        line = line.rstrip("\r\n")
+        with self._lock:
+            self._lines.append(line)
+        if self.show:
+            self._console.log(format_log_line(line))
+
+    def text(self) -> str:
+        """The kept lines, formatted the same way as when they were shown."""
+        with self._lock:
+            lines = list(self._lines)
+        return "\n".join(format_log_line(line) for line in lines)
+
+
+def pump_lines(chunks: Iterator[bytes], sink: Callable[[str], None]) -> None:
+    """Split a byte stream into lines (decoded as UTF-8) and feed them to ``sink``."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            sink(line.decode("utf-8", "replace"))
+    if pending:
+        sink(pending.decode("utf-8", "replace"))
+
+
+def start_daemon(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread: a stuck log stream must never keep the CLI alive after it is done."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def health_status(url: str, *, timeout: float = 2.0) -> int | None:
+    """Status of ``GET {url}/health_check``, or None when the server does not answer."""
+    parsed = url.removeprefix("http://")
+    host, _, port = parsed.partition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("GET", "/health_check")
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def wait_ready(
+    server: Server, *, timeout: float, interval: float = 0.1, sink: LogSink | None = None
+) -> None:
+    """Poll the health check until it says 200; fail early when the server process exits.
+
+    Raises :class:`ServerError` (with the server log) when the server exits or is not ready
+    within ``timeout`` seconds. The anchor polled once a second; 0.1 s keeps start-up snappy.
+    """
+    deadline = time.monotonic() + timeout
+    last: int | None = None
+    while True:
+        code = server.exit_code()
+        if code is not None:
+            server.drain_logs()
+            raise ServerError(
+                f"the model server stopped before it was ready (exit code {code}); its log "
+                "says why (often the handler failed to import)",
+                log=sink.text() if sink else "",
+            )
+        last = health_status(server.url)
+        if last == 200:
+            return
+        if time.monotonic() >= deadline:
+            seen = f"it answered {last}" if last is not None else "it did not answer"
+            raise ServerError(
+                f"the model server was not ready after {timeout:g} s ({seen} on "
+                f"{server.url}/health_check); raise --startup-timeout if loading the model "
+                "takes longer",
+                log=sink.text() if sink else "",
+            )
+        time.sleep(interval)

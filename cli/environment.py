@@ -1,0 +1,82 @@
+"""The model's environment: ``-e KEY:VALUE`` / ``-e KEY=VALUE``, ``--env-file``, and defaults.
+
+Precedence, lowest first: the defaults below < ``--env-file`` < ``-e`` < what the CLI sets
+from its own options (``HANDLER`` from ``-h``, ``ABEJA_ORGANIZATION_ID`` from ``-o``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from abeja_cli.errors import InputError
+
+__all__ = ["DEFAULTS", "model_environment", "parse_env_file", "parse_env_option"]
+
+_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: What the platform sets for a deployed model, so a local run behaves like the real one.
+#: ``ABEJA_TRAINING_RESULT_DIR`` is the platform default (the anchor used ``.`` locally, which
+#: made local and deployed runs look for trained files in different places).
+DEFAULTS: Final[Mapping[str, str]] = {
+    "ABEJA_TRAINING_RESULT_DIR": "abejainc_training_result",
+    "PYTHONUNBUFFERED": "1",
+    "SERVICE_TYPE": "HTTP",
+}
+
+
+def parse_env_option(value: str) -> tuple[str, str]:
+    """Split one ``-e`` value at its first ``:`` or ``=`` (anchor form and shell form)."""
+    match = re.search(r"[:=]", value)
+    if match is None:
+        raise InputError(
+            f"-e {value!r} has no value; write -e KEY=VALUE (or the anchor's -e KEY:VALUE)"
+        )
+    key, rest = value[: match.start()], value[match.end() :]
+    if not _KEY_RE.match(key):
+        raise InputError(
+            f"-e {value!r}: {key!r} is not a valid variable name (letters, digits and _, "
+            "not starting with a digit)"
+        )
+    return key, rest
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    """Read a dotenv file (python-dotenv syntax); variables without a value are an error."""
+    from dotenv import dotenv_values
+
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise InputError(f"--env-file {path} {what}; give a file of KEY=VALUE lines")
+    try:
+        values = dotenv_values(path, interpolate=False, encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read --env-file {path}: {exc}") from None
+    result: dict[str, str] = {}
+    for key, value in values.items():
+        if not _KEY_RE.match(key):
+            raise InputError(f"--env-file {path}: {key!r} is not a valid variable name")
+        if value is None:
+            raise InputError(f"--env-file {path}: {key} has no value; write {key}=VALUE")
+        result[key] = value
+    return result
+
+
+def model_environment(
+    *,
+    handler: str,
+    env_options: Sequence[str] = (),
+    env_file: Path | None = None,
+    organization_id: str | None = None,
+) -> dict[str, str]:
+    """The variables set for the model, validated; raises :class:`InputError`."""
+    env = dict(DEFAULTS)
+    if env_file is not None:
+        env.update(parse_env_file(env_file))
+    env.update(parse_env_option(value) for value in env_options)
+    env["HANDLER"] = handler
+    if organization_id is not None:
+        env["ABEJA_ORGANIZATION_ID"] = organization_id
+    return env

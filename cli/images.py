@@ -1,0 +1,331 @@
+"""Everything about our images except talking to Docker: where the runtime's source is, its
+wheels, the build contexts, and the labels that key the image cache.
+
+Two images are built, both from the Dockerfiles in ``images/``:
+
+* the **runtime image** ``images/Dockerfile``: ``BASE_IMAGE`` + abeja-runtime, installed from
+  wheels built on the host (no network needed in the build). One per base image and runtime
+  version, shared by all projects.
+* the **project image** ``images/project.Dockerfile``: the runtime image + the project's
+  ``requirements.txt`` installed + the project copied to ``/srv/app``. One per project.
+
+The project image is reused while its labels (base image, project path, requirements hash,
+runtime version, recipe) match, so an unchanged project starts without building. The project
+folder is also mounted over ``/srv/app`` at run time, so code edits need no rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+from abeja_cli.errors import BuildError, EngineUnavailable
+
+__all__ = [
+    "LABEL_PREFIX",
+    "ProjectKey",
+    "RuntimeKey",
+    "RuntimeSource",
+    "find_runtime_source",
+    "project_context",
+    "requirements_digest",
+    "runtime_context",
+    "runtime_wheels",
+]
+
+LABEL_PREFIX: Final = "org.abeja-runtime"
+#: Folders never sent to Docker: VCS data, caches, virtual environments.
+EXCLUDED_DIRS: Final = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+    }
+)
+_EXCLUDED_SUFFIXES: Final = (".pyc", ".pyo")
+_SOURCE_ENV: Final = "ABEJA_RUNTIME_SOURCE"
+#: Build contexts up to this size stay in memory; larger ones (a model's weights) go to disk.
+_SPOOL: Final = 64 << 20
+_CACHE_ENV: Final = "ABEJA_RUNTIME_CACHE"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class RuntimeSource:
+    """A checkout of this repository: the runtime's source and the Dockerfiles."""
+
+    root: Path
+    #: ``<package version>+<hash of the runtime source>``: a checkout under development
+    #: changes without a version bump, and images must follow it.
+    version: str
+
+    @property
+    def runtime_dockerfile(self) -> Path:
+        return self.root / "images" / "Dockerfile"
+
+    @property
+    def project_dockerfile(self) -> Path:
+        return self.root / "images" / "project.Dockerfile"
+
+
+def _package_version(root: Path) -> str:
+    match = re.search(
+        r'^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text("utf-8"), re.M
+    )
+    return match.group(1) if match else "0"
+
+
+def _runtime_files(root: Path) -> Iterator[Path]:
+    yield root / "pyproject.toml"
+    for path in sorted((root / "abeja_runtime").rglob("*")):
+        if path.is_file() and not _excluded(path.relative_to(root)):
+            yield path
+
+
+def _excluded(relative: Path) -> bool:
+    return bool(EXCLUDED_DIRS.intersection(relative.parts[:-1])) or (
+        relative.name in EXCLUDED_DIRS or relative.suffix in _EXCLUDED_SUFFIXES
+    )
+
+
+def find_runtime_source() -> RuntimeSource:
+    """The checkout this CLI runs from, or ``$ABEJA_RUNTIME_SOURCE``.
+
+    Raises :class:`EngineUnavailable` when there is none (an install without the source
+    cannot build images; the local engine still works).
+    """
+    configured = os.environ.get(_SOURCE_ENV)
+    root = Path(configured) if configured else Path(__file__).resolve().parent.parent
+    needed = [root / "pyproject.toml", root / "abeja_runtime", root / "images" / "Dockerfile"]
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        raise EngineUnavailable(
+            f"cannot build an image: the abeja-runtime source is not at {root} (missing "
+            f"{', '.join(missing)}); set {_SOURCE_ENV} to a checkout, or use --engine local"
+        )
+    digest = hashlib.sha256()
+    for path in _runtime_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return RuntimeSource(root, f"{_package_version(root)}+{digest.hexdigest()[:12]}")
+
+
+def cache_dir() -> Path:
+    """Where host-side build artefacts are kept between runs (``$ABEJA_RUNTIME_CACHE``)."""
+    configured = os.environ.get(_CACHE_ENV)
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "abeja-runtime"
+
+
+def runtime_wheels(source: RuntimeSource, log: Callable[[str], None]) -> Path:
+    """A folder with wheels of abeja-runtime and all its dependencies, built once per version.
+
+    Built with this Python's pip, so the wheels suit images whose Python has the same version
+    as this one (the Dockerfile falls back to the package index otherwise).
+    """
+    python_tag = f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}"
+    target = cache_dir() / "wheels" / f"{source.version}-{python_tag}"
+    if target.is_dir() and any(target.glob("abeja_runtime-*.whl")):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building wheels of abeja-runtime {source.version} into {target}")
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        staging, out = Path(tmp) / "src", Path(tmp) / "wheels"
+        _stage_source(source.root, staging)
+        command = [sys.executable, "-m", "pip", "wheel", "--wheel-dir", str(out), str(staging)]
+        lines = _run_logged(command, log)
+        if lines is not None:
+            raise BuildError(
+                "building the abeja-runtime wheels failed (pip wheel, see its output); check "
+                "that this Python has pip and can reach the package index",
+                log=lines,
+            )
+        try:
+            out.rename(target)
+        except OSError:
+            if not target.is_dir():  # another run finished first: use its result
+                raise
+    return target
+
+
+def _stage_source(root: Path, staging: Path) -> None:
+    """Copy only what the wheel needs, so ``pip wheel`` writes nothing into the checkout."""
+    staging.mkdir()
+    shutil.copy2(root / "pyproject.toml", staging)
+    ignore = shutil.ignore_patterns(*EXCLUDED_DIRS, *(f"*{s}" for s in _EXCLUDED_SUFFIXES))
+    for package in ("abeja_runtime", "cli"):
+        if (root / package).is_dir():
+            shutil.copytree(root / package, staging / package, ignore=ignore)
+    readme = root / "README.md"
+    # pyproject names README.md as the long description; a checkout may lack it for a while.
+    (staging / "README.md").write_bytes(readme.read_bytes() if readme.is_file() else b"")
+
+
+def _run_logged(command: list[str], log: Callable[[str], None]) -> str | None:
+    """Run a command, passing its output to ``log`` line by line; its output if it failed."""
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+    )
+    assert proc.stdout is not None
+    lines = []
+    with proc.stdout:
+        for line in proc.stdout:
+            lines.append(line)
+            log(line.rstrip("\n"))
+    return None if proc.wait() == 0 else "".join(lines)
+
+
+def requirements_digest(project: Path) -> str:
+    """SHA-256 of the project's ``requirements.txt``, or ``none`` when it has none."""
+    path = project / "requirements.txt"
+    return _sha256(path.read_bytes()) if path.is_file() else "none"
+
+
+@dataclass(frozen=True)
+class RuntimeKey:
+    """Identity of a runtime image: base image (by id), runtime version, Dockerfile."""
+
+    base_image: str
+    base_image_id: str
+    runtime_version: str
+    recipe: str
+
+    @property
+    def digest(self) -> str:
+        parts = (self.base_image_id, self.runtime_version, self.recipe)
+        return _sha256("\n".join(parts).encode())
+
+    @property
+    def tag(self) -> str:
+        version = re.sub(r"[^A-Za-z0-9_.-]", "-", self.runtime_version)
+        return f"abeja-runtime/runtime:{version}-{self.digest[:12]}"
+
+    def labels(self) -> dict[str, str]:
+        return {
+            f"{LABEL_PREFIX}.kind": "runtime",
+            f"{LABEL_PREFIX}.base-image": self.base_image,
+            f"{LABEL_PREFIX}.base-image-id": self.base_image_id,
+            f"{LABEL_PREFIX}.runtime-version": self.runtime_version,
+            f"{LABEL_PREFIX}.cache-key": self.digest,
+        }
+
+
+@dataclass(frozen=True)
+class ProjectKey:
+    """Identity of a project image; any change of a field means a rebuild."""
+
+    runtime: RuntimeKey
+    project: Path
+    requirements: str
+    recipe: str
+
+    @property
+    def digest(self) -> str:
+        parts = (self.runtime.digest, str(self.project), self.requirements, self.recipe)
+        return _sha256("\n".join(parts).encode())
+
+    @property
+    def repository(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.project.name.lower()).strip("-") or "project"
+        return f"abeja-local/{slug[:40]}-{_sha256(str(self.project).encode())[:8]}"
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.digest[:12]}"
+
+    def labels(self) -> dict[str, str]:
+        return {
+            f"{LABEL_PREFIX}.kind": "project",
+            f"{LABEL_PREFIX}.base-image": self.runtime.base_image,
+            f"{LABEL_PREFIX}.base-image-id": self.runtime.base_image_id,
+            f"{LABEL_PREFIX}.runtime-version": self.runtime.runtime_version,
+            f"{LABEL_PREFIX}.project": str(self.project),
+            f"{LABEL_PREFIX}.requirements-sha256": self.requirements,
+            f"{LABEL_PREFIX}.cache-key": self.digest,
+        }
+
+
+def recipe_digest(*dockerfiles: Path) -> str:
+    """Hash of the Dockerfiles: editing one invalidates the images built from it."""
+    return _sha256(b"\0".join(p.read_bytes() for p in dockerfiles))[:16]
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def runtime_context(source: RuntimeSource, wheels: Path) -> IO[bytes]:
+    """Build context of the runtime image: the Dockerfile and ``wheels/``."""
+    buffer = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - returned open
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _add_bytes(tar, "Dockerfile", source.runtime_dockerfile.read_bytes())
+        for wheel in sorted(wheels.glob("*.whl")):
+            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+    buffer.seek(0)
+    return buffer
+
+
+def project_files(project: Path) -> Iterator[Path]:
+    """The project's files that go into its image (caches and VCS folders left out)."""
+    for dirpath, dirnames, filenames in os.walk(project):
+        dirnames[:] = sorted(d for d in dirnames if d not in EXCLUDED_DIRS)
+        for name in sorted(filenames):
+            if not name.endswith(_EXCLUDED_SUFFIXES):
+                yield Path(dirpath, name)
+
+
+def project_context(source: RuntimeSource, project: Path) -> IO[bytes]:
+    """Build context of a project image: the Dockerfile, ``project/`` and the requirements.
+
+    ``requirements.txt`` is also stored on its own (empty when absent) so that the pip layer
+    is cached independently of code changes.
+    """
+    buffer = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - returned open
+    requirements = project / "requirements.txt"
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _add_bytes(tar, "Dockerfile", source.project_dockerfile.read_bytes())
+        _add_bytes(
+            tar,
+            "abeja-build/requirements.txt",
+            requirements.read_bytes() if requirements.is_file() else b"",
+        )
+        tar.add(project, arcname="project", recursive=False)
+        for path in project_files(project):
+            tar.add(path, arcname=f"project/{path.relative_to(project).as_posix()}")
+    buffer.seek(0)
+    return buffer

@@ -1,0 +1,148 @@
+"""The local engine: ``abeja-runtime`` as a subprocess of the current Python, no Docker.
+
+For a fast edit-run loop and for machines without Docker. The model runs with the packages of
+this Python environment (``requirements.txt`` is not installed), with the project folder as
+its working directory, listening on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Final
+
+from abeja_cli.console import Console
+from abeja_cli.engine import LogSink, RunSpec, Server, pump_lines, start_daemon
+from abeja_cli.errors import EngineUnavailable, ServerError
+
+__all__ = ["LocalEngine", "LocalServer", "free_port"]
+
+#: Seconds a stopping runtime gets to finish in-flight requests before it is killed.
+_GRACE: Final = 10.0
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalServer(Server):
+    """One ``python -m abeja_runtime`` process; restartable on the same ports."""
+
+    def __init__(self, spec: RunSpec, sink: LogSink) -> None:
+        self._spec = spec
+        self._sink = sink
+        self.port = spec.host_port or free_port()
+        self._health_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.description = f"local engine ({sys.executable})"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "abeja_runtime",
+            "--handler",
+            self._spec.handler,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--healthcheck-port",
+            str(self._health_port),
+        ]
+
+    def start(self) -> None:
+        env = {**os.environ, **self._spec.env}
+        # The flags win anyway; drop these so a stray PORT in the user's shell is not confusing.
+        for name in ("PORT", "HEALTHCHECK_PORT"):
+            env.pop(name, None)
+        try:
+            proc = subprocess.Popen(
+                self.command(),
+                cwd=self._spec.project,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                # Its own session: a Ctrl+C in the terminal reaches only the CLI, which then
+                # stops the runtime in order (the runtime must not die half-way on its own).
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot start {sys.executable}: {exc}") from None
+        self._proc = proc
+        stream: IO[bytes] = proc.stdout  # type: ignore[assignment]
+        self.log_thread = start_daemon(
+            lambda: pump_lines(iter(stream.readline, b""), self._sink), "runtime-log"
+        )
+
+    def exit_code(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            self.kill(proc)
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class LocalEngine:
+    """Runs the runtime in this Python environment."""
+
+    name = "local"
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+
+    def prepare(self, spec: RunSpec) -> None:
+        if importlib.util.find_spec("abeja_runtime") is None:
+            raise EngineUnavailable(
+                f"the abeja-runtime package is not installed in {sys.executable}; install it "
+                "there (pip install abeja-runtime) or use the Docker engine"
+            )
+        if (spec.project / "requirements.txt").is_file():
+            self._console.info(
+                "local engine: requirements.txt is not installed; the model uses the packages "
+                f"of {sys.executable}"
+            )
+
+    @contextmanager
+    def serve(self, spec: RunSpec, sink: LogSink) -> Iterator[Server]:
+        server = LocalServer(spec, sink)
+        try:
+            server.start()
+            yield server
+        finally:
+            proc = server._proc
+            server._proc = None
+            if proc is not None:
+                # Ctrl+C during a graceful stop lands here too: kill, never leave it behind.
+                LocalServer.kill(proc)

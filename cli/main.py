@@ -1,0 +1,26 @@
+"""The ``abeja`` command: root group → ``model`` group → one module per command.
+
+Commands import Docker and the engines only when they run, so ``abeja --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import click
+from abeja_cli.run_local import run_local
+from abeja_cli.run_local_server import run_local_server
+
+__all__ = ["abeja", "model"]
+
+
+@click.group(context_settings={"help_option_names": ["--help"]})
+def abeja() -> None:
+    """Run ABEJA Platform model handlers locally, with abeja-runtime."""
+
+
+@abeja.group()
+def model() -> None:
+    """Run a model handler (main.py) on this machine."""
+
+
+model.add_command(run_local)
+model.add_command(run_local_server)

@@ -1,0 +1,56 @@
+"""Show the model's answer: JSON pretty-printed, everything else byte-exact.
+
+The anchor re-indented anything that parsed as JSON, escaped non-ASCII text, and added a
+newline after binary bodies (so a returned JPEG was corrupted). Here a body is pretty-printed
+only when its Content-Type says JSON, non-ASCII is kept as UTF-8, and other bodies are written
+as they came.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import BinaryIO
+
+from abeja_cli.client import ModelResponse
+from abeja_cli.console import Console
+from abeja_cli.errors import CliError
+from abeja_cli.inputs import is_json_type
+
+__all__ = ["render_body", "write_response"]
+
+
+def render_body(response: ModelResponse) -> bytes:
+    """The bytes shown on stdout for a response."""
+    if is_json_type(response.content_type) and response.body:
+        try:
+            document = json.loads(response.body)
+        except (ValueError, UnicodeDecodeError):
+            return response.body  # JSON Lines or a malformed body: show it as it is
+        return (json.dumps(document, indent=4, ensure_ascii=False) + "\n").encode("utf-8")
+    return response.body
+
+
+def write_response(
+    response: ModelResponse, *, console: Console, stdout: BinaryIO, output: Path | None = None
+) -> int:
+    """Write the answer; return the exit code (0 for a 2xx status, 1 otherwise)."""
+    if not response.ok:
+        console.error(
+            f"the model answered {response.status} {response.reason}".rstrip()
+            + (f" ({response.content_type})" if response.content_type else "")
+        )
+        stdout.write(render_body(response))
+        stdout.flush()
+        return 1
+    if output is not None:
+        try:
+            output.write_bytes(response.body)
+        except OSError as exc:
+            raise CliError(f"cannot write --output {output}: {exc.strerror or exc}") from None
+        kind = response.content_type or "no content type"
+        console.info(f"wrote {len(response.body)} bytes ({kind}) to {output}")
+        return 0
+    stdout.write(render_body(response))
+    stdout.flush()
+    return 0

@@ -1,0 +1,84 @@
+"""``abeja model run-local``: start the model, send it one request, print the answer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from abeja_cli.client import send
+from abeja_cli.console import Console
+from abeja_cli.engine import LogSink
+from abeja_cli.errors import InputError
+from abeja_cli.inputs import METHODS, build_request
+from abeja_cli.output import write_response
+from abeja_cli.session import (
+    ModelOptions,
+    exit_on_errors,
+    model_options,
+    start_server,
+    terminate_as_interrupt,
+)
+
+__all__ = ["run_local"]
+
+
+@click.command("run-local")
+@model_options
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="PATH | NAME=@PATH | NAME=VALUE",
+    help="Request body file (Content-Type from its extension; - for stdin), or, repeated, "
+    "the fields of a multipart/form-data request.",
+)
+@click.option(
+    "--content-type", default=None, help="Content-Type of the body instead of the guessed one."
+)
+@click.option(
+    "--method",
+    type=click.Choice(METHODS, case_sensitive=False),
+    default="POST",
+    show_default=True,
+    help="HTTP method; GET sends the NAME=VALUE inputs (or a file's text) as the query.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the raw response body to this file instead of stdout.",
+)
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only the answer: no progress, build output or logs."
+)
+def run_local(**params: Any) -> None:
+    """Run the model in the current folder and send it one request.
+
+    \b
+    abeja model run-local -h main:handler -i python:3.11-slim --input request.json
+    """
+    console = Console(quiet=params["quiet"])
+    exit_on_errors(console, lambda: _run(params, console))
+
+
+def _run(params: dict[str, Any], console: Console) -> int:
+    options = ModelOptions.from_params(params, console)
+    request = build_request(
+        params["inputs"],
+        method=params["method"],
+        content_type=params["content_type"],
+        base_dir=options.project,
+    )
+    output = Path(params["output"]) if params["output"] else None
+    if output is not None and not output.resolve().parent.is_dir():
+        raise InputError(f"--output {output}: the folder {output.parent} does not exist")
+    sink = LogSink(console, show=not console.quiet)
+    with terminate_as_interrupt(), start_server(options, console, sink) as (_engine, server):
+        console.info(f"sending request to model: {request.method} {request.summary}")
+        response = send(server.url, request)
+    # The server is gone now, so its log stream has ended: show its last lines before the answer.
+    server.drain_logs()
+    console.info(f"finish requesting to model: {response.status} {response.reason}")
+    return write_response(response, console=console, stdout=sys.stdout.buffer, output=output)

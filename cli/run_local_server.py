@@ -1,0 +1,153 @@
+"""``abeja model run-local-server``: serve the model on 127.0.0.1 until Ctrl+C or SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import click
+from abeja_cli.console import Console
+from abeja_cli.engine import Engine, LogSink, Server, wait_ready
+from abeja_cli.errors import InputError, ServerError
+from abeja_cli.local_engine import free_port
+from abeja_cli.reload import ChangeWatcher
+from abeja_cli.session import (
+    ModelOptions,
+    exit_on_errors,
+    model_options,
+    start_server,
+    terminate_as_interrupt,
+)
+
+__all__ = ["run_local_server"]
+
+#: How often the serve loop checks for a stop signal, a dead server and changed files.
+_TICK: Final = 0.3
+
+
+@click.command("run-local-server")
+@model_options
+@click.option(
+    "-p",
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port on 127.0.0.1 to serve on (default: a free one).",
+)
+@click.option(
+    "--reload",
+    is_flag=True,
+    help="Restart the model server when a .py file of the project changes.",
+)
+def run_local_server(**params: Any) -> None:
+    """Serve the model in the current folder on 127.0.0.1 until Ctrl+C.
+
+    \b
+    abeja model run-local-server -h main:handler -i python:3.11-slim -p 8080
+    """
+    console = Console()
+    exit_on_errors(console, lambda: _run(params, console))
+
+
+def _check_port(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise InputError(
+                f"port {port} on 127.0.0.1 is already in use; choose another with -p"
+            ) from None
+
+
+def _run(params: dict[str, Any], console: Console) -> int:
+    options = ModelOptions.from_params(params, console)
+    port = params["port"]
+    if port is not None:
+        _check_port(port)
+    sink = LogSink(console)
+    with (
+        terminate_as_interrupt(),
+        start_server(options, console, sink, host_port=port or free_port()) as (engine, server),
+    ):
+        _banner(options, engine, server)
+        with _stop_signals() as stop:
+            _serve(options, console, sink, server, stop, params["reload"])
+        console.info("stopping the model server")
+        server.stop()
+    console.info("the model server was stopped and removed")
+    return 0
+
+
+def _banner(options: ModelOptions, engine: Engine, server: Server) -> None:
+    lines = [
+        " ----- Local Server ----- ",
+        " Started successfully!",
+        f" Endpoint : {server.url}",
+        f" Handler :  {options.handler}",
+        f" Image :    {options.image if engine.name == 'docker' else '(none: local engine)'}",
+        f" Engine :   {server.description}",
+        "you can now access this http api!",
+        "press Ctrl + C to stop",
+        " ------------------------ ",
+    ]
+    click.echo(click.style("\n".join(lines), fg="green", bold=True))
+
+
+@contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM set the returned event (a graceful stop); a second one forces it."""
+    stop = threading.Event()
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(
+    options: ModelOptions,
+    console: Console,
+    sink: LogSink,
+    server: Server,
+    stop: threading.Event,
+    reload: bool,
+) -> None:
+    watcher = ChangeWatcher(options.project) if reload else None
+    requirements = ChangeWatcher(options.project, ("requirements.txt",)) if reload else None
+    broken = False  # after a reload that failed to start: wait for the next edit
+    while not stop.wait(_TICK):
+        if watcher is not None and requirements is not None:
+            if requirements.changes():
+                console.warning("requirements.txt changed; restart run-local-server to install it")
+            changed = watcher.changes()
+            if changed:
+                names = ", ".join(str(p.relative_to(options.project)) for p in changed[:3])
+                console.info(f"{names} changed; restarting the model server")
+                server.restart()
+                try:
+                    wait_ready(server, timeout=options.startup_timeout, sink=sink)
+                except ServerError as exc:
+                    console.error(f"{exc.message}; waiting for the next change")
+                    broken = True
+                else:
+                    broken = False
+                    console.info(f"the model server is ready again at {server.url}")
+                continue
+        code = server.exit_code()
+        if code is not None and not broken:
+            server.drain_logs()
+            raise ServerError(
+                f"the model server stopped unexpectedly (exit code {code}); its log is above",
+                log=sink.text(),
+            )

@@ -1,0 +1,249 @@
+"""The part both commands share: validated options → engine → ready server.
+
+Order matters and is the point of this module: everything the user typed is validated first
+(no image is built and no container started for a typo), then the engine is chosen, the image
+built, and the server started and awaited.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, NoReturn
+
+import click
+from abeja_cli.console import Console
+from abeja_cli.engine import Engine, LogSink, RunSpec, Server, wait_ready
+from abeja_cli.environment import model_environment
+from abeja_cli.errors import CliError, EngineUnavailable, InputError
+
+__all__ = [
+    "DEVICE_TYPES",
+    "ModelOptions",
+    "exit_on_errors",
+    "model_options",
+    "select_engine",
+    "start_server",
+    "terminate_as_interrupt",
+]
+
+DEVICE_TYPES: Final = ("x86_cpu", "x86_gpu", "jetson_tx2", "raspberry3")
+DEFAULT_IMAGE: Final = "python:3.11-slim"
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The options both commands take, after validation."""
+
+    handler: str
+    image: str
+    device_type: str
+    env: dict[str, str]
+    engine: str | None
+    no_cache: bool
+    startup_timeout: float
+    project: Path
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], console: Console) -> ModelOptions:
+        """Validate the shared options; raises :class:`InputError` with one line."""
+        handler = params["handler"].strip()
+        module, sep, function = handler.partition(":")
+        if not sep or not module or not function or ":" in function:
+            raise InputError(f"-h {handler!r} is not MODULE:FUNCTION; write it like main:handler")
+        env_file = params["env_file"]
+        env = model_environment(
+            handler=handler,
+            env_options=params["environment"],
+            env_file=Path(env_file) if env_file is not None else None,
+            organization_id=params["organization_id"],
+        )
+        image = params["image"]
+        if image.startswith("abeja-inc/"):  # the anchor's rewrite of its own images' names
+            image = "abeja/" + image.removeprefix("abeja-inc/")
+        if params["v1"]:
+            console.warning(
+                "--v1 is accepted for compatibility, but abeja-runtime serves only the "
+                "handler(request, context) signature"
+            )
+        return cls(
+            handler=handler,
+            image=image,
+            device_type=params["device_type"],
+            env=env,
+            engine=params["engine"],
+            no_cache=params["no_cache"],
+            startup_timeout=params["startup_timeout"],
+            project=Path.cwd().resolve(),
+        )
+
+    def spec(self, *, host_port: int | None = None) -> RunSpec:
+        return RunSpec(
+            project=self.project,
+            handler=self.handler,
+            env=self.env,
+            image=self.image,
+            device_type=self.device_type,
+            host_port=host_port,
+            no_cache=self.no_cache,
+        )
+
+
+def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a command with the options shared by run-local and run-local-server."""
+    options = [
+        click.option(
+            "-h",
+            "--handler",
+            required=True,
+            metavar="MODULE:FUNCTION",
+            help="Model handler, e.g. main:handler (becomes HANDLER).",
+        ),
+        click.option(
+            "-i",
+            "--image",
+            default=DEFAULT_IMAGE,
+            show_default=True,
+            help="Base image with Python 3.10+ that the model's image is built on.",
+        ),
+        click.option(
+            "-d",
+            "--device-type",
+            "--device_type",
+            "device_type",
+            type=click.Choice(DEVICE_TYPES),
+            default="x86_cpu",
+            show_default=True,
+            help="Device type; x86_gpu gives the container all GPUs.",
+        ),
+        click.option(
+            "-e",
+            "--environment",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Environment variable for the model (KEY=VALUE or KEY:VALUE); repeatable.",
+        ),
+        click.option(
+            "--env-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="File of KEY=VALUE lines (dotenv syntax) for the model's environment.",
+        ),
+        click.option(
+            "-o",
+            "--organization-id",
+            "--organization_id",
+            "organization_id",
+            default=None,
+            help="Sets ABEJA_ORGANIZATION_ID (no account or network call is needed).",
+        ),
+        click.option(
+            "--no-cache",
+            "--no_cache",
+            "no_cache",
+            is_flag=True,
+            help="Rebuild the image from scratch, without Docker's layer cache.",
+        ),
+        click.option("--v1", is_flag=True, help="Accepted for compatibility; has no effect."),
+        click.option(
+            "--engine",
+            type=click.Choice(["docker", "local"]),
+            default=None,
+            envvar="ABEJA_ENGINE",
+            show_envvar=True,
+            help="docker (default when Docker is reachable) or local (this Python, no Docker).",
+        ),
+        click.option(
+            "--startup-timeout",
+            type=click.FloatRange(min=1),
+            default=120.0,
+            show_default=True,
+            envvar="ABEJA_STARTUP_TIMEOUT",
+            show_envvar=True,
+            help="Seconds to wait for the model server to become ready.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def select_engine(choice: str | None, console: Console) -> Engine:
+    """The engine to use; Docker by default, the local one when Docker is not reachable."""
+    from abeja_cli.local_engine import LocalEngine
+
+    if choice == "local":
+        return LocalEngine(console)
+    from abeja_cli.docker_engine import DockerEngine
+
+    try:
+        return DockerEngine.connect(console)
+    except EngineUnavailable as exc:
+        if choice == "docker":
+            raise EngineUnavailable(
+                f"{exc.message}; start Docker, or use --engine local to run without it"
+            ) from None
+        # Shown even with -q: the model then runs without its requirements.txt installed.
+        click.echo(
+            f"[info] {exc.message}; running the model with the local engine instead "
+            "(--engine local)",
+            err=True,
+        )
+        return LocalEngine(console)
+
+
+@contextmanager
+def start_server(
+    options: ModelOptions,
+    console: Console,
+    sink: LogSink,
+    *,
+    host_port: int | None = None,
+) -> Iterator[tuple[Engine, Server]]:
+    """Choose the engine, build, start, wait until ready; stopped and removed on exit."""
+    engine = select_engine(options.engine, console)
+    spec = options.spec(host_port=host_port)
+    console.info(f"preparing the {engine.name} engine for {options.project}")
+    engine.prepare(spec)
+    console.info("setting up local server")
+    with engine.serve(spec, sink) as server:
+        console.info(f"waiting for the model server at {server.url}")
+        wait_ready(server, timeout=options.startup_timeout, sink=sink)
+        yield engine, server
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl+C, so ``with`` blocks clean up (remove the container) on both."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def exit_on_errors(console: Console, body: Callable[[], int]) -> NoReturn:
+    """Run a command body; turn our errors into one ``[error]`` line and the exit code."""
+    try:
+        code = body()
+    except CliError as exc:
+        console.error(exc.message)
+        if exc.log and console.quiet:  # not shown live with -q: show it now
+            console.block("log", exc.log)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        console.error("interrupted; the model server was stopped and removed")
+        code = 130
+    sys.exit(code)
