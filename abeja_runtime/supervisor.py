@@ -46,6 +46,7 @@ def run(config: Config) -> int:
     except (HandlerLoadError, OSError) as exc:
         _log.error("failed to setup model: %s", exc)
         return 1
+    port, healthcheck_port = (sock.getsockname()[1] for sock in sockets)
     _log.info(
         "abeja-runtime %s serving %s from %s on http://%s:%d (health check port %d); "
         "workers=%d concurrency=%d timeout=%gs",
@@ -53,11 +54,12 @@ def run(config: Config) -> int:
         config.handler,
         workdir,
         config.host,
-        sockets[0].getsockname()[1],
-        sockets[1].getsockname()[1],
+        port,
+        healthcheck_port,
         config.workers,
         config.concurrency,
         config.timeout,
+        extra={"fields": {"port": port, "healthcheck_port": healthcheck_port}},
     )
     try:
         return _Supervisor(config, sockets).run()

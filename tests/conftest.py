@@ -1,0 +1,197 @@
+"""Fixtures that start the real runtime as a subprocess on 127.0.0.1 and stop it afterwards.
+
+``make_server(handler_dir, *flags, env=...)`` runs ``python -m abeja_runtime`` in a copy-free way
+(the handler folder is the working directory), binds ports 0 so that no two servers collide, reads
+the real ports from the start-up log record, and waits (bounded) until ``/health_check`` says 200.
+Every server it started is stopped after the test, with SIGTERM and then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HANDLERS = Path(__file__).parent / "handlers"
+START_TIMEOUT = 20.0
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class RunningServer:
+    """A runtime subprocess and what it logged."""
+
+    process: subprocess.Popen[bytes]
+    lines: list[str] = field(default_factory=list)
+    port: int = 0
+    healthcheck_port: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            with self._lock:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every JSON log record so far; non-JSON lines are kept as ``{"raw": line}``."""
+        with self._lock:
+            lines = list(self.lines)
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                records.append({"raw": line})
+        return records
+
+    def wait_for_record(self, predicate: Callable[[dict[str, Any]], bool], timeout=10.0) -> dict:
+        def find() -> dict[str, Any] | None:
+            return next((r for r in self.records() if predicate(r)), None)
+
+        return wait_until(find, timeout, "a matching log record")
+
+    def request(
+        self,
+        method: str = "GET",
+        path: str = "/",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        port: int | None = None,
+        timeout: float = 30.0,
+    ) -> Response:
+        connection = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            answer = connection.getresponse()
+            return Response(answer.status, answer.headers, answer.read())
+        finally:
+            connection.close()
+
+    def post_json(self, payload: Any, path: str = "/", **kwargs: Any) -> Response:
+        headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
+        return self.request("POST", path, json.dumps(payload).encode(), headers, **kwargs)
+
+    def health(self, port: int | None = None) -> int:
+        try:
+            return self.request("GET", "/health_check", port=port or self.healthcheck_port).status
+        except OSError:
+            return 0
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
+        wait_until(lambda: self.health() == 200, timeout, "/health_check to answer 200")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"the runtime did not stop within {timeout} s of {sig}") from None
+
+
+def runtime_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ABEJA_", "PORT", "HANDLER"))}
+    env.update({"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update(extra)
+    return env
+
+
+class ServerFactory:
+    """Starts runtimes for tests and stops every one of them at teardown."""
+
+    def __init__(self, tmp_dir: Path) -> None:
+        self._tmp_dir = tmp_dir
+        self._started: list[RunningServer] = []
+
+    def __call__(
+        self,
+        handler_dir: str | Path,
+        *flags: str,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        cwd: Path | None = None,
+    ) -> RunningServer:
+        directory = HANDLERS / handler_dir if isinstance(handler_dir, str) else handler_dir
+        command = [sys.executable, "-m", "abeja_runtime", "--host", "127.0.0.1"]
+        command += ["--port", "0", "--healthcheck-port", "0", *flags]
+        process = subprocess.Popen(
+            command,
+            cwd=cwd or directory,
+            env=runtime_env(TMPDIR=str(self._tmp_dir), **(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        server = RunningServer(process)
+        self._started.append(server)
+        threading.Thread(target=server._read, daemon=True).start()
+
+        def ports_logged() -> dict[str, Any] | bool:
+            found = next((r for r in server.records() if "port" in r), None)
+            return found or process.poll() is not None
+
+        found = wait_until(ports_logged, START_TIMEOUT, "the start-up log record")
+        if isinstance(found, dict):
+            server.port, server.healthcheck_port = found["port"], found["healthcheck_port"]
+        if wait:
+            if not server.port:
+                raise AssertionError(f"the runtime exited: {server.lines}")
+            server.wait_healthy()
+        return server
+
+    def stop_all(self) -> None:
+        for server in self._started:
+            if server.process.poll() is None:
+                server.process.kill()
+                server.process.wait(10)
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[ServerFactory]:
+    """Start a runtime for one test; ``TMPDIR`` of the server is the test's tmp_path."""
+    factory = ServerFactory(tmp_path)
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def make_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    """The same for servers shared by a module's tests (e.g. one per parametrised table)."""
+    factory = ServerFactory(tmp_path_factory.mktemp("server"))
+    yield factory
+    factory.stop_all()

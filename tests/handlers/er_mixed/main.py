@@ -1,0 +1,21 @@
+"""A handler whose behaviour the query chooses, for error-path tests."""
+
+import os
+
+
+def handler(request, context):
+    mode = request.query.get("mode", "ok")
+    spooled = any(hasattr(content["body"], "name") for content in request["contents"])
+    size = sum(len(content.read()) for content in request["contents"])
+    if mode == "raise":
+        raise RuntimeError("boom")
+    if mode == "bad_status":
+        return {"status_code": 1000}
+    if mode == "not_dict":
+        return "just a string"
+    if mode == "stream_fails":
+        def chunks():
+            yield b"first"
+            raise ValueError("broken stream")
+        return {"content": chunks()}
+    return {"content_type": "application/json", "content": {"size": size, "spooled": spooled, "pid": os.getpid()}}
