@@ -58,7 +58,7 @@ class PlatformIds:
         """The ``X-Abeja-*`` headers of every handler response, for the variables that are set."""
         pairs = (
             ("X-Abeja-Model-Id", self.model_id),
-            # The anchor path-escapes the version (Go url.PathEscape): "1.0 β/x" → "1.0%20%CE%B2%2Fx".
+            # Path-escaped as the anchor does: "1.0 β/x" → "1.0%20%CE%B2%2Fx".
             ("X-Abeja-Model-Version", urllib.parse.quote(self.model_version, safe="")),
             ("X-Abeja-Deployment-Id", self.deployment_id),
             ("X-Abeja-Service-Id", self.service_id),

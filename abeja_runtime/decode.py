@@ -57,9 +57,9 @@ def check_method(method: str) -> None:
 
 def check_declared_length(content_length: int | None, limits: BodyLimits) -> None:
     """Refuse a body by its ``Content-Length`` before reading a byte of it."""
-    if limits.max_body_size and content_length is not None:
-        if content_length > limits.max_body_size:
-            raise PayloadTooLarge(limits.max_body_size)
+    limit = limits.max_body_size
+    if limit and content_length is not None and content_length > limit:
+        raise PayloadTooLarge(limit)
 
 
 async def decode_request(

@@ -163,7 +163,7 @@ def _headers(
     return tuple(headers.values())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_protected(name: str) -> None:
     """Log once per header name: the handler keeps trying, the log should not fill up."""
     _log.warning(

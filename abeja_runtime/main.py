@@ -38,7 +38,7 @@ _LEVEL_ALIASES: Final = {
 
 
 class ByteSize(click.ParamType):
-    """A byte count: ``1048576``, ``512KiB``, ``100MiB``, ``1GiB`` (also KB/MB/GB as powers of 1024)."""
+    """A byte count: ``1048576``, ``512KiB``, ``100MiB``, ``1GiB`` (KB, MB, GB: also 1024-based)."""
 
     name = "bytes"
     _pattern: Final = re.compile(r"^\s*(\d+)\s*([kmg]i?b?)?\s*$", re.IGNORECASE)

@@ -64,7 +64,7 @@ class ServingState:
             self.idle_waiters.clear()
 
 
-def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None):  # noqa: ANN202
+def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None):
     return web.Response(
         status=status,
         body=json.dumps({"status": message}).encode(),

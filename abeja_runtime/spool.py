@@ -27,7 +27,7 @@ class Scratch:
     def new_file(self) -> IO[bytes]:
         if self._path is None:
             self._path = tempfile.mkdtemp(prefix="abeja-request-", dir=self._root)
-        return tempfile.NamedTemporaryFile(dir=self._path, delete=False)  # noqa: SIM115
+        return tempfile.NamedTemporaryFile(dir=self._path, delete=False)
 
     def remove(self) -> None:
         if self._path is not None:

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
@@ -152,10 +152,8 @@ class _Supervisor:
             timeout = max(0.0, self._shutdown_deadline - time.monotonic())
         ready = wait(waitables, timeout)
         if wake_reader in ready:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 wake_reader.recv(4096)
-            except BlockingIOError:
-                pass
         self._handle_signals()
         for worker in list(self._workers):
             if worker.pipe in ready:

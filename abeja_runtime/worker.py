@@ -1,4 +1,4 @@
-"""One worker process: serve both ports, load the handler, drain on SIGTERM, report to the supervisor.
+"""One worker process: serve both ports, load the handler, drain on SIGTERM, report upwards.
 
 The worker starts answering (503) before the handler is imported, so that a slow import is
 visible to health checks; the import runs on the first slot's thread, the thread that will call
@@ -40,7 +40,7 @@ def run_worker(
     pipe: Connection,
     accept_early: bool,
 ) -> None:
-    """Process entry point. Exits with ``os._exit`` so that a stuck handler thread cannot hold it."""
+    """Process entry point; ``os._exit`` at the end, so a stuck handler thread cannot hold it."""
     configure_logging(config.log_level, config.platform.log_fields())
     capture_prints()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the supervisor, which decides
@@ -82,7 +82,9 @@ class _Worker:
         ]
         for runner in runners:
             await runner.setup()
-        sites = [web.SockSite(runner, sock) for runner, sock in zip(runners, self._sockets)]
+        sites = [
+            web.SockSite(runner, sock) for runner, sock in zip(runners, self._sockets, strict=True)
+        ]
         if accept_early:
             for site in sites:
                 await site.start()

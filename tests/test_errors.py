@@ -8,7 +8,6 @@ import socket
 
 import pytest
 
-
 MULTIPART = "multipart/form-data; boundary=b"
 GOOD_MULTIPART = (
     b'--b\r\nContent-Disposition: form-data; name="f"; filename="a.bin"\r\n\r\n'

@@ -165,7 +165,10 @@ def test_chunked_body_is_read_in_chunks_by_the_handler(make_server):
             yield b"x" * 100_000
 
     answer = server.request(
-        "POST", "/", chunks(), {"Content-Type": "application/octet-stream"}  # type: ignore[arg-type]
+        "POST",
+        "/",
+        chunks(),
+        {"Content-Type": "application/octet-stream"},  # type: ignore[arg-type]
     )
     assert answer.json() == {"size": 4_000_000}
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from conftest import HANDLERS
 
 sys.path.insert(0, str(HANDLERS / "rs_table"))
-from cases import CASES  # noqa: E402
+from cases import CASES
 
-from abeja_runtime import __version__  # noqa: E402
+from abeja_runtime import __version__
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,11 @@ def handler(request, context):
     if mode == "not_dict":
         return "just a string"
     if mode == "stream_fails":
+
         def chunks():
             yield b"first"
             raise ValueError("broken stream")
+
         return {"content": chunks()}
-    return {"content_type": "application/json", "content": {"size": size, "spooled": spooled, "pid": os.getpid()}}
+    content = {"size": size, "spooled": spooled, "pid": os.getpid()}
+    return {"content_type": "application/json", "content": content}

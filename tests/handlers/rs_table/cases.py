@@ -57,7 +57,11 @@ CASES = {
     "date": (lambda: {"d": datetime.date(2020, 1, 2)}, None, b'{"d": "2020-01-02"}'),
     "decimal": (lambda: {"price": decimal.Decimal("1.25")}, None, b'{"price": 1.25}'),
     "non_ascii_escaped": (lambda: {"x": "é"}, None, b'{"x": "\\u00e9"}'),
-    "csv_rows": (lambda: [{"a": 1, "b": 2}, {"a": 3, "b": 4}], "text/csv", b"a,b\r\n1,2\r\n3,4\r\n"),
+    "csv_rows": (
+        lambda: [{"a": 1, "b": 2}, {"a": 3, "b": 4}],
+        "text/csv",
+        b"a,b\r\n1,2\r\n3,4\r\n",
+    ),
     "csv_dict": (lambda: {"a": 1, "b": 2}, "text/csv", b"a,b\r\n1,2\r\n"),
     "csv_str": (lambda: "a,b\n1,2", "text/csv", b"a,b\n1,2"),
     "charset_honoured": (lambda: "é", "text/plain; charset=latin-1", b"\xe9"),

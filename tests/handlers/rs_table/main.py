@@ -59,4 +59,4 @@ def status_only(request, context):
 
 def stream_file(request, context):
     """A file object is streamed, not read whole (closed by the runtime afterwards)."""
-    return {"content_type": "application/octet-stream", "content": open(__file__, "rb")}  # noqa: SIM115
+    return {"content_type": "application/octet-stream", "content": open(__file__, "rb")}

@@ -1,0 +1,68 @@
+"""encode.py on its own: the contract checks on the handler's dict, raised as HandlerResultError."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from conftest import HANDLERS
+
+from abeja_runtime.encode import encode_result
+from abeja_runtime.errors import HandlerResultError
+
+sys.path.insert(0, str(HANDLERS / "rs_table"))
+_spec = importlib.util.spec_from_file_location("rs_table_main", HANDLERS / "rs_table" / "main.py")
+assert _spec is not None and _spec.loader is not None
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+BAD_RESULTS = _module.BAD_RESULTS
+
+
+def _body(response) -> bytes:
+    body = response.body
+    return body if isinstance(body, bytes) else b"".join(body)
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD_RESULTS) - {"raises"}))
+def test_contract_violations_raise_with_a_message_for_the_author(name):
+    with pytest.raises(HandlerResultError) as caught:
+        _body(encode_result(BAD_RESULTS[name]()))
+    assert len(str(caught.value)) > 20
+
+
+def test_extra_headers_win_over_metadata_and_metadata_numbers_become_text():
+    response = encode_result(
+        {"metadata": {"X-A": 1.5, "x-abeja-sys-meta-runtime-version": "fake"}},
+        extra_headers=[("x-abeja-sys-meta-runtime-version", "real")],
+    )
+    assert dict(response.headers) == {
+        "Content-Type": "text/plain",
+        "X-A": "1.5",
+        "x-abeja-sys-meta-runtime-version": "real",
+    }
+
+
+def test_generators_are_streamed_lazily_and_closed():
+    closed = []
+
+    def produce():
+        try:
+            yield "a"
+            yield "b"
+        finally:
+            closed.append(True)
+
+    response = encode_result({"content": produce()})
+    chunks = response.body
+    assert not isinstance(chunks, bytes)
+    assert next(chunks) == b"a"
+    chunks.close()
+    assert closed == [True]
+
+
+def test_http_status_enum_and_none_status():
+    import http
+
+    assert encode_result({"status_code": http.HTTPStatus.CREATED}).status == 201
+    assert encode_result({"status_code": None}).status == 200
