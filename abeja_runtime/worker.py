@@ -14,10 +14,12 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Final
 
 from aiohttp import web
 
@@ -31,6 +33,12 @@ from abeja_runtime.server import HttpServer, ServingState, make_web_server
 __all__ = ["run_worker"]
 
 _log = logging.getLogger("abeja_runtime")
+#: How long a thread may hold the GIL while another waits for it. The default 5 ms lets the event
+#: loop keep a freshly woken handler thread waiting for up to 5 ms per hand-off; measured on this
+#: machine kind (small JSON, wrk -c16, server pinned to one core): default p99 108-383 ms,
+#: 1 ms: p99 6.5 ms and 15-20 % more requests/s. Shorter intervals gained nothing more.
+_GIL_SWITCH_INTERVAL: Final = 0.001
+_ORPHAN_CHECK_INTERVAL: Final = 0.5
 
 
 def run_worker(
@@ -44,6 +52,7 @@ def run_worker(
     configure_logging(config.log_level, config.platform.log_fields())
     capture_prints()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the supervisor, which decides
+    sys.setswitchinterval(_GIL_SWITCH_INTERVAL)
     try:
         code = asyncio.run(_Worker(config, service_socket, health_socket, pipe).serve(accept_early))
     except Exception:
@@ -70,6 +79,8 @@ class _Worker:
     async def serve(self, accept_early: bool) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        # Kept referenced for the life of the worker; asyncio.run cancels it at the end.
+        self._orphan_watch = asyncio.create_task(_exit_when_orphaned(os.getppid()))
         config = self._config
         executor = Executor(
             concurrency=config.concurrency, max_queue=config.max_queue, timeout=config.timeout
@@ -154,6 +165,19 @@ class _Worker:
         for site in sites:
             await site.stop()
         self._pipe.send(("stuck",))
+
+
+async def _exit_when_orphaned(supervisor_pid: int) -> None:
+    """A supervisor killed outright (SIGKILL, OOM) must not leave its workers serving.
+
+    The parent pid changes when the parent dies; a check twice a second costs nothing and works
+    on every POSIX system (``parent_process().sentinel`` does not, under the spawn method).
+    """
+    while os.getppid() == supervisor_pid:
+        await asyncio.sleep(_ORPHAN_CHECK_INTERVAL)
+    _log.error("the supervisor process is gone; this worker exits")
+    logging.shutdown()
+    os._exit(1)
 
 
 async def _cleanup(runners: list[web.ServerRunner]) -> None:
