@@ -1,0 +1,31 @@
+"""Streams ``?chunks=N`` lines from a generator, pausing ``?pause=S`` seconds before each.
+
+The first line is ``<tag> begin <t>`` (when the handler was called), then ``<tag> <i> <t>`` per
+chunk, with ``t`` from ``time.monotonic()``: together they show when the call held its slot.
+``handler`` is sync, ``async_handler`` is an ``async def`` returning the same generator.
+"""
+
+import time
+
+
+def _lines(tag: str, begin: float, count: int, pause: float):
+    yield f"{tag} begin {begin}\n".encode()
+    for index in range(count):
+        time.sleep(pause)  # the generator's workload
+        yield f"{tag} {index} {time.monotonic()}\n".encode()
+
+
+def _answer(request) -> dict:
+    begin = time.monotonic()
+    query = request.query
+    count, pause = int(query.get("chunks", "3")), float(query.get("pause", "0.1"))
+    lines = _lines(query.get("tag", ""), begin, count, pause)
+    return {"content_type": "text/plain", "content": lines}
+
+
+def handler(request, context):
+    return _answer(request)
+
+
+async def async_handler(request, context):
+    return _answer(request)

@@ -1,0 +1,287 @@
+"""Handler execution through a real server: concurrency slots, the queue, timeouts, keep-alive.
+
+Contract A1 (handler execution, keep-alive) and A2 (504, and the slot a timed-out sync handler
+keeps).
+The handlers record ``time.monotonic()`` themselves (one clock for every process on the machine),
+so overlap and ordering are checked on the handler's own timestamps, not on client timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from conftest import Response, RunningServer, ServerFactory, wait_until
+
+SYNC, ASYNC = "main:handler", "main:async_handler"
+BOTH_KINDS = pytest.mark.parametrize("handler", [SYNC, ASYNC], ids=["sync", "async"])
+
+
+@pytest.fixture
+def start(make_server: ServerFactory) -> Iterator[Callable[..., RunningServer]]:
+    """``make_server``, but stopped with SIGTERM (its workers stop too) and its log pipe closed."""
+    started: list[tuple[RunningServer, list[threading.Thread]]] = []
+
+    def start_server(*args: Any, **kwargs: Any) -> RunningServer:
+        before = set(threading.enumerate())
+        server = make_server(*args, **kwargs)
+        new = set(threading.enumerate()) - before
+        readers = [thread for thread in new if thread.name.endswith("(_read)")]
+        started.append((server, readers))
+        return server
+
+    yield start_server
+    for server, readers in started:
+        with contextlib.suppress(AssertionError):
+            server.stop(timeout=15)
+        for reader in readers:
+            reader.join(10)  # EOF once the supervisor and every worker have exited
+        if readers and not any(reader.is_alive() for reader in readers) and server.process.stdout:
+            server.process.stdout.close()
+
+
+def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> list[Response]:
+    """GET every path at once, each on its own connection; answers in the order of ``paths``."""
+    with ThreadPoolExecutor(len(paths)) as pool:
+        return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
+
+
+def overlaps(intervals: list[tuple[float, float]]) -> bool:
+    ordered = sorted(intervals)
+    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(ordered))
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    running = peak = 0
+    for _, step in edges:  # at equal times an end (-1) sorts first: touching is not overlapping
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def events(server: RunningServer, tag: str) -> dict[str, float]:
+    """When the ex_sleep call ``tag`` printed ``start``, ``end`` or ``cancelled``."""
+    found = {}
+    for record in server.records():
+        message = record.get("message", "")
+        if message.startswith('{"event"'):
+            event = json.loads(message)
+            if event["tag"] == tag:
+                found[event["event"]] = event["t"]
+    return found
+
+
+def wait_for_event(server: RunningServer, tag: str, event: str, timeout: float = 10.0) -> float:
+    return wait_until(lambda: events(server, tag).get(event), timeout, f"{event} of call {tag}")
+
+
+def timed(call: Callable[[], Any]) -> tuple[Any, float]:
+    began = time.monotonic()
+    result = call()
+    return result, time.monotonic() - began
+
+
+# --- concurrency -------------------------------------------------------------------------------
+
+
+@BOTH_KINDS
+def test_calls_never_overlap_by_default(start, handler):
+    server = start("ex_sleep", "--handler", handler)
+
+    answers = call_all(server, [f"/?tag=c{i}&sleep=0.3" for i in range(4)])
+
+    assert [answer.status for answer in answers] == [200] * 4
+    intervals = [(answer.json()["start"], answer.json()["end"]) for answer in answers]
+    assert not overlaps(intervals), f"calls ran at the same time: {sorted(intervals)}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [(("--concurrency", "2"), {}), ((), {"ABEJA_RUNTIME_CONCURRENCY": "2"})],
+    ids=["flag", "env"],
+)
+@BOTH_KINDS
+def test_concurrency_2_lets_two_calls_overlap(start, handler, flags, env):
+    server = start("ex_sleep", "--handler", handler, *flags, env=env)
+
+    answers = call_all(server, [f"/?tag=c{i}&sleep=0.5" for i in range(4)])
+
+    assert [answer.status for answer in answers] == [200] * 4
+    intervals = [(answer.json()["start"], answer.json()["end"]) for answer in answers]
+    assert most_at_once(intervals) == 2, sorted(intervals)
+
+
+# --- the queue ---------------------------------------------------------------------------------
+
+
+def test_full_queue_answers_503_busy_with_retry_after(start):
+    server = start("ex_sleep", "--max-queue", "1")
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(server.request, "GET", "/?tag=running&sleep=2", timeout=15)
+        wait_for_event(server, "running", "start")
+        # While "running" sleeps, one of these two waits in the queue and the other is refused.
+        others = call_all(server, ["/?tag=b", "/?tag=c"])
+        first = running.result()
+
+    assert first.status == 200
+    assert sorted(answer.status for answer in others) == [200, 503]
+    busy = next(answer for answer in others if answer.status == 503)
+    assert busy.json() == {"status": "service busy"}
+    assert busy.headers["Content-Type"] == "application/json"
+    assert int(busy.headers["Retry-After"]) >= 1
+    served = next(answer for answer in others if answer.status == 200)
+    assert served.json()["start"] >= first.json()["end"]  # it waited for the slot, then ran
+    assert server.request("GET", "/?tag=after").status == 200
+
+
+# --- timeouts ----------------------------------------------------------------------------------
+
+
+@BOTH_KINDS
+def test_timeout_answers_504_at_once_and_the_server_stays_up(start, handler):
+    server = start("ex_sleep", "--handler", handler, "--timeout", "1")
+
+    answer, elapsed = timed(lambda: server.request("GET", "/?tag=slow&sleep=3", timeout=10))
+
+    assert answer.status == 504
+    assert answer.json() == {"status": "handler timed out after 1 s"}
+    assert answer.headers["Content-Type"] == "application/json"
+    assert 0.9 <= elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
+    # A sync handler holds its slot until it returns: let it, so the next call is not queued.
+    wait_until(lambda: {"end", "cancelled"} & events(server, "slow").keys(), 10, "slow to finish")
+    assert server.request("GET", "/?tag=next", timeout=10).status == 200
+    assert server.health() == 200
+
+
+def test_timed_out_sync_handler_keeps_its_slot_until_it_returns(start):
+    server = start("ex_sleep", "--timeout", "2")
+
+    timed_out = server.request("GET", "/?tag=slow&sleep=3", timeout=10)
+    answer = server.request("GET", "/?tag=next", timeout=10)
+
+    assert timed_out.status == 504
+    assert answer.status == 200
+    slow_end = wait_for_event(server, "slow", "end")
+    assert answer.json()["start"] >= slow_end, "the next call ran while the timed-out one still ran"
+
+
+def test_timed_out_async_handler_frees_its_slot_at_once(start):
+    server = start("ex_sleep", "--handler", ASYNC, "--timeout", "1")
+
+    timed_out = server.request("GET", "/?tag=slow&sleep=8", timeout=10)
+    answer, elapsed = timed(lambda: server.request("GET", "/?tag=next", timeout=10))
+
+    assert timed_out.status == 504
+    assert timed_out.json() == {"status": "handler timed out after 1 s"}
+    assert answer.status == 200
+    assert elapsed < 3.0, f"the next call waited {elapsed:.2f} s for the slot"
+    cancelled = wait_for_event(server, "slow", "cancelled")  # not left running in the background
+    assert answer.json()["start"] >= cancelled
+    assert "end" not in events(server, "slow")
+
+
+# --- streamed responses ------------------------------------------------------------------------
+
+
+def stream_interval(answer: Response, tag: str) -> tuple[float, float]:
+    lines = answer.body.decode().splitlines()
+    steps = [line.split()[:2] for line in lines]
+    assert steps == [[tag, step] for step in ("begin", "0", "1", "2")]
+    return float(lines[0].split()[2]), float(lines[-1].split()[2])
+
+
+@BOTH_KINDS
+def test_streamed_generators_hold_the_slot_until_the_last_chunk(start, handler):
+    server = start("ex_stream", "--handler", handler)
+
+    answers = call_all(server, [f"/?tag=s{i}&chunks=3&pause=0.1" for i in range(3)])
+
+    assert [answer.status for answer in answers] == [200] * 3
+    assert all(answer.headers["Transfer-Encoding"] == "chunked" for answer in answers)
+    intervals = [stream_interval(answer, f"s{i}") for i, answer in enumerate(answers)]
+    assert not overlaps(intervals), f"streams were produced at the same time: {sorted(intervals)}"
+
+
+# --- exceptions --------------------------------------------------------------------------------
+
+
+@BOTH_KINDS
+def test_handler_exception_answers_500_and_the_next_request_succeeds(start, handler):
+    server = start("ex_sleep", "--handler", handler)
+
+    failed = server.request("GET", "/?tag=bad&raise=1")
+    answer = server.request("GET", "/?tag=good")
+
+    assert failed.status == 500
+    assert failed.json() == {"status": "unexpected error occurred"}
+    assert failed.headers["Content-Type"] == "application/json"
+    assert answer.status == 200
+    assert answer.json()["tag"] == "good"
+    record = server.wait_for_record(lambda r: "ex_sleep was asked to fail (bad)" in str(r))
+    assert record["log_level"] == "error"
+    assert record["request_id"] == failed.headers["x-abeja-request-id"]
+
+
+# --- keep-alive --------------------------------------------------------------------------------
+
+MULTIPART_WITHOUT_BOUNDARY = {"Content-Type": "multipart/form-data"}
+
+#: (method, path, body, headers, expected status), sent in this order on one connection.
+KEEP_ALIVE_SEQUENCE = [
+    ("GET", "/?tag=k1", None, {}, 200),
+    ("OPTIONS", "/", None, {}, 405),
+    ("HEAD", "/", None, {}, 405),
+    ("GET", "/?tag=k2&raise=1", None, {}, 500),
+    ("POST", "/?tag=k3", b'{"a": 1}', {"Content-Type": "application/json"}, 200),
+    ("POST", "/?tag=k4", b"--x\r\n\r\n", MULTIPART_WITHOUT_BOUNDARY, 400),
+    ("GET", "/?tag=k5&q=%ff", None, {}, 400),
+    ("GET", "/?tag=k6&sleep=1.3", None, {}, 504),
+    ("GET", "/health_check", None, {}, 200),
+    ("PUT", "/?tag=k7", b"raw", {"Content-Type": "application/octet-stream"}, 200),
+]
+
+
+def test_keep_alive_serves_every_response_on_one_connection(start):
+    server = start("ex_sleep", "--timeout", "1")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        connection.connect()
+        sock = connection.sock
+        statuses = []
+        for method, path, body, headers, _ in KEEP_ALIVE_SEQUENCE:
+            connection.request(method, path, body=body, headers=headers)
+            answer = connection.getresponse()
+            answer.read()
+            statuses.append(answer.status)
+            assert not answer.will_close, f"{method} {path} ({answer.status}) closed the connection"
+            assert connection.sock is sock, f"{method} {path} needed a new connection"
+    finally:
+        connection.close()
+
+    assert statuses == [expected for *_, expected in KEEP_ALIVE_SEQUENCE]
+
+
+def test_keep_alive_connections_are_served_side_by_side(start):
+    """No single-connection limit: requests alternate between two connections that stay open."""
+    server = start("ex_sleep")
+    connections = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=10) for _ in "ab"]
+    try:
+        for round_ in range(3):
+            for name, connection in zip("ab", connections, strict=True):
+                connection.request("GET", f"/?tag={name}{round_}")
+                answer = connection.getresponse()
+                assert answer.status == 200
+                assert json.loads(answer.read())["tag"] == f"{name}{round_}"
+                assert not answer.will_close
+    finally:
+        for connection in connections:
+            connection.close()

@@ -1,0 +1,193 @@
+"""The supervisor through a real server: several workers, crashed and stuck workers (contract A1).
+
+The ``sv_pid`` handler answers with the pid of the worker that ran it, so every answer says which
+process served it; ``?exit=1`` kills that process the way a segfault would, ``?hang=S`` holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Response, RunningServer, ServerFactory, wait_until
+
+READY = re.compile(r"worker (\d+) is ready")
+
+
+@pytest.fixture
+def start(make_server: ServerFactory) -> Iterator[Callable[..., RunningServer]]:
+    """``make_server``, but stopped with SIGTERM (its workers stop too) and its log pipe closed."""
+    started: list[tuple[RunningServer, list[threading.Thread]]] = []
+
+    def start_server(*args: Any, **kwargs: Any) -> RunningServer:
+        before = set(threading.enumerate())
+        server = make_server(*args, **kwargs)
+        new = set(threading.enumerate()) - before
+        readers = [thread for thread in new if thread.name.endswith("(_read)")]
+        started.append((server, readers))
+        return server
+
+    yield start_server
+    for server, readers in started:
+        with contextlib.suppress(AssertionError):
+            server.stop(timeout=15)
+        for reader in readers:
+            reader.join(10)  # EOF once the supervisor and every worker have exited
+        if readers and not any(reader.is_alive() for reader in readers) and server.process.stdout:
+            server.process.stdout.close()
+
+
+def ready_workers(server: RunningServer) -> list[int]:
+    """Pids of the workers that the supervisor logged as ready, in order."""
+    return [
+        int(match.group(1))
+        for record in server.records()
+        if (match := READY.fullmatch(record.get("message", "")))
+    ]
+
+
+def wait_for_ready_workers(server: RunningServer, count: int) -> list[int]:
+    def enough() -> list[int] | None:
+        pids = ready_workers(server)
+        return pids if len(pids) >= count else None
+
+    return wait_until(enough, 15, f"{count} workers to be ready")
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited already
+
+
+def pid_of(answer: Response) -> int:
+    assert answer.status == 200, answer.body
+    return answer.json()["pid"]
+
+
+def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> list[Response]:
+    """GET every path at once, each on its own connection."""
+    with ThreadPoolExecutor(len(paths)) as pool:
+        return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
+
+
+def crash_a_worker(server: RunningServer) -> int | str:
+    """Send the request that kills its worker: the status, or the connection error's name."""
+    try:
+        return server.request("GET", "/?exit=1", timeout=10).status
+    except ConnectionError as exc:  # includes http.client.RemoteDisconnected; a hang is not
+        return type(exc).__name__
+
+
+# --- several workers ---------------------------------------------------------------------------
+
+
+def test_two_workers_serve_from_two_processes(start):
+    server = start("sv_pid", "--workers", "2")
+    workers = wait_for_ready_workers(server, 2)
+    seen: set[int] = set()
+
+    def both_served() -> bool:
+        seen.update(pid_of(answer) for answer in call_all(server, ["/?hang=0.05"] * 4))
+        return len(seen) == 2
+
+    wait_until(both_served, 10, "answers from both workers")
+
+    assert seen == set(workers)
+    assert server.process.pid not in seen  # the supervisor itself never runs the handler
+
+
+# --- a worker that dies ------------------------------------------------------------------------
+
+
+def test_a_crashing_handler_loses_only_its_own_request(start):
+    server = start("sv_pid")
+    old = pid_of(server.request("GET", "/"))
+
+    began = time.monotonic()
+    outcome = crash_a_worker(server)
+    elapsed = time.monotonic() - began
+
+    assert outcome in (500, "RemoteDisconnected", "ConnectionResetError"), outcome
+    assert elapsed < 5, f"the crashed request took {elapsed:.1f} s"
+    record = server.wait_for_record(lambda r: "exited unexpectedly" in r.get("message", ""))
+    assert record["message"] == (
+        f"worker {old} exited unexpectedly (exit code 3); starting a replacement"
+    )
+    assert record["log_level"] == "error"
+    server.wait_healthy(15)
+    pids = {pid_of(server.request("GET", "/")) for _ in range(3)}
+    assert len(pids) == 1
+    assert old not in pids
+    assert not alive(old)
+    assert server.process.poll() is None
+
+
+def test_other_workers_keep_serving_while_a_crashed_one_is_replaced(start):
+    server = start("sv_pid", "--workers", "2")
+    wait_for_ready_workers(server, 2)
+
+    outcome = crash_a_worker(server)
+    # No wait for the replacement: the other worker (or the kernel queue) takes these.
+    answers = [server.request("GET", "/", timeout=10) for _ in range(6)]
+
+    assert outcome in (500, "RemoteDisconnected", "ConnectionResetError"), outcome
+    assert [answer.status for answer in answers] == [200] * 6
+    assert server.health() == 200
+    wait_for_ready_workers(server, 3)  # the replacement
+
+
+# --- a worker whose handler is stuck -----------------------------------------------------------
+
+
+def test_a_stuck_handler_gets_504_at_once_and_its_worker_recycled(start):
+    server = start("sv_pid", "--timeout", "1", "--grace-period", "1")
+    old = pid_of(server.request("GET", "/"))
+
+    began = time.monotonic()
+    stuck = server.request("GET", "/?hang=30", timeout=10)
+    elapsed = time.monotonic() - began
+
+    assert stuck.status == 504
+    assert stuck.json() == {"status": "handler timed out after 1 s"}
+    assert elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
+    noticed = server.wait_for_record(lambda r: "stops taking requests" in r.get("message", ""))
+    assert noticed["log_level"] == "error"
+    recycled = server.wait_for_record(
+        lambda r: r.get("message") == f"recycling worker {old}, whose handler is stuck"
+    )
+    assert recycled["log_level"] == "warning"
+    fresh = pid_of(server.request("GET", "/", timeout=10))
+    assert fresh != old
+    wait_until(lambda: not alive(old), 10, f"the stuck worker {old} to exit")
+    assert server.health() == 200
+
+
+# --- the supervisor itself ---------------------------------------------------------------------
+
+
+def test_workers_exit_when_the_supervisor_is_killed(start):
+    """A supervisor killed outright (SIGKILL, OOM) must not leave workers holding the port."""
+    server = start("sv_pid", "--workers", "2")
+    workers = wait_for_ready_workers(server, 2)
+    try:
+        server.process.kill()
+        server.process.wait(10)
+
+        wait_until(lambda: not any(map(alive, workers)), 10, f"workers {workers} to exit")
+        with pytest.raises(ConnectionError):
+            server.request("GET", "/", timeout=5)
+    finally:
+        for pid in filter(alive, workers):  # our own orphans, if the runtime left them
+            os.kill(pid, signal.SIGKILL)
