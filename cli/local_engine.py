@@ -7,6 +7,7 @@ its working directory, listening on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -82,9 +83,14 @@ class LocalServer(Server):
             raise ServerError(f"cannot start {sys.executable}: {exc}") from None
         self._proc = proc
         stream: IO[bytes] = proc.stdout  # type: ignore[assignment]
-        self.log_thread = start_daemon(
-            lambda: pump_lines(iter(stream.readline, b""), self._sink), "runtime-log"
-        )
+
+        def pump() -> None:
+            # Only this thread touches the pipe: closing it from another thread would block
+            # until a pending read returns.
+            with stream:
+                pump_lines(iter(stream.readline, b""), self._sink)
+
+        self.log_thread = start_daemon(pump, "runtime-log")
 
     def exit_code(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
@@ -103,11 +109,10 @@ class LocalServer(Server):
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            proc.kill()
+        """Kill the runtime and everything it started (its worker processes share its group)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
 
     def restart(self) -> None:
         self.stop()
