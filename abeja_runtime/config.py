@@ -17,6 +17,8 @@ __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
     "DEFAULT_SPOOL_THRESHOLD",
     "LOG_LEVELS",
+    "MODULE_ONLY_STYLES",
+    "STYLES",
     "Config",
     "PlatformIds",
     "parse_context",
@@ -29,6 +31,11 @@ DEFAULT_MAX_BODY_SIZE: Final = 100 * MiB
 #: Bodies up to this size stay in memory; most inference payloads (JSON, a photo) fit.
 DEFAULT_SPOOL_THRESHOLD: Final = 1 * MiB
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+#: Handler styles (``abeja_runtime.styles``); ``auto`` picks one from what HANDLER names.
+STYLES: Final = ("auto", "abeja", "abeja-v1", "cortex", "kserve", "seldon")
+#: Styles whose HANDLER may name a module alone (a Cortex request-handler file, a Seldon
+#: ``MyModel.py`` holding ``class MyModel``, a module with one KServe model class).
+MODULE_ONLY_STYLES: Final = frozenset({"auto", "cortex", "kserve", "seldon"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,15 @@ class Config:
     #: Install requirements.txt / Pipfile at start-up, as the anchor does (opt-in here).
     install_requirements: bool = False
     platform: PlatformIds = field(default_factory=PlatformIds)
+    #: The handler style (see ``STYLES``); ``auto`` detects it at load time and logs the choice.
+    style: str = "auto"
+    #: KServe style: the name in ``/v1/models/NAME`` and ``/v2/models/NAME`` (KServe's default).
+    model_name: str = "model"
+    #: Cortex style: the ONNX model file, relative to the working directory; empty = the one
+    #: ``*.onnx`` file in the training-result directory or the working directory.
+    cortex_model: str = ""
+    #: Cortex style: the ``metadata`` dict passed to ``pre_inference`` / ``post_inference``.
+    cortex_metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -113,10 +129,15 @@ class Config:
 
     def _problems(self) -> list[str]:
         problems = []
-        if self.handler.count(":") != 1:
+        if self.style not in STYLES:
+            problems.append(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        colons = self.handler.count(":")
+        if colons != 1 and not (colons == 0 and self.style in MODULE_ONLY_STYLES):
             problems.append(
                 f"handler {self.handler!r} must have the form module:function, e.g. main:handler"
             )
+        if not self.model_name or "/" in self.model_name:
+            problems.append(f"model name must be non-empty without '/', got {self.model_name!r}")
         for name in ("port", "healthcheck_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
@@ -142,8 +163,8 @@ class Config:
         return self.timeout + self.grace_period if self.timeout else None
 
 
-def parse_context(text: str | None) -> dict[str, Any]:
-    """Parse the ``CONTEXT`` variable: a JSON object passed to every handler call.
+def parse_context(text: str | None, name: str = "CONTEXT") -> dict[str, Any]:
+    """Parse the ``CONTEXT`` variable (or another JSON-object setting called ``name``).
 
     Raises ``ValueError`` with a message naming the variable; the anchor crashed with a traceback.
     """
@@ -152,7 +173,7 @@ def parse_context(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"CONTEXT is not valid JSON ({exc}); set it to a JSON object") from exc
+        raise ValueError(f"{name} is not valid JSON ({exc}); set it to a JSON object") from exc
     if not isinstance(value, dict):
-        raise ValueError(f"CONTEXT must be a JSON object, got {type(value).__name__}")
+        raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
     return value

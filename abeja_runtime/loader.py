@@ -3,22 +3,29 @@
 ``prepare_workdir`` runs once in the supervisor: it settles the working directory (the
 ``ABEJA_USER_MODEL_ROOT`` and ``.abeja`` rules) and exports ``ABEJA_TRAINING_RESULT_DIR`` as an
 absolute path, which worker processes inherit. ``load_handler`` runs in each worker, on the thread
-that will call the handler. Every failure is a :class:`HandlerLoadError` whose message keeps the
-anchor's wording (typos fixed) and adds what to do.
+that will call the handler: it imports the module, lets :mod:`abeja_runtime.styles` decide the
+handler's style (ABEJA, ABEJA v1, Cortex, KServe, Seldon) and adapt it, and logs the choice.
+Every failure is a :class:`HandlerLoadError` whose message keeps the anchor's wording (typos
+fixed) and adds what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import logging
 import os
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final
 
+from abeja_runtime.config import MODULE_ONLY_STYLES, Config
 from abeja_runtime.errors import HandlerLoadError
 
 __all__ = [
@@ -33,15 +40,21 @@ _MARKER: Final = ".abeja"
 #: The anchor finds a ``.abeja`` directory whose parent is at most this deep below the start.
 _MARKER_MAX_DEPTH: Final = 3
 _DEFAULT_TRAINING_RESULT_DIR: Final = "abejainc_training_result"
+_log = logging.getLogger("abeja_runtime")
 
 
 @dataclass(frozen=True)
 class LoadedHandler:
-    """The handler, and whether it must be awaited (decided once, at load time)."""
+    """The handler, and whether it must be awaited (decided once, at load time).
+
+    ``func`` is always an ABEJA-style ``handler(request, context)``: handlers of other styles
+    arrive here wrapped by their adapter, and ``style`` says which one.
+    """
 
     func: Any
     is_async: bool
     name: str
+    style: str = "abeja"
 
 
 def prepare_workdir(user_model_root: str, training_result_dir: str) -> Path:
@@ -106,20 +119,97 @@ def install_dependencies(workdir: Path) -> None:
         )
 
 
-def load_handler(spec: str, workdir: Path) -> LoadedHandler:
-    """Import ``module:function`` from the working directory."""
-    module_name, sep, func_name = spec.partition(":")
-    if not sep or ":" in func_name or not module_name or not func_name:
-        raise HandlerLoadError(
-            f"Possibly, your HANDLER[{spec}] parameter is wrong. handler needs one ':' separator. "
-            "The format is <module>:<function>, e.g. main:handler."
-        )
+def load_handler(spec: str, workdir: Path, config: Config | None = None) -> LoadedHandler:
+    """Import ``HANDLER`` from the working directory and adapt it to its style.
+
+    ``spec`` is ``module:attribute``, or a module alone where the style allows it (a Cortex
+    request-handler file, a Seldon ``MyModel`` module). The choice is logged once per worker.
+    """
+    from abeja_runtime import styles  # it imports LoadedHandler from here
+
+    config = config if config is not None else Config(handler=spec)
+    module_name, attribute = _parse_spec(spec, config.style)
     if str(workdir) not in sys.path:
         sys.path.insert(0, str(workdir))
-    module = _import(module_name, spec)
+    with _argv_of_its_own():
+        module, attribute = _import_target(module_name, attribute, spec)
+        target = styles.Target(spec=spec, module=module, attribute=attribute)
+        choice = styles.choose(target, config.style)
+        if choice.style in ("abeja", "abeja-v1"):
+            handler = _abeja_handler(target)  # the same checks for both generations
+            if choice.style == "abeja-v1":
+                handler = styles.adapt(choice, handler.func, config, workdir)
+        else:
+            handler = styles.adapt(choice, choice.subject, config, workdir)
+    _log.info(
+        "serving HANDLER[%s] as a %s-style handler (%s)",
+        spec,
+        choice.style,
+        choice.reason,
+        extra={"fields": {"style": choice.style}},
+    )
+    return handler
+
+
+def _parse_spec(spec: str, style: str) -> tuple[str, str]:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep and style in MODULE_ONLY_STYLES and module_name:
+        return module_name, ""
+    if not sep or ":" in attribute or not module_name or not attribute:
+        raise HandlerLoadError(_format_error(spec))
+    return module_name, attribute
+
+
+def _format_error(spec: str) -> str:
+    return (
+        f"Possibly, your HANDLER[{spec}] parameter is wrong. handler needs one ':' separator. "
+        "The format is <module>:<function>, e.g. main:handler."
+    )
+
+
+@contextlib.contextmanager
+def _argv_of_its_own() -> Iterator[None]:
+    """Hide the runtime's own flags from the user's module while it is imported and set up.
+
+    Code written for other servers parses ``sys.argv`` at import: ``kserve`` does it in
+    ``kserve.model_server``, and its docs' examples do it again. Our ``--timeout 2.5`` would be
+    read as KServe's ``--timeout-keep-alive`` (an int) and end the worker with SystemExit.
+    """
+    saved = sys.argv
+    sys.argv = saved[:1]
     try:
-        func = getattr(module, func_name)
-    except AttributeError:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def _import_target(module_name: str, attribute: str, spec: str) -> tuple[ModuleType, str]:
+    """Import the module; Seldon's ``package.Class`` form is accepted for a module-only spec."""
+    if not attribute and "." in module_name:
+        parent, _, name = module_name.rpartition(".")
+        try:
+            return _import(module_name, spec), ""
+        except HandlerLoadError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ModuleNotFoundError) or cause.name != module_name:
+                raise
+            module = _import(parent, spec)
+            if not hasattr(module, name):
+                raise
+            return module, name
+    return _import(module_name, spec), attribute
+
+
+def _abeja_handler(target: Any) -> LoadedHandler:
+    """The platform's own ``handler(request, context)``, checked as the anchor never did."""
+    spec, module, func_name = target.spec, target.module, target.attribute
+    if not func_name:
+        raise HandlerLoadError(
+            f"{_format_error(spec)} A module name alone serves a Cortex request handler "
+            "(pre_inference/post_inference), a Seldon class named like its module, or a module "
+            f"with one kserve.Model class; {module.__name__} has none of them."
+        )
+    if target.obj is target.MISSING:
         defined = sorted(
             name
             for name, value in vars(module).items()
@@ -130,9 +220,10 @@ def load_handler(spec: str, workdir: Path) -> LoadedHandler:
         )
         raise HandlerLoadError(
             f"Couldn't import a function named [{func_name}] specified in HANDLER[{spec}]. "
-            f"Possibly, your HANDLER parameter is wrong. Module {module_name} defines: "
+            f"Possibly, your HANDLER parameter is wrong. Module {module.__name__} defines: "
             f"{', '.join(defined) or 'no functions'}."
-        ) from None
+        )
+    func = target.obj
     if not callable(func):
         raise HandlerLoadError(
             f"HANDLER[{spec}] names {func_name}, which is a {type(func).__name__}, "
@@ -144,7 +235,7 @@ def load_handler(spec: str, workdir: Path) -> LoadedHandler:
     return LoadedHandler(func=func, is_async=is_async, name=spec)
 
 
-def _import(module_name: str, spec: str) -> Any:
+def _import(module_name: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -21,6 +21,7 @@ from abeja_runtime.config import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_SPOOL_THRESHOLD,
     LOG_LEVELS,
+    STYLES,
     Config,
     PlatformIds,
     parse_context,
@@ -65,11 +66,14 @@ class LogLevel(click.Choice):
 class JsonObject(click.ParamType):
     name = "json"
 
+    def __init__(self, variable: str = "CONTEXT") -> None:
+        self.variable = variable  # named in error messages
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, dict):
             return value
         try:
-            return parse_context(value)
+            return parse_context(value, self.variable)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -217,6 +221,42 @@ _PORT = click.IntRange(0, 65535)
     default=False,
     show_default=True,
     help="Install requirements.txt (or Pipfile) at start-up, as ABEJA Platform does.",
+)
+@click.option(
+    "--style",
+    envvar="ABEJA_RUNTIME_STYLE",
+    show_envvar=True,
+    type=click.Choice(STYLES, case_sensitive=False),
+    default=Config.style,
+    show_default=True,
+    help="Handler style: abeja (handler(request, context)), abeja-v1 (18.10 generator "
+    "handlers), cortex (pre_inference/post_inference + ONNX model), kserve (kserve.Model "
+    "class), seldon (class with predict); auto detects it from what HANDLER names.",
+)
+@click.option(
+    "--model-name",
+    envvar="ABEJA_RUNTIME_MODEL_NAME",
+    show_envvar=True,
+    default=Config.model_name,
+    show_default=True,
+    help="KServe style: the model's name in /v1/models/NAME and /v2/models/NAME.",
+)
+@click.option(
+    "--cortex-model",
+    envvar="ABEJA_RUNTIME_CORTEX_MODEL",
+    show_envvar=True,
+    default="",
+    help="Cortex style: the ONNX model file, relative to the handler's directory.  "
+    "[default: the one *.onnx file in the training-result or handler directory]",
+)
+@click.option(
+    "--cortex-metadata",
+    envvar="ABEJA_RUNTIME_CORTEX_METADATA",
+    show_envvar=True,
+    type=JsonObject("ABEJA_RUNTIME_CORTEX_METADATA"),
+    default="{}",
+    help="Cortex style: JSON object passed as the metadata argument of "
+    "pre_inference/post_inference.  [default: {}]",
 )
 @click.version_option(__version__, "--version", prog_name="abeja-runtime")
 def main(**options: Any) -> None:

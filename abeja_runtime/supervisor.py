@@ -10,6 +10,7 @@ the signal; the loop acts on it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -33,6 +34,16 @@ _mp = multiprocessing.get_context("spawn")  # a clean interpreter per worker; no
 #: Extra seconds past the grace period before stragglers are killed at shutdown.
 _KILL_MARGIN: Final = 5.0
 _BACKLOG: Final = 2048
+#: Until a worker accepts (its interpreter needs ~0.5 s to import aiohttp), the supervisor answers
+#: health checks itself, so that a probe sees 503 within a fraction of a second of the start.
+_STARTING_BODY: Final = json.dumps({"status": "service unavailable"}).encode()
+_STARTING_RESPONSE: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(_STARTING_BODY)}\r\nConnection: close\r\n\r\n".encode()
+    + _STARTING_BODY
+)
+#: A probe gets this long to send its request line before the supervisor moves on.
+_STARTING_READ_TIMEOUT: Final = 0.5
 
 
 def run(config: Config) -> int:
@@ -109,6 +120,7 @@ class _Supervisor:
         self._signals: list[int] = []
         self._shutdown_deadline: float | None = None
         self._exit_code = 0
+        self._a_worker_accepts = False
 
     def run(self) -> int:
         wake_reader, wake_writer = socket.socketpair()
@@ -143,6 +155,9 @@ class _Supervisor:
 
     def _step(self, wake_reader: socket.socket) -> None:
         waitables: list[Any] = [wake_reader]
+        health_socket = self._sockets[1]
+        if not self._a_worker_accepts:
+            waitables.append(health_socket)
         for worker in self._workers:
             waitables += [worker.process.sentinel]
             if not worker.pipe.closed:
@@ -155,6 +170,8 @@ class _Supervisor:
             with contextlib.suppress(BlockingIOError):
                 wake_reader.recv(4096)
         self._handle_signals()
+        if health_socket in ready and not self._a_worker_accepts:
+            _answer_while_starting(health_socket)
         for worker in list(self._workers):
             if worker.pipe in ready:
                 self._handle_message(worker)
@@ -197,7 +214,10 @@ class _Supervisor:
             worker.pipe.close()
             return
         kind = message[0]
-        if kind == "ready":
+        if kind == "accepting":
+            self._a_worker_accepts = True
+        elif kind == "ready":
+            self._a_worker_accepts = True
             if worker.state == "starting":
                 worker.state = "ready"
                 _log.info("worker %s is ready", worker.pid)
@@ -250,6 +270,22 @@ class _Supervisor:
             _describe_exit(code),
         )
         self._spawn(accept_early=not self._ready_workers())
+
+
+def _answer_while_starting(health_socket: socket.socket) -> None:
+    """Answer one health probe with 503 before any worker listens; bounded, never blocks long."""
+    health_socket.setblocking(False)  # a worker may have taken the connection first
+    try:
+        connection, _ = health_socket.accept()
+    except (BlockingIOError, InterruptedError):
+        return
+    with connection:
+        connection.settimeout(_STARTING_READ_TIMEOUT)
+        try:
+            connection.recv(8192)
+            connection.sendall(_STARTING_RESPONSE)
+        except OSError:
+            pass
 
 
 def _describe_exit(code: int | None) -> str:

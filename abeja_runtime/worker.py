@@ -99,9 +99,10 @@ class _Worker:
         if accept_early:
             for site in sites:
                 await site.start()
+            self._pipe.send(("accepting",))
         try:
             self._state.handler = await executor.first_slot.run(
-                load_handler, config.handler, Path.cwd()
+                load_handler, config.handler, Path.cwd(), config
             )
         except Exception as exc:
             details = "" if isinstance(exc, HandlerLoadError) else traceback.format_exc()

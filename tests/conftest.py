@@ -57,13 +57,15 @@ class RunningServer:
     lines: list[str] = field(default_factory=list)
     port: int = 0
     healthcheck_port: int = 0
+    reader: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            with self._lock:
-                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        with self.process.stdout:
+            for raw in self.process.stdout:
+                with self._lock:
+                    self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
     def records(self) -> list[dict[str, Any]]:
         """Every JSON log record so far; non-JSON lines are kept as ``{"raw": line}``."""
@@ -159,7 +161,8 @@ class ServerFactory:
         )
         server = RunningServer(process)
         self._started.append(server)
-        threading.Thread(target=server._read, daemon=True).start()
+        server.reader = threading.Thread(target=server._read, daemon=True)
+        server.reader.start()
 
         def ports_logged() -> dict[str, Any] | bool:
             found = next((r for r in server.records() if "port" in r), None)
@@ -179,6 +182,9 @@ class ServerFactory:
             if server.process.poll() is None:
                 server.process.kill()
                 server.process.wait(10)
+            # Workers hold the pipe too; they exit within a second of their supervisor.
+            if server.reader is not None:
+                server.reader.join(10)
 
 
 @pytest.fixture

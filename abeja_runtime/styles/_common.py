@@ -1,0 +1,89 @@
+"""What every adapter needs: result dicts, bodies, headers, optional imports.
+
+Adapters answer with ABEJA result dicts whose ``content`` is already-encoded text, so that the
+runtime's own serialisation rules (a list becomes JSON Lines) never reshape another platform's
+JSON document.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Final
+
+from abeja_runtime.encode import json_dumps
+from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.request import Request
+
+__all__ = [
+    "JSON",
+    "header_dict",
+    "json_result",
+    "media_type",
+    "parse_json",
+    "read_body",
+    "require",
+    "text_result",
+]
+
+JSON: Final = "application/json"
+_TEXT: Final = "text/plain; charset=utf-8"
+
+
+class BodyNotJson(ValueError):
+    """The request body is not valid JSON (the text says where)."""
+
+
+def json_result(
+    value: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One JSON document (numpy values included), whatever the value's type."""
+    return {
+        "status_code": status,
+        "content_type": JSON,
+        "content": json_dumps(value),
+        "metadata": dict(headers or {}),
+    }
+
+
+def text_result(text: str, status: int = 200, content_type: str = _TEXT) -> dict[str, Any]:
+    return {"status_code": status, "content_type": content_type, "content": text}
+
+
+def read_body(request: Request) -> bytes:
+    """The whole first body; empty when the request has none."""
+    try:
+        return request.read()
+    except ValueError:  # the request has no body at all
+        return b""
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a JSON body; :class:`BodyNotJson` with the parser's message when it is not JSON."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BodyNotJson(str(exc)) from None
+
+
+def media_type(content_type: str | None) -> str:
+    """``'Application/JSON; charset=utf-8'`` → ``'application/json'``."""
+    return (content_type or "").partition(";")[0].strip().lower()
+
+
+def header_dict(request: Request) -> dict[str, str]:
+    """Request headers as a plain, mutable dict with lower-case names (last value wins)."""
+    return dict(request["http_headers"].items())
+
+
+def require(module: str, style: str, package: str | None = None) -> ModuleType:
+    """Import an optional dependency of a style, or say which package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise HandlerLoadError(
+            f"the {style} style needs the {package or module} package, which cannot be "
+            f"imported ({exc}); add it to requirements.txt or pip install {package or module}"
+        ) from exc
