@@ -45,7 +45,9 @@ def handler(request, context):
         {
             "label": LABELS[int(row.argmax())],
             "probability": round(float(row.max()), 4),
-            "probabilities": {label: round(float(p), 4) for label, p in zip(LABELS, row)},
+            "probabilities": {
+                label: round(float(p), 4) for label, p in zip(LABELS, row, strict=True)
+            },
         }
         for row in probabilities
     ]

@@ -16,7 +16,9 @@ STDS = np.array([[0.35, 0.38, 0.17, 0.11], [0.52, 0.31, 0.47, 0.20], [0.64, 0.32
 
 
 def make_data(rng, per_class=200):
-    x = np.concatenate([rng.normal(m, s, size=(per_class, 4)) for m, s in zip(MEANS, STDS)])
+    x = np.concatenate(
+        [rng.normal(m, s, size=(per_class, 4)) for m, s in zip(MEANS, STDS, strict=True)]
+    )
     y = np.repeat(np.arange(len(LABELS)), per_class)
     return x, y
 

@@ -1,0 +1,59 @@
+"""Handlers for the CLI tests; each is chosen with ``-h main:<name>``."""
+
+import os
+import sys
+
+
+def echo(request, context):
+    """The request body back, byte for byte, with the request's Content-Type."""
+    return {
+        "content_type": request["content_type"] or "application/octet-stream",
+        "content": request.read(),
+    }
+
+
+def unicode(request, context):
+    return {"content_type": "application/json", "content": {"name": "日本語", "n": [1, 2]}}
+
+
+def text(request, context):
+    return {"content_type": "text/plain", "content": "hello"}
+
+
+def teapot(request, context):
+    return {
+        "status_code": 418,
+        "content_type": "application/json",
+        "content": {"message": "short and stout"},
+    }
+
+
+def describe(request, context):
+    """What the handler sees: method, content type, body, and its environment."""
+    names = [
+        "HANDLER",
+        "ABEJA_TRAINING_RESULT_DIR",
+        "ABEJA_ORGANIZATION_ID",
+        "FROM_E",
+        "FROM_COLON",
+        "FROM_FILE",
+        "OVERRIDDEN",
+        "PYTHONUNBUFFERED",
+    ]
+    return {
+        "content_type": "application/json",
+        "content": {
+            "method": request["http_method"],
+            "content_type": request["content_type"],
+            "body": request.read().decode("utf-8", "replace"),
+            "env": {name: os.environ.get(name) for name in names},
+            "cwd": os.getcwd(),
+            "python": sys.version_info[:2],
+            "uid": os.getuid(),
+        },
+    }
+
+
+def dumps(request, context):
+    """JSON Lines (a list) under application/json: not one JSON document."""
+    return {"content_type": "application/json", "content": [{"a": 1}, {"b": 2}]}

@@ -1,0 +1,332 @@
+"""``abeja model run-local`` end to end with the local engine: the real CLI (a subprocess)
+runs the real runtime; no Docker needed."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLES, CliProcess, Result, cli_env
+
+LOCAL = ("--engine", "local")
+
+Abeja = Callable[..., Result]
+Project = Callable[[str], Path]
+
+
+def run_local(abeja: Abeja, cwd: Path, *args: str, **kwargs: object) -> Result:
+    return abeja("model", "run-local", *LOCAL, *args, cwd=cwd, **kwargs)
+
+
+# -- the samples --------------------------------------------------------------------------
+
+
+def test_tax_sample(abeja: Abeja, project: Project) -> None:
+    cwd = project("tax")
+    result = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json")
+    assert result.returncode == 0, result
+    assert result.text == '{\n    "total": 108.0\n}\n'
+    assert "[info] sending request to model: POST request.json (application/json" in result.stderr
+    assert "access: POST 200" in result.stderr  # the model's log is shown (on stderr)
+
+    bad = run_local(abeja, cwd, "-h", "main:handler", "--input", "bad_request.json", "-q")
+    assert bad.returncode == 1, bad
+    assert json.loads(bad.stdout) == {"message": "total_without_tax is need"}
+    assert (
+        bad.stderr
+        == "[error] the model answered 400 Bad Request (application/json; charset=utf8)\n"
+    )
+
+
+def test_image_flip_sample(abeja: Abeja, project: Project) -> None:
+
+    cwd = project("image_flip")
+    result = run_local(abeja, cwd, "-h", "main:handler", "--input", "cat.jpg", "-q")
+    assert result.returncode == 0, result
+    assert result.stderr == ""
+    assert_flipped(cwd / "cat.jpg", result.stdout)
+
+
+def assert_flipped(original: Path, answer: bytes) -> None:
+    from PIL import Image, ImageChops, ImageStat
+
+    flipped = Image.open(io.BytesIO(answer))
+    assert flipped.format == "JPEG"
+    source = Image.open(original).convert("RGB")
+    assert flipped.size == source.size
+    mirrored = source.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    near = max(ImageStat.Stat(ImageChops.difference(flipped.convert("RGB"), mirrored)).mean)
+    far = max(ImageStat.Stat(ImageChops.difference(flipped.convert("RGB"), source)).mean)
+    assert near < 3 < far, (near, far)  # JPEG is lossy: close to the mirror, far from the input
+
+
+def test_multipart_sample(abeja: Abeja, project: Project) -> None:
+    cwd = project("multipart_form")
+    result = run_local(
+        abeja, cwd, "-h", "main:handler", "-q",
+        "--input", "title=Q3 ✓", "--input", "author=abeja", "--input", "document=@report.txt",
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    report = (cwd / "report.txt").read_bytes()
+    assert json.loads(result.stdout) == {
+        "fields": {"title": "Q3 ✓", "author": "abeja"},
+        "files": [
+            {
+                "form_name": "document",
+                "file_name": "report.txt",
+                "content_type": "text/plain",
+                "size": len(report),
+                "sha256": hashlib.sha256(report).hexdigest(),
+            }
+        ],
+    }
+
+
+def test_numpy_classifier_sample(abeja: Abeja, project: Project) -> None:
+    cwd = project("numpy_classifier")
+    result = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json", "-q")
+    assert result.returncode == 0, result
+    labels = [p["label"] for p in json.loads(result.stdout)["predictions"]]
+    assert labels == ["setosa", "versicolor", "virginica"]
+
+
+def test_numpy_classifier_reads_the_training_result_dir(abeja: Abeja, project: Project) -> None:
+    cwd = project("numpy_classifier")
+    (cwd / "abejainc_training_result").rename(cwd / "elsewhere")
+    missing = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json", "-q")
+    assert missing.returncode == 1, missing
+    assert "model.npz" in missing.stderr  # the import error, from the model's log
+    moved = run_local(
+        abeja, cwd, "-h", "main:handler", "--input", "request.json", "-q",
+        "-e", "ABEJA_TRAINING_RESULT_DIR:elsewhere",
+    )  # fmt: skip
+    assert moved.returncode == 0, moved
+
+
+def test_csv_sample(abeja: Abeja, project: Project) -> None:
+    cwd = project("csv_table")
+    result = run_local(abeja, cwd, "-h", "main:handler", "--input", "sales.csv", "-q")
+    assert result.returncode == 0, result
+    answer = json.loads(result.stdout)
+    assert answer["rows"] == 5
+    assert answer["columns"]["store"] == {"type": "text", "count": 5, "distinct": 3}
+    assert answer["columns"]["visitors"]["mean"] == 910.0
+    assert answer["columns"]["sales"]["count"] == 4
+
+
+def test_every_sample_has_a_readme_line_and_a_request(abeja: Abeja) -> None:
+    samples = sorted(p for p in SAMPLES.iterdir() if p.is_dir())
+    assert len(samples) >= 5
+    for sample in samples:
+        readme = (sample / "README.md").read_text("utf-8").strip()
+        assert readme.startswith("`abeja model run-local ") and "-h main:handler" in readme
+        inputs = [w.split("@")[-1].rstrip("`") for w in readme.split() if "." in w]
+        assert any((sample / name).is_file() for name in inputs), sample
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def test_json_is_pretty_and_utf8(abeja: Abeja, project: Project) -> None:
+    result = run_local(
+        abeja, project("responder"), "-h", "main:unicode", "--input", "request.json", "-q"
+    )
+    assert result.returncode == 0, result
+    assert (
+        result.stdout
+        == '{\n    "name": "日本語",\n    "n": [\n        1,\n        2\n    ]\n}\n'.encode()
+    )
+
+
+def test_binary_round_trip_is_byte_exact(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    blob = bytes(range(256)) * 64 + b"\n\r\n\x00"
+    (cwd / "blob.bin").write_bytes(blob)
+    result = run_local(abeja, cwd, "-h", "main:echo", "--input", "blob.bin", "-q")
+    assert result.returncode == 0, result
+    assert result.stdout == blob
+
+
+def test_text_gets_no_newline_and_json_lines_stay_raw(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    text = run_local(abeja, cwd, "-h", "main:text", "--input", "request.json", "-q")
+    assert text.stdout == b"hello"
+    lines = run_local(abeja, cwd, "-h", "main:dumps", "--input", "request.json", "-q")
+    assert lines.stdout == b'{"a": 1}\n{"b": 2}'
+
+
+def test_output_file(abeja: Abeja, project: Project, tmp_path: Path) -> None:
+    cwd = project("responder")
+    target = tmp_path / "answer.json"
+    result = run_local(
+        abeja, cwd, "-h", "main:unicode", "--input", "request.json", "--output", str(target)
+    )
+    assert result.returncode == 0, result
+    assert result.stdout == b""
+    assert json.loads(target.read_bytes()) == {"name": "日本語", "n": [1, 2]}
+    assert f"bytes (application/json) to {target}" in result.stderr
+
+
+def test_error_status_prints_status_and_body(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    result = run_local(abeja, cwd, "-h", "main:teapot", "--input", "request.json")
+    assert result.returncode == 1, result
+    assert json.loads(result.stdout) == {"message": "short and stout"}
+    assert result.error_lines() == [
+        "[error] the model answered 418 I'm a Teapot (application/json)"
+    ]
+
+
+def test_quiet_prints_only_the_body(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    result = run_local(abeja, cwd, "-h", "main:text", "--input", "request.json", "--quiet")
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"hello", "")
+
+
+def test_method_content_type_and_query(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    put = run_local(
+        abeja, cwd, "-h", "main:describe", "-q", "--method", "PUT",
+        "--input", "request.json", "--content-type", "text/x-custom",
+    )  # fmt: skip
+    seen = json.loads(put.stdout)
+    assert (seen["method"], seen["content_type"]) == ("PUT", "text/x-custom")
+    assert seen["body"] == (cwd / "request.json").read_text()
+
+    get = run_local(
+        abeja, cwd, "-h", "main:describe", "-q", "--method", "get",
+        "--input", "a=1", "--input", "b=x y",
+    )  # fmt: skip
+    seen = json.loads(get.stdout)
+    assert (seen["method"], seen["body"]) == ("GET", "a=1&b=x+y")
+
+
+def test_stdin_input(abeja: Abeja, project: Project) -> None:
+    result = run_local(
+        abeja, project("responder"), "-h", "main:echo", "--input", "-", "-q", stdin=b"from stdin"
+    )
+    assert (result.returncode, result.stdout) == (0, b"from stdin")
+
+
+def test_environment_reaches_the_model(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    (cwd / "model.env").write_text("FROM_FILE=file\nOVERRIDDEN=file\n")
+    result = run_local(
+        abeja, cwd, "-h", "main:describe", "-q", "--input", "request.json",
+        "-e", "FROM_E=e=1", "-e", "FROM_COLON:a:b", "-e", "OVERRIDDEN=option",
+        "--env-file", "model.env", "-o", "org-1",
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    seen = json.loads(result.stdout)
+    assert seen["env"] == {
+        "HANDLER": "main:describe",
+        "ABEJA_TRAINING_RESULT_DIR": str(cwd / "abejainc_training_result"),
+        "ABEJA_ORGANIZATION_ID": "org-1",
+        "FROM_E": "e=1",
+        "FROM_COLON": "a:b",
+        "FROM_FILE": "file",
+        "OVERRIDDEN": "option",
+        "PYTHONUNBUFFERED": "1",
+    }
+    assert seen["cwd"] == str(cwd)
+
+
+# -- failures -------------------------------------------------------------------------------
+
+
+def test_import_failure_shows_the_log(abeja: Abeja, project: Project) -> None:
+    result = run_local(
+        abeja, project("responder"), "-h", "broken:handler", "--input", "request.json"
+    )
+    assert result.returncode == 1, result
+    assert result.stdout == b""
+    assert result.error_lines() == [
+        "[error] the model server stopped before it was ready (exit code 1); its log says why "
+        "(often the handler failed to import)"
+    ]
+    assert "abeja_test_missing_module" in result.stderr  # the runtime's own error line
+    quiet = run_local(
+        abeja, project("responder"), "-h", "broken:handler", "--input", "request.json", "-q"
+    )
+    assert quiet.returncode == 1
+    assert quiet.stderr.splitlines()[1] == " ------ log ------ "  # shown once, after the error
+    assert "abeja_test_missing_module" in quiet.stderr
+
+
+def test_unreachable_docker_falls_back_to_local(
+    abeja: Abeja, project: Project, tmp_path: Path
+) -> None:
+    env = cli_env(DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
+    result = abeja(
+        "model", "run-local", "-h", "main:handler", "--input", "request.json", "-q",
+        cwd=project("tax"), env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout) == {"total": 108.0}
+    assert result.stderr == (
+        f"[info] Docker is not reachable at unix://{tmp_path}/no-docker.sock (no such file or "
+        "directory); running the model with the local engine instead (--engine local)\n"
+    )
+    required = abeja(
+        "model", "run-local", "-h", "main:handler", "--input", "sales.csv", "--engine", "docker",
+        cwd=project("csv_table"), env=env,
+    )  # fmt: skip
+    assert required.returncode == 1
+    assert required.error_lines() == [
+        f"[error] Docker is not reachable at unix://{tmp_path}/no-docker.sock (no such file or "
+        "directory); start Docker, or use --engine local to run without it"
+    ]
+
+
+def test_interrupt_stops_the_runtime(
+    start_abeja: Callable[..., CliProcess], project: Project
+) -> None:
+    cwd = project("responder")
+    cli = start_abeja(
+        "model", "run-local", *LOCAL, "-h", "slow:handler", "--input", "request.json", cwd=cwd
+    )
+    line = cli.wait_for(r"\[info\] waiting for the model server at http://127.0.0.1:\d+")
+    port = int(line.rsplit(":", 1)[1])
+    cli.wait_for(r"\[info\] sending request to model")
+    cli.send(signal.SIGINT)
+    assert cli.wait(30) == 130
+    assert cli.stderr[-1] == "[error] interrupted; the model server was stopped and removed"
+    assert not _listening(port)
+    assert not _runtime_processes(cwd)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _runtime_processes(cwd: Path) -> list[int]:
+    """Processes still running in the project folder (the runtime and its workers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(cwd):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_console_script_is_installed() -> None:
+    import shutil
+    import subprocess
+
+    script = shutil.which("abeja")
+    if script is None:
+        pytest.skip("the abeja console script is not on PATH (package not installed)")
+    proc = subprocess.run([script, "model", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "run-local" in proc.stdout and "run-local-server" in proc.stdout

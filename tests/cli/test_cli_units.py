@@ -1,0 +1,163 @@
+"""Pure logic of the CLI, in-process: output rendering, log formatting, image keys and
+build contexts, file watching."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from abeja_cli import images
+from abeja_cli.client import ModelResponse
+from abeja_cli.console import Console
+from abeja_cli.engine import format_log_line
+from abeja_cli.output import render_body, write_response
+from abeja_cli.reload import ChangeWatcher
+
+
+def response(body: bytes, content_type: str = "", status: int = 200) -> ModelResponse:
+    headers = [("Content-Type", content_type)] if content_type else []
+    return ModelResponse(status, "OK" if status == 200 else "Teapot", headers, body)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "shown"),
+    [
+        (b'{"a":1,"b":"\\u65e5"}', "application/json", '{\n    "a": 1,\n    "b": "日"\n}\n'),
+        (b'{"a": 1}', "application/json; charset=utf8", '{\n    "a": 1\n}\n'),
+        (b'{"a": 1}', "application/problem+json", '{\n    "a": 1\n}\n'),
+        (b'{"a": 1}\n{"b": 2}', "application/json", '{"a": 1}\n{"b": 2}'),  # JSON Lines
+        (b'{"a": 1}', "text/plain", '{"a": 1}'),  # not JSON by type: as it came
+        (b"hello", "text/plain", "hello"),  # no newline added
+        (b"", "application/json", ""),
+    ],
+)
+def test_render_body(body: bytes, content_type: str, shown: str) -> None:
+    assert render_body(response(body, content_type)) == shown.encode("utf-8")
+
+
+def test_binary_body_is_byte_exact() -> None:
+    body = bytes(range(256)) * 4
+    assert render_body(response(body, "image/jpeg")) == body
+
+
+def test_error_status_prints_body_and_status(capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.BytesIO()
+    code = write_response(
+        response(b'{"m": 1}', "application/json", 418), console=Console(), stdout=out
+    )
+    assert code == 1
+    assert out.getvalue() == b'{\n    "m": 1\n}\n'
+    assert capsys.readouterr().err == ("[error] the model answered 418 Teapot (application/json)\n")
+
+
+def test_output_file_gets_the_raw_body(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    target = tmp_path / "answer.json"
+    code = write_response(
+        response(b'{"a":1}', "application/json"),
+        console=Console(quiet=True),
+        stdout=out,
+        output=target,
+    )
+    assert (code, out.getvalue(), target.read_bytes()) == (0, b"", b'{"a":1}')
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ('{"log_level": "info", "message": "worker 7 is ready"}', "worker 7 is ready"),
+        ('{"log_level": "error", "message": "boom"}', "ERROR: boom"),
+        (
+            '{"log_type": "access_log", "http_method": "POST", "http_status": 200, '
+            '"elapsed_microsecs": 1500}',
+            "access: POST 200 (1.5 ms)",
+        ),
+        ("plain print output", "plain print output"),
+        ('{"no_message": 1}', '{"no_message": 1}'),
+        ("[1, 2]", "[1, 2]"),
+    ],
+)
+def test_log_lines_are_shortened(line: str, shown: str) -> None:
+    assert format_log_line(line) == shown
+
+
+def test_runtime_source_is_this_checkout() -> None:
+    source = images.find_runtime_source()
+    assert source.root == Path(__file__).resolve().parents[2]
+    assert source.runtime_dockerfile.is_file() and source.project_dockerfile.is_file()
+    version, _, digest = source.version.partition("+")
+    assert version and len(digest) == 12
+
+
+def test_runtime_source_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from abeja_cli.errors import EngineUnavailable
+
+    monkeypatch.setenv("ABEJA_RUNTIME_SOURCE", str(tmp_path))
+    with pytest.raises(EngineUnavailable, match="set ABEJA_RUNTIME_SOURCE to a checkout"):
+        images.find_runtime_source()
+
+
+def _key(project: Path, requirements: str = "none", base_id: str = "sha256:1") -> images.ProjectKey:
+    runtime = images.RuntimeKey("python:3.11-slim", base_id, "0.1.0+abc", "r1")
+    return images.ProjectKey(runtime, project, requirements, "p1")
+
+
+def test_project_key_changes_with_each_input(tmp_path: Path) -> None:
+    key = _key(tmp_path / "a")
+    assert key.digest == _key(tmp_path / "a").digest
+    others = [
+        _key(tmp_path / "b"),
+        _key(tmp_path / "a", requirements="abc"),
+        _key(tmp_path / "a", base_id="sha256:2"),
+    ]
+    assert len({key.digest, *(k.digest for k in others)}) == 4
+    labels = key.labels()
+    assert labels["org.abeja-runtime.project"] == str(tmp_path / "a")
+    assert labels["org.abeja-runtime.base-image"] == "python:3.11-slim"
+    assert labels["org.abeja-runtime.requirements-sha256"] == "none"
+    assert labels["org.abeja-runtime.runtime-version"] == "0.1.0+abc"
+    assert key.tag.startswith("abeja-local/a-") and key.tag.endswith(":" + key.digest[:12])
+
+
+def test_requirements_digest(tmp_path: Path) -> None:
+    assert images.requirements_digest(tmp_path) == "none"
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    first = images.requirements_digest(tmp_path)
+    (tmp_path / "requirements.txt").write_text("numpy>=2\n")
+    assert first != images.requirements_digest(tmp_path) != "none"
+
+
+def test_project_context_leaves_out_caches(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    for name in ("main.py", "sub/model.bin", ".git/HEAD", "__pycache__/main.pyc", "x.pyc"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(name)
+    with (
+        images.project_context(images.find_runtime_source(), project) as context,
+        tarfile.open(fileobj=context) as tar,
+    ):
+        names = tar.getnames()
+    assert sorted(names) == [
+        "Dockerfile",
+        "abeja-build/requirements.txt",
+        "project",
+        "project/main.py",
+        "project/sub/model.bin",
+    ]
+
+
+def test_change_watcher(tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text("a = 1\n")
+    (tmp_path / "data.txt").write_text("x")
+    watcher = ChangeWatcher(tmp_path)
+    assert watcher.changes() == []
+    (tmp_path / "main.py").write_text("a = 22\n")
+    (tmp_path / "data.txt").write_text("changed, but not .py")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "new.py").write_text("")
+    assert watcher.changes() == [tmp_path / "main.py", tmp_path / "pkg" / "new.py"]
+    (tmp_path / "pkg" / "new.py").unlink()
+    assert watcher.changes() == [tmp_path / "pkg" / "new.py"]
+    assert watcher.changes() == []
