@@ -110,13 +110,27 @@ class CliProcess:
     def output(self) -> str:
         return "\n".join(self.stdout) + "\n--- stderr ---\n" + "\n".join(self.stderr)
 
-    def wait_for(self, pattern: str, *, timeout: float = CLI_TIMEOUT, stream: str = "any") -> str:
+    def mark(self) -> tuple[int, int]:
+        """A position in the output; ``wait_for(..., since=mark)`` looks only after it."""
+        return len(self.stdout), len(self.stderr)
+
+    def wait_for(
+        self,
+        pattern: str,
+        *,
+        timeout: float = CLI_TIMEOUT,
+        stream: str = "any",
+        since: tuple[int, int] = (0, 0),
+    ) -> str:
         """Block until a line matches ``pattern``; fail if the CLI exits or time runs out."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         while True:
-            sources = {"stdout": self.stdout, "stderr": self.stderr}
-            lines = [*sources.get(stream, [])] if stream != "any" else self.stdout + self.stderr
+            lines = []
+            if stream in ("any", "stdout"):
+                lines += self.stdout[since[0] :]
+            if stream in ("any", "stderr"):
+                lines += self.stderr[since[1] :]
             for line in lines:
                 if regex.search(line):
                     return line

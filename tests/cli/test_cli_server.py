@@ -1,0 +1,113 @@
+"""``abeja model run-local-server`` with the local engine: banner, serving, stopping on
+SIGINT/SIGTERM with exit 0, and ``--reload``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import CliProcess, http_request
+
+Start = Callable[..., CliProcess]
+
+VERSIONED = """\
+def handler(request, context):
+    return {{"content_type": "application/json", "content": {{"version": {version}}}}}
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_serves_until_signal(start_abeja: Start, project: Callable[[str], Path], sig: int) -> None:
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:handler",
+        cwd=project("tax"),
+    )  # fmt: skip
+    endpoint = cli.endpoint()
+    assert endpoint.startswith("http://127.0.0.1:")
+    banner = "\n".join(cli.stdout)
+    for expected in (
+        " ----- Local Server ----- ",
+        " Started successfully!",
+        " Handler :  main:handler",
+        "you can now access this http api!",
+        "press Ctrl + C to stop",
+    ):
+        assert expected in banner
+    assert http_request(endpoint, b'{"total_without_tax": 200}') == (200, b'{"total": 216.0}')
+    assert http_request(endpoint, b"{}")[0] == 400
+    status, body = http_request(endpoint + "/health_check")
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    cli.wait_for(r"access: POST 400")  # the model's log is followed while serving
+
+    cli.send(sig)
+    assert cli.wait(60) == 0, cli.output()
+    assert cli.stderr[-1] == "[info] the model server was stopped and removed"
+    with pytest.raises(OSError):
+        http_request(endpoint + "/health_check", timeout=5)
+
+
+def test_fixed_port(start_abeja: Start, project: Callable[[str], Path]) -> None:
+    from abeja_cli.local_engine import free_port
+
+    port = free_port()
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:handler", "-p", str(port),
+        cwd=project("tax"),
+    )  # fmt: skip
+    assert cli.endpoint() == f"http://127.0.0.1:{port}"
+    cli.send(signal.SIGTERM)
+    assert cli.wait(60) == 0
+
+
+def test_reload_picks_up_a_changed_handler(start_abeja: Start, tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(VERSIONED.format(version=1))
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:handler", "--reload",
+        cwd=tmp_path,
+    )  # fmt: skip
+    endpoint = cli.endpoint()
+    assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 1}
+
+    mark = cli.mark()
+    (tmp_path / "main.py").write_text(VERSIONED.format(version=22))
+    cli.wait_for(r"\[info\] main\.py changed; restarting the model server", since=mark)
+    cli.wait_for(r"\[info\] the model server is ready again at " + endpoint, since=mark)
+    assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 22}
+
+    # A broken edit keeps the CLI running; the next good edit brings the model back.
+    mark = cli.mark()
+    (tmp_path / "main.py").write_text("def handler(:\n")
+    cli.wait_for(
+        r"\[error\] the model server stopped before it was ready .*waiting for the next",
+        since=mark,
+    )
+    mark = cli.mark()
+    (tmp_path / "main.py").write_text(VERSIONED.format(version=333))
+    cli.wait_for(r"the model server is ready again", timeout=60, since=mark)
+    assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 333}
+    assert cli.process.poll() is None
+
+    cli.send(signal.SIGINT)
+    assert cli.wait(60) == 0
+
+
+def test_server_that_dies_ends_the_cli(start_abeja: Start, tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(
+        "import os\n\ndef handler(request, context):\n    os._exit(3)\n"
+    )
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:handler", cwd=tmp_path
+    )
+    endpoint = cli.endpoint()
+    # The worker dies mid-request: a connection error or a 500 are both fine.
+    with contextlib.suppress(OSError):
+        http_request(endpoint, b"{}", timeout=10)
+    # The runtime's supervisor restarts a crashed worker, so the server stays up: the CLI too.
+    assert http_request(endpoint + "/health_check", timeout=30)[0] in (200, 503)
+    assert cli.process.poll() is None
+    cli.send(signal.SIGTERM)
+    assert cli.wait(60) == 0

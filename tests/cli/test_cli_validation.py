@@ -1,0 +1,100 @@
+"""Bad options and inputs: one ``[error]`` line, exit 2, and nothing built or started.
+
+These run with the default engine (Docker when reachable), so a check that came after the
+build would be caught: the project must have no image and no container afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Result, ours
+
+CASES = [
+    (["--input", "missing.json"], "input file not found: missing.json"),
+    (["--input", "folder"], "input file folder is a directory; --input needs a file"),
+    (["--input", "broken.json"], "input file broken.json is not valid JSON (Expecting"),
+    (["--input", "f=@broken.json"], "input file broken.json is not valid JSON"),
+    (["--input", "request.json", "-e", "NOVALUE"], "-e 'NOVALUE' has no value"),
+    (["--input", "request.json", "-e", "9X=1"], "'9X' is not a valid variable name"),
+    (["--input", "request.json", "--env-file", "nope.env"], "--env-file nope.env does not exist"),
+    (["--input", "request.json", "-h", "main.handler"], "-h 'main.handler' is not MODULE:FUNCTION"),
+    (["--input", "request.json", "--output", "no/such/dir/x"], "the folder no/such/dir does not"),
+    (["--input", "request.json", "--input", "main.py"], "only one body file can be sent"),
+    ([], "missing --input"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CASES, ids=[m[:30] for _, m in CASES])
+def test_bad_input_is_one_line_and_exit_2(
+    abeja: Callable[..., Result], project: Callable[[str], Path], args: list[str], message: str
+) -> None:
+    cwd = project("responder")
+    (cwd / "broken.json").write_text('{"a": 1,}')
+    (cwd / "folder").mkdir()
+    handler = [] if "-h" in args else ["-h", "main:echo"]
+    result = abeja("model", "run-local", *handler, *args, cwd=cwd)
+    assert result.returncode == 2, result
+    assert result.stdout == b""
+    assert len(result.stderr.splitlines()) == 1, result
+    assert result.stderr.startswith("[error] ") and message in result.stderr, result
+    _assert_nothing_made(cwd)
+
+
+def test_server_port_in_use(abeja: Callable[..., Result], project: Callable[[str], Path]) -> None:
+    import socket
+
+    cwd = project("responder")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = abeja("model", "run-local-server", "-h", "main:echo", "-p", str(port), cwd=cwd)
+    assert result.returncode == 2, result
+    assert result.stderr == (
+        f"[error] port {port} on 127.0.0.1 is already in use; choose another with -p\n"
+    )
+    _assert_nothing_made(cwd)
+
+
+def test_click_usage_errors_exit_2(abeja: Callable[..., Result], tmp_path: Path) -> None:
+    missing = abeja("model", "run-local", "--input", "x.json", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "Missing option '-h' / '--handler'" in missing.stderr
+    device = abeja("model", "run-local", "-h", "m:f", "-d", "tpu", cwd=tmp_path)
+    assert device.returncode == 2
+    assert "'tpu' is not one of 'x86_cpu', 'x86_gpu', 'jetson_tx2', 'raspberry3'" in device.stderr
+
+
+def test_anchor_option_spellings_are_accepted(
+    abeja: Callable[..., Result], project: Callable[[str], Path]
+) -> None:
+    """``--device_type``, ``--organization_id``, ``--no_cache``, ``--v1`` parse (the run then
+    stops at the missing input file, before any engine is touched)."""
+    result = abeja(
+        "model", "run-local", "--handler", "main:echo", "--image", "python:3.11-slim",
+        "--device_type", "x86_cpu", "--organization_id", "1", "--no_cache", "--v1",
+        "--environment", "A=1", "--quiet", "--input", "absent.bin",
+        cwd=project("responder"),
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert result.stderr == (
+        "[error] input file not found: absent.bin; check the path given to --input\n"
+    )
+
+
+def _assert_nothing_made(cwd: Path) -> None:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception:  # no engine here: nothing could have been made there either
+        return
+    try:
+        assert ours(client, cwd) == []
+        assert ours(client, cwd, "images") == []
+    finally:
+        client.close()
