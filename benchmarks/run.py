@@ -950,6 +950,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-timeout", type=float, default=10)
     p.add_argument("--write-results", action="store_true", help="write benchmarks/RESULTS.md")
     p.add_argument("--append", action="store_true", help="append to RESULTS.md, do not rewrite")
+    p.add_argument("--note", default="", help="free text for the report, e.g. what else ran")
     args = p.parse_args(argv)
     args.runtime_args = shlex.split(args.runtime_args)
     args.upload_runtime_args = shlex.split(args.upload_runtime_args)
@@ -1010,6 +1011,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"- upload {args.upload_mib} MiB {target} {mode}", file=sys.stderr)
                     uploads.append(bench_upload(args, cfg, target, mode))
 
+    info.insert(5, ("load average at end", " ".join(f"{x:.2f}" for x in os.getloadavg())))
+    if args.note:
+        info.append(("note", args.note))
     report = render(args, cfg, rows, uploads, info)
     print(report)
     if args.write_results:
