@@ -8,8 +8,9 @@ rather than the anchor's silent fallback to a stale image.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from abeja_cli import images
 from abeja_cli.errors import BuildError
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from docker.models.images import Image
 
 __all__ = ["ImageBuilder"]
+
+#: The classic builder's line naming the image a step produced (`` ---> 1a2b3c4d5e6f``).
+_LAYER_RE: Final = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 
 
 class ImageBuilder:
@@ -85,6 +89,8 @@ class ImageBuilder:
                 no_cache=no_cache,
                 what=f"the runtime image on {base_image}",
             )
+        # Older runtime images on this base go; those still under a project image stay.
+        self._remove_others(f"{LABEL_PREFIX}.base-image={base_image}", "runtime", keep=image)
         return image, key
 
     def project_image(self, project: Path, base_image: str, *, no_cache: bool = False) -> Image:
@@ -110,7 +116,8 @@ class ImageBuilder:
                 no_cache=no_cache,
                 what=f"the image of {project}",
             )
-        self._remove_stale(key, keep=str(image.id))
+        # This project's older images (other requirements, older runtime) are stale now.
+        self._remove_others(f"{LABEL_PREFIX}.project={key.project}", "project", keep=image)
         return image
 
     # -- helpers -------------------------------------------------------------------------
@@ -119,16 +126,25 @@ class ImageBuilder:
         found = self._client.images.list(filters={"label": f"{LABEL_PREFIX}.cache-key={digest}"})
         return found[0] if found else None
 
-    def _remove_stale(self, key: ProjectKey, *, keep: str) -> None:
-        """Drop this project's older images (other requirements, older runtime): ours, unused."""
+    def _remove_others(self, label: str, kind: str, *, keep: Image) -> None:
+        """Remove our images with ``label`` of this kind except ``keep``, if nothing uses them."""
         from docker.errors import APIError
 
-        label = f"{LABEL_PREFIX}.project={key.project}"
-        for image in self._client.images.list(filters={"label": label}):
-            if image.id != keep:
-                # Still used by a container, or tagged elsewhere: leave it.
+        filters = {"label": [label, f"{LABEL_PREFIX}.kind={kind}"]}
+        for image in self._client.images.list(filters=filters):
+            if image.id != keep.id:
+                # Used by a container or a child image: docker refuses, and it stays.
                 with contextlib.suppress(APIError):
                     self._client.images.remove(str(image.id), noprune=False)
+
+    def _remove_failed_layers(self, layers: list[str]) -> None:
+        """Drop the untagged layers a failed build left behind (never a tagged image)."""
+        from docker.errors import APIError
+
+        for layer in reversed(layers):
+            with contextlib.suppress(APIError):
+                if not self._client.images.get(layer).tags:
+                    self._client.images.remove(layer, noprune=False)
 
     def _build(
         self,
@@ -143,6 +159,7 @@ class ImageBuilder:
         from docker.errors import APIError
 
         log: list[str] = []
+        layers: list[str] = []
         try:
             stream: Iterable[dict[str, Any]] = self._client.api.build(
                 fileobj=context,
@@ -156,15 +173,19 @@ class ImageBuilder:
                 pull=False,
                 decode=True,
             )
-            image_id = self._consume(stream, log)
+            image_id = self._consume(stream, log, layers)
         except APIError as exc:
+            self._remove_failed_layers(layers)
             raise BuildError(f"building {what} failed: {_explain(exc)}", log="".join(log)) from None
         if isinstance(image_id, BuildError):
+            self._remove_failed_layers(layers)
             image_id.log = "".join(log)
             raise image_id
         return self._client.images.get(image_id or tag)
 
-    def _consume(self, stream: Iterable[dict[str, Any]], log: list[str]) -> str | BuildError:
+    def _consume(
+        self, stream: Iterable[dict[str, Any]], log: list[str], layers: list[str]
+    ) -> str | BuildError:
         image_id = ""
         pending = ""
         for chunk in stream:
@@ -174,6 +195,9 @@ class ImageBuilder:
                 for line in lines:
                     log.append(line + "\n")
                     self._log(line)
+                    layer = _LAYER_RE.match(line)
+                    if layer:
+                        layers.append(layer.group(1))
             elif "error" in chunk:
                 if pending:
                     log.append(pending + "\n")

@@ -50,7 +50,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@dataclass
+@dataclass(repr=False)
 class Result:
     returncode: int
     stdout: bytes
@@ -63,7 +63,7 @@ class Result:
     def error_lines(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if line.startswith("[error]")]
 
-    def __str__(self) -> str:  # shown by pytest when an assertion on the result fails
+    def __repr__(self) -> str:  # shown by pytest when an assertion on the result fails
         out = f"--- stdout ---\n{self.stdout!r}\n--- stderr ---\n{self.stderr}"
         return f"exit {self.returncode}\n{out}"
 

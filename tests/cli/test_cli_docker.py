@@ -1,0 +1,282 @@
+"""The Docker engine end to end: real images, real containers, checked with the Docker SDK.
+
+Projects are shared across this module where the test is not about the image cache, so each
+image is built once per session. After every test no container of ours may be left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import LABEL, CliProcess, Result, http_request, ours
+from test_cli_local import assert_flipped
+
+pytestmark = pytest.mark.docker
+
+Abeja = Callable[..., Result]
+Projects = Callable[[str], Path]
+
+
+@pytest.fixture
+def run(abeja: Abeja, base_image: str, docker_client: Any) -> Iterator[Callable[..., Result]]:
+    """``run(cwd, *args)``: ``abeja model run-local -i $BASE_IMAGE --engine docker ...``."""
+    used: list[Path] = []
+
+    def call(cwd: Path, *args: str, **kwargs: Any) -> Result:
+        used.append(cwd)
+        return abeja(
+            "model", "run-local", "-i", base_image, "--engine", "docker", *args,
+            cwd=cwd, **kwargs,
+        )  # fmt: skip
+
+    yield call
+    for cwd in used:
+        assert ours(docker_client, cwd) == [], f"a container of {cwd} was left behind"
+
+
+def project_image(client: Any, cwd: Path) -> str:
+    found = ours(client, cwd, "images")
+    assert len(found) == 1, found
+    return str(found[0].id)
+
+
+def test_tax_sample(run: Callable[..., Result], docker_projects: Projects) -> None:
+    cwd = docker_projects("tax")
+    result = run(cwd, "-h", "main:handler", "--input", "request.json")
+    assert result.returncode == 0, result
+    assert result.text == '{\n    "total": 108.0\n}\n'
+    assert "access: POST 200" in result.stderr
+    bad = run(cwd, "-h", "main:handler", "--input", "bad_request.json", "-q")
+    assert bad.returncode == 1, bad
+    assert json.loads(bad.stdout) == {"message": "total_without_tax is need"}
+
+
+def test_image_flip_sample(run: Callable[..., Result], docker_projects: Projects) -> None:
+    cwd = docker_projects("image_flip")  # requirements.txt: Pillow, installed in the image
+    result = run(cwd, "-h", "main:handler", "--input", "cat.jpg", "-q")
+    assert result.returncode == 0, result
+    assert result.stderr == ""
+    assert_flipped(cwd / "cat.jpg", result.stdout)
+
+
+def test_environment_and_mount(run: Callable[..., Result], docker_projects: Projects) -> None:
+    cwd = docker_projects("responder")
+    (cwd / "docker.env").write_text("FROM_FILE=file\nOVERRIDDEN=file\n")
+    result = run(
+        cwd, "-h", "main:describe", "-q", "--input", "request.json",
+        "-e", "FROM_E=1", "-e", "FROM_COLON:x:y", "-e", "OVERRIDDEN=option",
+        "--env-file", "docker.env", "-o", "org-9",
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    seen = json.loads(result.stdout)
+    assert seen["env"] == {
+        "HANDLER": "main:describe",
+        "ABEJA_TRAINING_RESULT_DIR": "/srv/app/abejainc_training_result",
+        "ABEJA_ORGANIZATION_ID": "org-9",
+        "FROM_E": "1",
+        "FROM_COLON": "x:y",
+        "FROM_FILE": "file",
+        "OVERRIDDEN": "option",
+        "PYTHONUNBUFFERED": "1",
+    }
+    assert seen["cwd"] == "/srv/app"
+    assert seen["body"] == (cwd / "request.json").read_text()
+
+
+def test_edits_are_live_without_a_rebuild(
+    run: Callable[..., Result], docker_projects: Projects, docker_client: Any
+) -> None:
+    cwd = docker_projects("responder")
+    live = cwd / "live.py"
+    answers = []
+    for word in ("first", "second"):
+        live.write_text(f"def handler(request, context):\n    return {{'content': {word!r}}}\n")
+        result = run(cwd, "-h", "live:handler", "--input", "request.json")
+        assert result.returncode == 0, result
+        answers.append(result.stdout)
+        image = project_image(docker_client, cwd)
+    assert answers == [b"first", b"second"]
+    assert "[info] using the cached image" in result.stderr
+    assert project_image(docker_client, cwd) == image
+
+
+def test_import_failure_shows_the_container_log(
+    run: Callable[..., Result], docker_projects: Projects
+) -> None:
+    result = run(
+        docker_projects("responder"), "-h", "broken:handler", "--input", "request.json", "-q"
+    )
+    assert result.returncode == 1, result
+    assert result.error_lines() == [
+        "[error] the model server stopped before it was ready (exit code 1); its log says why "
+        "(often the handler failed to import)"
+    ]
+    assert " ------ log ------ " in result.stderr
+    assert "abeja_test_missing_module" in result.stderr
+
+
+def test_interrupt_removes_the_container(
+    start_abeja: Callable[..., CliProcess],
+    docker_projects: Projects,
+    base_image: str,
+    docker_client: Any,
+) -> None:
+    cwd = docker_projects("responder")
+    cli = start_abeja(
+        "model", "run-local", "-i", base_image, "--engine", "docker",
+        "-h", "slow:handler", "--input", "request.json", cwd=cwd,
+    )  # fmt: skip
+    cli.wait_for(r"\[info\] sending request to model")
+    assert len(ours(docker_client, cwd)) == 1
+    cli.send(signal.SIGINT)
+    assert cli.wait(60) == 130, cli.output()
+    assert ours(docker_client, cwd) == []
+
+
+def test_server_publishes_on_loopback_and_stops_cleanly(
+    start_abeja: Callable[..., CliProcess],
+    docker_projects: Projects,
+    base_image: str,
+    docker_client: Any,
+) -> None:
+    cwd = docker_projects("tax")
+    cli = start_abeja(
+        "model", "run-local-server", "-i", base_image, "--engine", "docker", "-h", "main:handler",
+        cwd=cwd,
+    )  # fmt: skip
+    endpoint = cli.endpoint()
+    (container,) = ours(docker_client, cwd)
+    bindings = container.attrs["HostConfig"]["PortBindings"]
+    assert bindings == {
+        "5000/tcp": [{"HostIp": "127.0.0.1", "HostPort": endpoint.rsplit(":", 1)[1]}]
+    }
+    assert [m["Destination"] for m in container.attrs["Mounts"]] == ["/srv/app"]
+    assert container.attrs["Mounts"][0]["Source"] == str(cwd)
+    assert container.labels[f"{LABEL}.project"] == str(cwd)
+    assert http_request(endpoint, b'{"total_without_tax": 1000}') == (200, b'{"total": 1080.0}')
+
+    cli.send(signal.SIGINT)
+    assert cli.wait(60) == 0, cli.output()
+    assert ours(docker_client, cwd) == []
+
+
+def test_reload_restarts_the_container(
+    start_abeja: Callable[..., CliProcess],
+    docker_projects: Projects,
+    base_image: str,
+    docker_client: Any,
+) -> None:
+    cwd = docker_projects("responder")
+    module = cwd / "reloaded.py"
+    module.write_text("def handler(request, context):\n    return {'content': 'before'}\n")
+    cli = start_abeja(
+        "model", "run-local-server", "-i", base_image, "--engine", "docker",
+        "-h", "reloaded:handler", "--reload", cwd=cwd,
+    )  # fmt: skip
+    endpoint = cli.endpoint()
+    assert http_request(endpoint, b"{}") == (200, b"before")
+    mark = cli.mark()
+    module.write_text("def handler(request, context):\n    return {'content': 'after!'}\n")
+    cli.wait_for(r"the model server is ready again at " + endpoint, since=mark, timeout=60)
+    assert http_request(endpoint, b"{}") == (200, b"after!")
+
+    cli.send(signal.SIGTERM)
+    assert cli.wait(60) == 0, cli.output()
+    assert ours(docker_client, cwd) == []
+
+
+def test_gpu_request(
+    run: Callable[..., Result], docker_projects: Projects, docker_client: Any
+) -> None:
+    result = run(
+        docker_projects("tax"), "-h", "main:handler", "--input", "request.json", "-d", "x86_gpu"
+    )
+    if "nvidia" in (docker_client.info().get("Runtimes") or {}):
+        assert result.returncode == 0, result  # an engine that has GPUs runs it
+        return
+    assert result.returncode == 1, result
+    (line,) = result.error_lines()
+    assert line.startswith("[error] Docker cannot give the container a GPU (")
+    assert line.endswith(
+        "install the NVIDIA Container Toolkit and restart Docker, or run with -d x86_cpu"
+    )
+
+
+# -- the image cache ----------------------------------------------------------------------
+
+
+def test_image_cache(
+    run: Callable[..., Result],
+    docker_tmp_projects: Projects,
+    docker_client: Any,
+    base_image: str,
+) -> None:
+    cwd = docker_tmp_projects("tax")
+    (cwd / "requirements.txt").write_text("click\n")  # already in the image: no network needed
+    args = ("-h", "main:handler", "--input", "request.json")
+
+    first = run(cwd, *args)
+    assert first.returncode == 0, first
+    assert "[info] building the image abeja-local/tax-" in first.stderr
+    assert "Step 1/" in first.stderr  # build progress is shown
+    built = project_image(docker_client, cwd)
+    labels = docker_client.images.get(built).labels
+    assert labels[f"{LABEL}.project"] == str(cwd)
+    assert labels[f"{LABEL}.base-image"] == base_image
+    assert len(labels[f"{LABEL}.requirements-sha256"]) == 64
+    assert labels[f"{LABEL}.runtime-version"].startswith("0.")
+
+    again = run(cwd, *args)
+    assert again.returncode == 0, again
+    assert "[info] using the cached image" in again.stderr
+    assert "Step 1/" not in again.stderr
+    assert project_image(docker_client, cwd) == built
+
+    quiet = run(cwd, *args, "-q")
+    assert quiet.stderr == ""
+
+    (cwd / "requirements.txt").write_text("click  # changed\n")
+    changed = run(cwd, *args)
+    assert "[info] building the image" in changed.stderr, changed
+    rebuilt = project_image(docker_client, cwd)  # exactly one: the stale one was removed
+    assert rebuilt != built
+
+    forced = run(cwd, *args, "--no-cache")
+    assert forced.returncode == 0, forced
+    assert "Using cache" not in forced.stderr
+    assert project_image(docker_client, cwd) != rebuilt
+
+    other = docker_tmp_projects("tax")  # same files, another folder: another image
+    elsewhere = run(other, *args)
+    assert "[info] building the image" in elsewhere.stderr, elsewhere
+    assert project_image(docker_client, other) != project_image(docker_client, cwd)
+
+
+def test_failing_build_shows_pip_error(
+    run: Callable[..., Result], docker_tmp_projects: Projects, docker_client: Any
+) -> None:
+    cwd = docker_tmp_projects("tax")
+    # --no-index makes pip fail at once, without the network.
+    (cwd / "requirements.txt").write_text("--no-index\nabeja-no-such-package==1.0\n")
+    dangling = {i.id for i in docker_client.images.list(filters={"dangling": True})}
+    started = time.monotonic()
+    result = run(cwd, "-h", "main:handler", "--input", "request.json")
+    assert result.returncode == 1, result
+    assert "No matching distribution found for abeja-no-such-package==1.0" in result.stderr
+    assert result.error_lines() == [
+        "[error] pip could not install the project's requirements.txt (see its error in the "
+        "build log); fix the file and run again"
+    ]
+    assert ours(docker_client, cwd, "images") == []
+    # The layers of the steps that did succeed are not left behind either.
+    assert {i.id for i in docker_client.images.list(filters={"dangling": True})} <= dangling
+    quiet = run(cwd, "-h", "main:handler", "--input", "request.json", "-q")
+    assert quiet.returncode == 1
+    assert "No matching distribution found" in quiet.stderr  # the log comes after the error
+    assert time.monotonic() - started < 120
