@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -91,9 +92,10 @@ def choose(target: Target, requested: str) -> Choice:
         return Choice("cortex", why, target.module)
     subject = target.obj
     if subject is _MISSING:
-        subject = _class_named_like(target.module) or _only_kserve_model(target.module)
+        found = _detect_in_module(target.module)
+        subject = found.subject if found is not None and found.style == requested else _MISSING
     fits = _is_kserve_model if requested == "kserve" else _is_seldon_component
-    if subject is None or subject is _MISSING or not fits(subject):
+    if subject is _MISSING or not fits(subject):
         raise HandlerLoadError(_misfit_message(target, requested))
     return Choice(requested, why, subject)
 
@@ -126,7 +128,7 @@ def _detect(target: Target) -> Choice:
 
 def _detect_in_module(module: ModuleType) -> Choice | None:
     """A module named alone (or whose named attribute is missing): look at what it defines."""
-    defined = [name for name in _CORTEX_FUNCTIONS if inspect.isfunction(getattr(module, name, None))]
+    defined = [name for name in _CORTEX_FUNCTIONS if inspect.isfunction(getattr(module, name, 0))]
     if defined:
         return Choice("cortex", f"{module.__name__} defines {' and '.join(defined)}", module)
     cls = _class_named_like(module)
@@ -142,7 +144,25 @@ def _detect_in_module(module: ModuleType) -> Choice | None:
     model = _only_kserve_model(module)
     if model is not None:
         return Choice("kserve", f"{module.__name__}.{model.__name__} is a kserve.Model", model)
+    components = _defined_classes(module, _is_seldon_component)
+    if len(components) == 1:
+        (cls,) = components
+        return Choice(
+            "seldon",
+            f"{module.__name__}.{cls.__name__} is its only class, with Seldon's "
+            f"{_seldon_method(cls)} method",
+            cls,
+        )
     return None
+
+
+def _defined_classes(module: ModuleType, kind: Callable[[Any], bool]) -> list[type]:
+    """Classes written in ``module`` itself (not imported into it) that are of ``kind``."""
+    return [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value) and value.__module__ == module.__name__ and kind(value)
+    ]
 
 
 def _class_named_like(module: ModuleType) -> type | None:
@@ -152,13 +172,7 @@ def _class_named_like(module: ModuleType) -> type | None:
 
 
 def _only_kserve_model(module: ModuleType) -> type | None:
-    models = [
-        value
-        for value in vars(module).values()
-        if inspect.isclass(value)
-        and value.__module__ == module.__name__
-        and _is_kserve_model(value)
-    ]
+    models = _defined_classes(module, _is_kserve_model)
     if len(models) > 1:
         names = ", ".join(sorted(model.__name__ for model in models))
         raise HandlerLoadError(

@@ -19,6 +19,7 @@ from abeja_runtime.request import Request
 
 __all__ = [
     "JSON",
+    "BodyNotJson",
     "header_dict",
     "json_result",
     "media_type",
@@ -48,7 +49,8 @@ def json_result(
     }
 
 
-def text_result(text: str, status: int = 200, content_type: str = _TEXT) -> dict[str, Any]:
+def text_result(text: str | bytes, status: int = 200, content_type: str = _TEXT) -> dict[str, Any]:
+    """A body that is sent as it is (str as UTF-8)."""
     return {"status_code": status, "content_type": content_type, "content": text}
 
 

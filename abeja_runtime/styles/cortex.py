@@ -79,7 +79,7 @@ def adapt(module: ModuleType, *, config: Config, workdir: Path) -> LoadedHandler
     try:
         session = onnxruntime.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise HandlerLoadError(f"onnxruntime cannot load the ONNX model {model_path}: {exc}") from exc
+        raise HandlerLoadError(f"onnxruntime cannot load the model {model_path}: {exc}") from exc
     pipeline = _Pipeline(numpy, session, module, dict(config.cortex_metadata))
     _log.info(
         "Cortex request handler %s (%s generation) in front of %s; inputs %s",
@@ -169,7 +169,7 @@ class _Pipeline:
                 return json_result({"predictions": self._legacy_samples(payload)})
             return json_result(self._predict(payload))
         except _PredictionFailed as exc:
-            _log.exception("prediction failed")
+            _log.exception("prediction failed: %s", exc)
             return text_result(f"prediction failed: {exc}", 406)
 
     def _predict(self, sample: Any) -> Any:
@@ -182,13 +182,17 @@ class _Pipeline:
             raise _PredictionFailed('top level "samples" key not found in request')
         samples = payload["samples"]
         if not isinstance(samples, list):
-            raise _PredictionFailed('expected the value of key "samples" to be a list of json objects')
+            raise _PredictionFailed(
+                'expected the value of key "samples" to be a list of json objects'
+            )
         predictions = []
         for number, sample in enumerate(samples, start=1):
             try:
                 prepared = self._call(self._pre, "pre_inference", sample, self.inputs)
                 outputs = [_plain(output) for output in self._run(prepared)]
-                result = self._call(self._post, "post_inference", outputs, self.outputs, default=outputs)
+                result = self._call(
+                    self._post, "post_inference", outputs, self.outputs, default=outputs
+                )
             except _PredictionFailed as exc:
                 raise _PredictionFailed(f"sample {number}: {exc}") from exc
             predictions.append(result)
@@ -259,7 +263,8 @@ def _arity(func: Callable) -> int:
     params = inspect.signature(func).parameters.values()
     if any(param.kind is param.VAR_POSITIONAL for param in params):
         return 3
-    return sum(param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD) for param in params)
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(param.kind in positional for param in params)
 
 
 def _plain(value: Any) -> Any:

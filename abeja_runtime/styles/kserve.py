@@ -1,0 +1,317 @@
+"""KServe custom models: a ``kserve.Model`` subclass served with the V1 and V2 REST protocols.
+
+``HANDLER`` names the class (instantiated as ``cls(model_name)``, ``--model-name``, default
+``model`` as in KServe) or an instance. ``load()`` runs at start-up unless the model is ready
+already, and a model that is still not ready stops the start, as ``ModelServer.start`` does.
+
+Requests go through the user's installed ``kserve`` package itself: its ``DataPlane`` decodes
+bodies (JSON, CloudEvents, the V2 binary extension) and encodes answers (``InferResponse`` →
+V2 JSON), and ``Model.__call__`` runs ``preprocess`` → ``predict`` → ``postprocess``, sync or
+async. This module only routes, as KServe's FastAPI app does:
+
+* V1: ``GET /v1/models``, ``GET /v1/models/{name}``, ``POST /v1/models/{name}:predict`` and
+  ``:explain``;
+* V2 / Open Inference: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models``,
+  ``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``;
+* ``GET /`` → ``{"status": "alive"}``; ``POST /`` (what ``abeja model run-local`` sends) is
+  ``/v2/models/{name}/infer`` for a body with ``inputs``, else ``/v1/models/{name}:predict``.
+
+Errors are KServe's: ``{"error": ...}`` with 400 (invalid input), 404 (unknown model), 501
+(not implemented), 503 (not ready), 500 (anything else); unknown routes ``{"detail": ...}``.
+When every method the class overrides is a plain ``def``, the model runs on the handler
+thread like any sync handler; with an ``async def`` among them it runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Coroutine
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Final
+
+from abeja_runtime.config import Config
+from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.request import Request
+from abeja_runtime.styles._common import (
+    BodyNotJson,
+    header_dict,
+    json_result,
+    media_type,
+    parse_json,
+    read_body,
+    require,
+    text_result,
+)
+
+__all__ = ["adapt"]
+
+_log = logging.getLogger("abeja_runtime")
+#: Methods whose user override decides whether the adapter must be async.
+_MODEL_METHODS: Final = (
+    "__call__",
+    "preprocess",
+    "predict",
+    "postprocess",
+    "explain",
+    "healthy",
+    "get_input_types",
+    "get_output_types",
+)
+_V1_MODEL: Final = re.compile(r"^/v1/models/(?P<name>[^/:]+)$")
+_V1_VERB: Final = re.compile(r"^/v1/models/(?P<name>[^/]+):(?P<verb>predict|explain)$")
+_V2_MODEL: Final = re.compile(
+    r"^/v2/models/(?P<name>[^/]+)(?P<version>/versions/[^/]+)?(?P<tail>/ready|/infer)?$"
+)
+_BINARY_HEADER: Final = "inference-header-content-length"
+_NOT_FOUND: Final = ({"detail": "Not Found"}, 404)
+
+
+def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
+    """Instantiate and load the model; route KServe's REST protocols to it."""
+    require("kserve", "kserve")
+    dataplane_module = require("kserve.protocol.dataplane", "kserve")
+    repository_module = require("kserve.model_repository", "kserve")
+    datamodels = require("kserve.protocol.rest.v2_datamodels", "kserve")
+    try:
+        model = _instantiate(subject, config.model_name)
+        if not model.ready:
+            model.load()
+    except Exception as exc:
+        raise HandlerLoadError(
+            f"the KServe model {config.handler} failed to load: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not model.ready:
+        raise HandlerLoadError(
+            f"Model with name {model.name} is not ready. Its load() must set self.ready = True "
+            "(KServe's ModelServer refuses to start in that case too)."
+        )
+    repository = repository_module.ModelRepository()
+    repository.update(model)
+    server = _Server(dataplane_module.DataPlane(model_registry=repository), datamodels)
+    server.model_name = model.name
+    if _is_async(model):
+        return LoadedHandler(server.handle, is_async=True, name=config.handler, style="kserve")
+
+    def handle(request: Request, context: dict[str, Any]) -> dict[str, Any]:
+        return _finish(server.handle(request, context))
+
+    return LoadedHandler(handle, is_async=False, name=config.handler, style="kserve")
+
+
+def _instantiate(subject: Any, name: str) -> Any:
+    if not inspect.isclass(subject):
+        return subject
+    try:
+        inspect.signature(subject).bind(name)
+    except TypeError:
+        return subject()  # a class that names itself: def __init__(self)
+    return subject(name)
+
+
+def _is_async(model: Any) -> bool:
+    """True when a method the user wrote (not kserve's default) is a coroutine function."""
+    for name in _MODEL_METHODS:
+        owner = next((cls for cls in type(model).__mro__ if name in vars(cls)), None)
+        if owner is None or owner.__module__.partition(".")[0] == "kserve":
+            continue
+        if inspect.iscoroutinefunction(vars(owner)[name]):
+            return True
+    return False
+
+
+def _finish(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never waits (kserve's async plumbing around sync user methods)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError(
+        "the KServe model waited on the event loop although its methods are plain functions; "
+        "make its methods async def"
+    )
+
+
+class _Server:
+    """KServe's REST routes over one registered model."""
+
+    model_name = ""
+
+    def __init__(self, dataplane: Any, datamodels: Any) -> None:
+        self._dataplane = dataplane
+        self._datamodels = datamodels
+        self._errors = require("kserve.errors", "kserve")
+
+    async def handle(self, request: Request, context: dict[str, Any]) -> dict[str, Any]:
+        method, path = request["http_method"], request.path
+        try:
+            return await self._route(method, path, request)
+        except Exception as exc:
+            return self._error(exc)
+
+    async def _route(self, method: str, path: str, request: Request) -> dict[str, Any]:
+        fixed = {
+            "/": self._live_root,
+            "/v2": self._server_metadata,
+            "/v2/health/live": self._live,
+            "/v2/health/ready": self._ready,
+            "/v1/models": self._models,
+            "/v2/models": self._models,
+        }
+        if path == "/" and method == "POST":
+            return await self._run_local(request)
+        if path in fixed:
+            return self._only(method, "GET") or await fixed[path]()
+        if match := _V1_VERB.match(path):
+            return self._only(method, "POST") or await self._infer(
+                match["name"], request, read_body(request), explain=match["verb"] == "explain"
+            )
+        if match := _V1_MODEL.match(path):
+            return self._only(method, "GET") or await self._model_ready(match["name"])
+        if match := _V2_MODEL.match(path):
+            tail = match["tail"] or ""
+            refused = self._only(method, "POST" if tail == "/infer" else "GET")
+            if refused:
+                return refused
+            if match["version"]:
+                raise NotImplementedError("Model versioning not supported yet.")
+            if tail == "/infer":
+                return await self._infer(match["name"], request, read_body(request), v2=True)
+            if tail == "/ready":
+                return await self._model_ready(match["name"])
+            return await self._model_metadata(match["name"])
+        return json_result(*_NOT_FOUND)
+
+    @staticmethod
+    def _only(method: str, allowed: str) -> dict[str, Any] | None:
+        if method == allowed:
+            return None
+        result = json_result({"detail": "Method Not Allowed"}, 405)
+        result["metadata"] = {"Allow": allowed}
+        return result
+
+    async def _live_root(self) -> dict[str, Any]:
+        return json_result(await self._dataplane.live())
+
+    async def _live(self) -> dict[str, Any]:
+        live = (await self._dataplane.live())["status"] == "alive"
+        if not live:
+            raise self._errors.ServerNotLive()
+        return json_result({"live": live})
+
+    async def _ready(self) -> dict[str, Any]:
+        if not await self._dataplane.ready():
+            raise self._errors.ServerNotReady()
+        return json_result({"ready": True})
+
+    async def _models(self) -> dict[str, Any]:
+        return json_result({"models": list(self._dataplane.model_registry.get_models())})
+
+    async def _server_metadata(self) -> dict[str, Any]:
+        return json_result(
+            {
+                "name": "kserve",
+                "version": metadata.version("kserve"),
+                "extensions": ["model_repository_extension"],
+            }
+        )
+
+    async def _model_ready(self, name: str) -> dict[str, Any]:
+        if not await self._dataplane.model_ready(name):
+            raise self._errors.ModelNotReady(name)
+        return json_result({"name": name, "ready": True})
+
+    async def _model_metadata(self, name: str) -> dict[str, Any]:
+        found = await self._dataplane.model_metadata(name)
+        response = self._datamodels.ModelMetadataResponse.model_validate(found)
+        return json_result(response.model_dump(mode="json"))
+
+    async def _run_local(self, request: Request) -> dict[str, Any]:
+        """``abeja model run-local`` posts to ``/``: pick the protocol from the body."""
+        body = read_body(request)  # a request body can be read once
+        try:
+            parsed = parse_json(body)
+        except BodyNotJson:
+            parsed = None
+        v2 = isinstance(parsed, dict) and "inputs" in parsed and "instances" not in parsed
+        return await self._infer(self.model_name, request, body, v2=v2)
+
+    async def _infer(
+        self, name: str, request: Request, body: bytes, *, v2: bool = False, explain: bool = False
+    ) -> dict[str, Any]:
+        dataplane = self._dataplane
+        if not await dataplane.model_ready(name, True):
+            raise self._errors.ModelNotReady(name)
+        headers = header_dict(request)
+        if v2:
+            infer_request, attributes = self._decode_v2(name, body, headers), {}
+        else:
+            # KServe compares the whole header with its JSON types; "; charset=..." is fine here.
+            decode_headers = {**headers, "content-type": media_type(headers.get("content-type"))}
+            if not decode_headers["content-type"]:
+                del decode_headers["content-type"]
+            infer_request, attributes = dataplane.decode(body=body, headers=decode_headers)
+        if explain:
+            response, response_headers = await dataplane.explain(name, infer_request, headers)
+        else:
+            response, response_headers = await dataplane.infer(name, infer_request, headers)
+        if inspect.isasyncgen(response) or hasattr(response, "__anext__"):
+            raise NotImplementedError("streamed (async iterator) responses are not supported")
+        response, encoded_headers = dataplane.encode(name, response, headers, attributes)
+        extra = {**response_headers, **encoded_headers}
+        extra.pop("content-length", None)
+        content_type = extra.pop("content-type", None)
+        extra = {key: str(value) for key, value in extra.items()}
+        if isinstance(response, bytes | str):
+            default = "application/octet-stream" if isinstance(response, bytes) else "text/plain"
+            result = text_result(response, content_type=content_type or default)
+            result["metadata"] = extra
+            return result
+        if v2:
+            validated = self._datamodels.InferenceResponse.model_validate(response)
+            response = validated.model_dump(mode="json")
+        result = json_result(response, headers=extra)
+        if content_type:
+            result["content_type"] = content_type
+        return result
+
+    def _decode_v2(self, name: str, body: bytes, headers: dict[str, str]) -> Any:
+        if _BINARY_HEADER in headers:
+            payload: Any = body
+        else:
+            try:
+                payload = self._datamodels.InferenceRequest.model_validate_json(body)
+            except ValueError as exc:  # pydantic's ValidationError, JSON errors included
+                raise self._errors.InvalidInput(f"Unrecognized request format: {exc}") from exc
+        request, _ = self._dataplane.decode(
+            payload, headers, protocol_version="v2", model_name=name
+        )
+        return request
+
+    def _error(self, exc: Exception) -> dict[str, Any]:
+        """KServe's exception handlers: the same status codes and ``{"error": ...}`` bodies."""
+        errors = self._errors
+        status = 500
+        for names, code in (
+            (("InvalidInput",), 400),
+            (("ModelNotFound",), 404),
+            (("ModelNotReady", "ServerNotReady", "ServerNotLive"), 503),
+            (("UnsupportedProtocol",), 501),
+        ):
+            if any(isinstance(exc, getattr(errors, n, ())) for n in names):
+                status = code
+                break
+        else:
+            if isinstance(exc, NotImplementedError):
+                status = 501
+        known = status != 500 or isinstance(exc, getattr(errors, "InferenceError", ()))
+        message = str(exc) if known else f"{type(exc).__name__} : {exc}"
+        if status >= 500:
+            _log.error("the KServe model failed: %s", message, exc_info=exc)
+        else:
+            _log.warning("KServe request refused (%d): %s", status, message)
+        return json_result({"error": message}, status)

@@ -1,0 +1,395 @@
+"""Seldon Core Python components: a class with ``predict(X, features_names[, meta])``.
+
+The class is instantiated without arguments and its ``load()`` is called, once per worker, as
+Seldon's microservice does. Requests and responses are SeldonMessage JSON, handled the way
+``seldon-core``'s Python wrapper handles them (without depending on it):
+
+* ``POST /predict``, ``/api/v1.0/predictions`` (and ``/api/v0.1/...``, and ``/`` for
+  ``abeja model run-local``) call ``predict_raw(message)`` if the class has it, else
+  ``predict(X, names, meta=...)`` with ``X`` from ``data.ndarray`` / ``data.tensor`` (numpy),
+  ``jsonData`` (dict), ``strData`` (str) or ``binData`` (bytes);
+* ``/transform-input`` and ``/transform-output`` call the transformer methods;
+* ``GET /health/ping`` → ``pong``, ``/health/status`` → ``health_status()``,
+  ``/metadata`` → ``init_metadata()`` (or ``metadata()``);
+* the answer carries the result in the request's form (``tensor`` for a tensor request, else
+  ``ndarray``; ``names`` from ``class_names()``), and ``meta.tags`` / ``meta.metrics`` from
+  ``tags()`` / ``metrics()`` and from a returned ``SeldonResponse``;
+* errors are Seldon's ``{"status": {"status": 1, "info": ..., "code": -1, "reason": ...}}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+import json
+import logging
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from abeja_runtime.config import Config
+from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.request import Request
+from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
+
+__all__ = ["adapt"]
+
+_log = logging.getLogger("abeja_runtime")
+_METRIC_TYPES: Final = ("COUNTER", "GAUGE", "TIMER")
+_PREDICT: Final = ("/predict", "/api/v1.0/predictions", "/api/v0.1/predictions", "/")
+#: path → (allowed methods, action)
+_ROUTES: Final = {
+    **{path: (("POST",), "predict") for path in _PREDICT},
+    "/predict": (("GET", "POST"), "predict"),
+    "/transform-input": (("GET", "POST"), "transform_input"),
+    "/transform-output": (("GET", "POST"), "transform_output"),
+    "/health/ping": (("GET",), "ping"),
+    "/health/status": (("GET",), "health"),
+    "/api/v1.0/health/status": (("GET",), "health"),
+    "/metadata": (("GET",), "metadata"),
+    "/api/v1.0/metadata": (("GET",), "metadata"),
+}
+_METADATA_DEFAULTS: Final = {
+    "name": "",
+    "versions": [""],
+    "platform": "",
+    "inputs": [],
+    "outputs": [],
+    "custom": {},
+}
+
+
+class _SeldonError(Exception):
+    """Seldon's ``SeldonMicroserviceException``: a status code and a reason for the client."""
+
+    def __init__(self, message: str, status: int = 400, reason: str = "MICROSERVICE_BAD_DATA"):
+        super().__init__(message)
+        self.message, self.status_code, self.reason = message, status, reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": {"status": 1, "info": self.message, "code": -1, "reason": self.reason}}
+
+
+def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
+    """Instantiate the class (or take the instance), call ``load()``, serve it."""
+    numpy = require("numpy", "seldon")
+    try:
+        model = subject() if inspect.isclass(subject) else subject
+        if callable(getattr(model, "load", None)):
+            model.load()
+    except Exception as exc:
+        raise HandlerLoadError(
+            f"the Seldon model {config.handler} failed to start: {type(exc).__name__}: {exc}"
+        ) from exc
+    component = _Component(numpy, model)
+    return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
+
+
+def _not_implemented(exc: BaseException) -> bool:
+    """seldon-core's SeldonComponent base raises this for methods a class does not define."""
+    return any(cls.__name__ == "SeldonNotImplementedError" for cls in type(exc).__mro__)
+
+
+class _Component:
+    """One user object and the SeldonMessage handling around it."""
+
+    def __init__(self, numpy: Any, model: Any) -> None:
+        self._np = numpy
+        self._model = model
+        self._metadata = self._init_metadata()
+
+    def handle(self, request: Request, context: dict[str, Any]) -> dict[str, Any]:
+        route = _ROUTES.get(request.path.rstrip("/") or "/")
+        if route is None:
+            return json_result(_SeldonError(f"not found: {request.path}").to_dict(), 404)
+        methods, action = route
+        if request["http_method"] not in methods:
+            error = _SeldonError(f"method {request['http_method']} is not allowed here")
+            return json_result(error.to_dict(), 405)
+        try:
+            if action == "ping":
+                return text_result("pong", content_type="text/html; charset=utf-8")
+            if action == "health":
+                return json_result(self._health())
+            if action == "metadata":
+                if self._metadata is None:
+                    raise _SeldonError(
+                        "Model metadata unavailable", 500, "MICROSERVICE_BAD_METADATA"
+                    )
+                return json_result(self._metadata)
+            response = self._run(action, _message(request))
+        except Exception as exc:
+            return self._error(exc)
+        status = _status_of(response)
+        return json_result(response, status)
+
+    def _run(self, action: str, message: Any) -> Any:
+        raw = getattr(self._model, f"{action}_raw", None)
+        if callable(raw):
+            try:
+                return raw(message)
+            except Exception as exc:
+                if not _not_implemented(exc):
+                    raise
+        features, meta = self._features(message)
+        data = message.get("data") if isinstance(message.get("data"), dict) else {}
+        names = data.get("names", [])
+        fallback = [] if action == "predict" else features
+        result = self._call(action, features, names, meta, fallback)
+        data, tags, metrics = _unpack(result)
+        return self._response(message, data, meta, self._metrics(metrics), tags)
+
+    def _call(self, name: str, features: Any, names: Any, meta: Any, fallback: Any) -> Any:
+        method = getattr(self._model, name, None)
+        if not callable(method):
+            return fallback
+        try:
+            if _takes_meta(method):
+                return method(features, names, meta=meta)
+            return method(features, names)
+        except Exception as exc:
+            if _not_implemented(exc):
+                return fallback
+            raise
+
+    def _features(self, message: Any) -> tuple[Any, Any]:
+        """Seldon's ``extract_request_parts_json``: the payload as the model receives it."""
+        if not isinstance(message, dict):
+            raise _SeldonError(f"Invalid request data type: {message}")
+        meta = message.get("meta")
+        if "data" in message:
+            data = message["data"] or {}
+            if "tensor" in data:
+                tensor = data["tensor"]
+                try:
+                    return self._np.array(tensor["values"]).reshape(tensor["shape"]), meta
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise _SeldonError(f"Invalid tensor in request: {exc}") from exc
+            if "ndarray" in data:
+                return self._np.array(data["ndarray"]), meta
+            if "tftensor" in data:
+                raise _SeldonError("data.tftensor needs TensorFlow, which is not supported here")
+            return self._np.array([]), meta
+        if "jsonData" in message:
+            return message["jsonData"], meta
+        if "strData" in message:
+            return message["strData"], meta
+        if "binData" in message:
+            try:
+                return base64.b64decode(message["binData"]), meta
+            except (binascii.Error, TypeError, ValueError) as exc:
+                raise _SeldonError(f"binData is not base64: {exc}") from exc
+        raise _SeldonError(f"Invalid request data type: {message}")
+
+    def _response(self, request: Any, data: Any, meta: Any, metrics: list, tags: dict) -> dict:
+        """Seldon's ``construct_response_json``."""
+        response: dict[str, Any] = {}
+        if isinstance(data, dict):
+            response["jsonData"] = data
+        elif isinstance(data, bytes | bytearray):
+            response["binData"] = base64.b64encode(data).decode("ascii")
+        elif isinstance(data, str):
+            response["strData"] = data
+        else:
+            if not isinstance(data, list | self._np.ndarray):
+                raise _SeldonError(
+                    "Unknown data type returned as payload (must be list or np array):" + str(data)
+                )
+            array = data if isinstance(data, self._np.ndarray) else self._np.array(data)
+            numeric = self._np.issubdtype(array.dtype, self._np.number)
+            asked = request.get("data") if isinstance(request, dict) else None
+            if numeric and (asked is None or "tensor" in asked):
+                payload = {"tensor": {"values": array.ravel().tolist(), "shape": list(array.shape)}}
+            else:
+                payload = {"ndarray": array.tolist()}
+            response["data"] = {**payload, "names": self._class_names(array)}
+        meta = meta if isinstance(meta, dict) else {}
+        tags = {**meta.get("tags", {}), **self._tags(), **tags}
+        metrics = [*meta.get("metrics", []), *metrics]
+        response["meta"] = {}
+        if tags:
+            response["meta"]["tags"] = tags
+        if metrics:
+            response["meta"]["metrics"] = metrics
+        puid = (request.get("meta") or {}).get("puid") if isinstance(request, dict) else None
+        if puid:
+            response["meta"]["puid"] = puid
+        return response
+
+    def _class_names(self, array: Any) -> list[str]:
+        if array.ndim < 2:
+            return []
+        names = getattr(self._model, "class_names", None)
+        if inspect.ismethod(names):
+            try:
+                return list(names())
+            except Exception as exc:
+                if not _not_implemented(exc):
+                    raise
+        elif names is not None:
+            return list(names)  # the deprecated attribute form
+        return [f"t:{index}" for index in range(array.shape[1])]
+
+    def _tags(self) -> dict[str, Any]:
+        return dict(self._optional("tags") or {})
+
+    def _metrics(self, runtime: list) -> list:
+        if not _valid_metrics(runtime):
+            raise _SeldonError(
+                f"Bad metric created during request: {json.dumps(runtime, default=str)}",
+                500,
+                "MICROSERVICE_BAD_METRIC",
+            )
+        custom = self._optional("metrics")
+        if custom is None:
+            return list(runtime)
+        if not _valid_metrics(custom):
+            raise _SeldonError(
+                f"Bad metric created during request: {json.dumps(custom, default=str)}",
+                500,
+                "MICROSERVICE_BAD_METRIC",
+            )
+        return [*custom, *runtime]
+
+    def _optional(self, name: str) -> Any:
+        """Call an optional method; None when it is missing or raises 'not implemented'."""
+        method = getattr(self._model, name, None)
+        if not callable(method):
+            return None
+        try:
+            return method()
+        except Exception as exc:
+            if _not_implemented(exc):
+                return None
+            raise
+
+    def _health(self) -> dict[str, Any]:
+        method = getattr(self._model, "health_status", None)
+        status: Any = "healthy"
+        if callable(method):
+            try:
+                status = method()
+            except Exception as exc:
+                if not _not_implemented(exc):
+                    raise
+                status = "not implemented - assuming healthy"
+        return self._response({}, status, None, self._metrics([]), {})
+
+    def _init_metadata(self) -> dict[str, Any] | None:
+        """Seldon reads the metadata once at start and validates it; None means invalid."""
+        found = self._optional("init_metadata")
+        if found is None:
+            found = self._optional("metadata")
+        if found is None:
+            found = {}
+        if not isinstance(found, dict):
+            _log.error("the Seldon model's init_metadata must return a dict, got %r", found)
+            found = {}
+        metadata = {**_METADATA_DEFAULTS, **found}
+        problem = _metadata_problem(metadata)
+        if problem:
+            _log.error("invalid Seldon model metadata (%s): %r", problem, metadata)
+            return None
+        return metadata
+
+    def _error(self, exc: Exception) -> dict[str, Any]:
+        if callable(getattr(exc, "to_dict", None)) and isinstance(
+            getattr(exc, "status_code", None), int
+        ):
+            body, status = exc.to_dict(), exc.status_code  # type: ignore[attr-defined]
+            _log.error("%s", body)
+            return json_result(body, status)
+        _log.exception("the Seldon model raised an error")
+        error = _SeldonError(str(exc), 500, "MICROSERVICE_INTERNAL_ERROR")
+        return json_result(error.to_dict(), 500)
+
+
+def _message(request: Request) -> Any:
+    """Seldon's ``get_request``: multipart fields, a ``json`` form/query field, or the body."""
+    mime = media_type(request["content_type"])
+    if mime == "multipart/form-data":
+        message: dict[str, Any] = {}
+        for part in request["contents"]:
+            name, value = part["form_name"], part.read()
+            if name == "binData":
+                message[name] = base64.b64encode(value).decode("ascii")
+            elif name == "strData" or part["file_name"]:
+                message[name] = value.decode("utf-8")
+            else:
+                message[name] = _json(value)
+        return message
+    text = request.query.get("json")
+    posted_form = mime == "application/x-www-form-urlencoded" and request["http_method"] != "GET"
+    if text is None and posted_form:
+        form = urllib.parse.parse_qs(read_body(request).decode("utf-8", "replace"))
+        text = form.get("json", [None])[0]
+    if text is not None:
+        return _json(text)
+    body = read_body(request) if request["http_method"] != "GET" else b""
+    if not body.strip():
+        raise _SeldonError("Can't find JSON in data")
+    return _json(body)
+
+
+def _json(value: str | bytes) -> Any:
+    try:
+        return json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _SeldonError(f"Can't find JSON in data: {exc}") from exc
+
+
+def _unpack(result: Any) -> tuple[Any, dict, list]:
+    """A ``SeldonResponse`` carries runtime tags and metrics next to the data."""
+    if type(result).__name__ == "SeldonResponse" and hasattr(result, "data"):
+        return result.data, dict(result.tags or {}), list(result.metrics or [])
+    return result, {}, []
+
+
+def _takes_meta(method: Callable) -> bool:
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "meta" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _valid_metrics(metrics: Any) -> bool:
+    if not isinstance(metrics, list):
+        return False
+    for metric in metrics:
+        if not isinstance(metric, dict) or not {"key", "value", "type"} <= metric.keys():
+            return False
+        if metric["type"] not in _METRIC_TYPES:
+            return False
+        if isinstance(metric["value"], bool) or not isinstance(metric["value"], int | float):
+            return False
+    return True
+
+
+def _metadata_problem(metadata: dict[str, Any]) -> str | None:
+    unknown = set(metadata) - set(_METADATA_DEFAULTS)
+    if unknown:
+        return f"unknown keys {sorted(unknown)}"
+    for key in ("name", "platform"):
+        if not isinstance(metadata[key], str):
+            return f"{key} must be a string"
+    for key in ("versions", "inputs", "outputs"):
+        if not isinstance(metadata[key], list):
+            return f"{key} must be a list"
+    if not isinstance(metadata["custom"], dict) or not all(
+        isinstance(value, str) for value in metadata["custom"].values()
+    ):
+        return "custom must map names to strings"
+    return None
+
+
+def _status_of(response: Any) -> int:
+    """A raw response may set the HTTP status in ``status.code``, as Seldon honours it."""
+    if isinstance(response, dict) and isinstance(response.get("status"), dict):
+        code = response["status"].get("code")
+        if isinstance(code, int) and 100 <= code <= 599:
+            return code
+    return 200

@@ -1,0 +1,228 @@
+"""KServe custom models served by the ``kserve`` style adapter, against the real kserve package.
+
+``st_kserve_custom/model.py`` is the custom model example of KServe's docs (its AlexNet replaced
+by a numpy stand-in); ``st_kserve_async`` has async methods. The runtime serves both over real
+HTTP with KServe's V1 and V2 (Open Inference) REST protocols.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from importlib import metadata
+
+import pytest
+from PIL import Image
+
+pytest.importorskip("kserve", reason="the KServe style is tested against the kserve package")
+
+NAME = "custom-model"
+
+
+def image_b64() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 100, 50)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+IMAGE_REQUEST = json.dumps({"instances": [{"image": {"b64": image_b64()}}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def custom(make_module_server):
+    # --timeout 2.5 is in sys.argv, which kserve parses at import (it would read it as its
+    # --timeout-keep-alive, an int, and exit); the runtime hides its flags from the module.
+    return make_module_server(
+        "st_kserve_custom", "--model-name", NAME, "--timeout", "2.5", env={"HANDLER": "model"}
+    )
+
+
+@pytest.fixture(scope="module")
+def asynchronous(make_module_server):
+    return make_module_server("st_kserve_async", env={"HANDLER": "model:AsyncModel"})
+
+
+def test_the_docs_custom_model_is_detected_and_logged(custom):
+    record = custom.wait_for_record(lambda r: r.get("style") == "kserve")
+    assert "model.AlexNetModel is a kserve.Model" in record["message"], record
+
+
+def test_v1_predict_runs_preprocess_predict_postprocess(custom):
+    answer = custom.post_json(
+        {"instances": [{"image": {"b64": image_b64()}}]}, path=f"/v1/models/{NAME}:predict"
+    )
+    assert answer.status == 200, answer.body
+    assert answer.headers["Content-Type"] == "application/json"
+    predictions = answer.json()["predictions"]
+    assert len(predictions) == 5
+    assert predictions == sorted(predictions, reverse=True)
+    assert predictions[0] == pytest.approx(200 / 255, abs=1e-3)
+
+
+def test_v2_infer_decodes_an_infer_request_and_encodes_the_infer_response(custom):
+    body = {
+        "inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [image_b64()]}]
+    }
+    answer = custom.post_json(body, path=f"/v2/models/{NAME}/infer")
+    assert answer.status == 200, answer.body
+    result = answer.json()
+    assert result["model_name"] == NAME
+    assert set(result) == {"model_name", "model_version", "id", "parameters", "outputs"}
+    (output,) = result["outputs"]
+    assert (output["name"], output["shape"], output["datatype"]) == ("output-0", [1, 5], "FP32")
+    assert output["data"][0] == pytest.approx(200 / 255, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/", {"status": "alive"}),
+        ("/v1/models", {"models": [NAME]}),
+        (f"/v1/models/{NAME}", {"name": NAME, "ready": True}),
+        ("/v2/health/live", {"live": True}),
+        ("/v2/health/ready", {"ready": True}),
+        ("/v2/models", {"models": [NAME]}),
+        (f"/v2/models/{NAME}/ready", {"name": NAME, "ready": True}),
+        (
+            f"/v2/models/{NAME}",
+            {"name": NAME, "versions": None, "platform": "", "inputs": [], "outputs": []},
+        ),
+        (
+            "/v2",
+            {
+                "name": "kserve",
+                "version": metadata.version("kserve"),
+                "extensions": ["model_repository_extension"],
+            },
+        ),
+    ],
+)
+def test_health_and_metadata_endpoints(custom, path, expected):
+    answer = custom.request("GET", path)
+    assert (answer.status, answer.json()) == (200, expected)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "error"),
+    [
+        (
+            "POST",
+            "/v1/models/nope:predict",
+            b'{"instances": []}',
+            404,
+            "Model with name nope does not exist.",
+        ),
+        ("GET", "/v2/models/nope/ready", None, 404, "Model with name nope does not exist."),
+        ("POST", f"/v1/models/{NAME}:predict", b'{"foo": 1}', 400, "invalid payload"),
+        ("POST", f"/v1/models/{NAME}:predict", b"not json", 400, "Unrecognized request format: "),
+        (
+            "POST",
+            f"/v2/models/{NAME}/infer",
+            b'{"inputs": 5}',
+            400,
+            "Unrecognized request format: ",
+        ),
+        (
+            "POST",
+            f"/v1/models/{NAME}:explain",
+            IMAGE_REQUEST,
+            501,
+            "Could not find explainer_host.",
+        ),
+        (
+            "GET",
+            f"/v2/models/{NAME}/versions/1/ready",
+            None,
+            501,
+            "Model versioning not supported yet.",
+        ),
+    ],
+    ids=[
+        "unknown-model",
+        "unknown-model-ready",
+        "invalid-input",
+        "not-json",
+        "v2-schema",
+        "explain",
+        "versions",
+    ],
+)
+def test_errors_have_kserve_s_status_and_body(custom, method, path, body, status, error):
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    answer = custom.request(method, path, body, headers)
+    assert answer.status == status, answer.body
+    assert answer.json()["error"].startswith(error), answer.json()
+    assert custom.health() == 200
+
+
+def test_unknown_routes_and_methods_answer_like_fastapi(custom):
+    missing = custom.request("GET", "/v3/models")
+    assert (missing.status, missing.json()) == (404, {"detail": "Not Found"})
+    refused = custom.request("PUT", "/v2/health/live", b"", {"Content-Type": "application/json"})
+    assert (refused.status, refused.json()) == (405, {"detail": "Method Not Allowed"})
+    assert refused.headers["Allow"] == "GET"
+
+
+def test_post_to_root_is_predict_or_infer_for_run_local(custom):
+    v1 = custom.post_json({"instances": [{"image": {"b64": image_b64()}}]})
+    assert len(v1.json()["predictions"]) == 5, v1.body
+    body = {
+        "inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [image_b64()]}]
+    }
+    v2 = custom.post_json(body)
+    assert v2.json()["outputs"][0]["name"] == "output-0"
+
+
+def test_sync_models_run_on_the_handler_thread_async_ones_on_the_loop(asynchronous):
+    record = asynchronous.wait_for_record(lambda r: r.get("style") == "kserve")
+    assert "HANDLER[model:AsyncModel] as a kserve-style handler" in record["message"]
+    answer = asynchronous.post_json({"instances": [1, 2]}, path="/v1/models/model:predict")
+    assert answer.json() == {"predictions": [1, 2], "thread": "MainThread"}
+
+
+def test_async_v2_infer_and_typed_metadata(asynchronous):
+    body = {"inputs": [{"name": "x", "shape": [3], "datatype": "FP64", "data": [1, 2.5, 3]}]}
+    answer = asynchronous.post_json(body, path="/v2/models/model/infer")
+    assert answer.status == 200, answer.body
+    output = answer.json()["outputs"][0]
+    assert (output["name"], output["data"]) == ("doubled", [2.0, 5.0, 6.0])
+    assert asynchronous.request("GET", "/v2/models/model").json()["inputs"] == [
+        {"name": "x", "datatype": "FP64", "shape": [-1]}
+    ]
+
+
+def test_sync_model_thread(make_server, tmp_path):
+    (tmp_path / "main.py").write_text(
+        "import threading\nfrom kserve import Model\n\n"
+        "class Sync(Model):\n"
+        "    def predict(self, payload, headers=None):\n"
+        "        return {'thread': threading.current_thread().name}\n"
+    )
+    server = make_server(tmp_path)  # HANDLER main:handler: main.py's one kserve.Model is used
+    answer = server.post_json({"instances": []}, path="/v1/models/model:predict")
+    assert answer.json() == {"thread": "abeja-handler-0"}
+
+
+def test_a_model_that_becomes_unready_answers_503(make_server):
+    server = make_server("st_kserve_async", env={"HANDLER": "model:AsyncModel"})
+    server.post_json({"instances": ["unready"]}, path="/v1/models/model:predict")
+    for path, method in (("/v1/models/model:predict", "POST"), ("/v2/models/model/ready", "GET")):
+        body = b'{"instances": [1]}' if method == "POST" else None
+        answer = server.request(method, path, body, {"Content-Type": "application/json"})
+        assert answer.status == 503
+        assert answer.json() == {"error": "Model with name model is not ready."}
+    assert server.health() == 200  # the ABEJA health check reports the process, not the model
+
+
+def test_a_model_still_unready_after_load_stops_the_start(make_server, tmp_path):
+    (tmp_path / "main.py").write_text(
+        "from kserve import Model\n\n"
+        "class Lazy(Model):\n"
+        "    def load(self):\n"
+        "        return False\n"
+    )
+    server = make_server(tmp_path, "--handler", "main:Lazy", wait=False)
+    assert server.process.wait(20) != 0
+    messages = [str(r.get("message")) for r in server.records()]
+    assert any("Model with name model is not ready" in m for m in messages), server.lines

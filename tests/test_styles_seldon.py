@@ -1,0 +1,218 @@
+"""Seldon Core Python components served by the ``seldon`` style adapter, over real HTTP.
+
+``st_seldon_identity/MyModel.py`` is the identity example of Seldon's docs, unchanged, named
+the way seldon-core-microservice names it (``MyModel``). ``st_seldon_full`` uses every optional
+method; ``st_seldon_raw`` answers with ``predict_raw``. No seldon-core package is installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.parse
+import uuid
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def identity(make_module_server):
+    return make_module_server("st_seldon_identity", env={"HANDLER": "MyModel"})
+
+
+@pytest.fixture(scope="module")
+def full(make_module_server):
+    return make_module_server("st_seldon_full", env={"HANDLER": "Classifier"})
+
+
+def test_the_docs_identity_model_is_detected_and_logged(identity):
+    record = identity.wait_for_record(lambda r: r.get("style") == "seldon")
+    assert "MyModel.MyModel is named like its module" in record["message"]
+    identity.wait_for_record(lambda r: r.get("message") == "Initializing")
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1.0/predictions", "/predict", "/api/v0.1/predictions", "/"]
+)
+def test_the_identity_model_answers_a_seldon_message(identity, path):
+    answer = identity.post_json({"data": {"ndarray": [[1, 2, 3]]}}, path=path)
+    assert answer.status == 200, answer.body
+    assert answer.headers["Content-Type"] == "application/json"
+    assert answer.json() == {
+        "data": {"names": ["t:0", "t:1", "t:2"], "ndarray": [[1, 2, 3]]},
+        "meta": {},
+    }
+    identity.wait_for_record(
+        lambda r: (
+            r.get("message") == "Predict called - will run identity function"
+            and r.get("request_id") == answer.headers["x-abeja-request-id"]
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_data", "expected"),
+    [
+        (
+            {"tensor": {"shape": [2, 2], "values": [1.5, 2, 3, 4]}},
+            {"names": ["t:0", "t:1"], "tensor": {"shape": [2, 2], "values": [1.5, 2.0, 3.0, 4.0]}},
+        ),
+        ({"names": ["a"], "ndarray": ["x", "y"]}, {"names": [], "ndarray": ["x", "y"]}),
+        ({"ndarray": [True, False]}, {"names": [], "ndarray": [True, False]}),
+    ],
+    ids=["tensor", "strings", "booleans"],
+)
+def test_the_answer_keeps_the_request_s_data_form(identity, request_data, expected):
+    answer = identity.post_json({"data": request_data})
+    assert answer.json() == {"data": expected, "meta": {}}
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ({"strData": "hello"}, {"strData": "hello", "meta": {}}),
+        ({"jsonData": {"a": [1, 2]}}, {"jsonData": {"a": [1, 2]}, "meta": {}}),
+        ({"binData": base64.b64encode(b"\x00\x01").decode()}, {"binData": "AAE=", "meta": {}}),
+    ],
+    ids=["strData", "jsonData", "binData"],
+)
+def test_str_json_and_bin_data_pass_through(identity, message, expected):
+    assert identity.post_json(message).json() == expected
+
+
+def test_predict_gets_names_and_meta_and_the_answer_carries_tags_metrics_and_puid(full):
+    message = {
+        "data": {"names": ["a", "b"], "ndarray": [[1, 2]]},
+        "meta": {"puid": "p-1", "tags": {"client": "x"}},
+    }
+    answer = full.post_json(message, path="/api/v1.0/predictions")
+    assert answer.status == 200, answer.body
+    assert answer.json() == {
+        "data": {"names": ["low", "high"], "ndarray": [[2.0, 0.0]]},
+        "meta": {
+            "tags": {"client": "x", "model": "classifier", "loaded": "True"},
+            "metrics": [{"type": "COUNTER", "key": "predictions", "value": 1}],
+            "puid": "p-1",
+        },
+    }
+    echoed = full.post_json({"jsonData": {"q": 1}, "meta": {"tags": {"t": "1"}}}).json()
+    assert echoed["jsonData"] == {"echo": {"q": 1}, "names": [], "meta": {"tags": {"t": "1"}}}
+
+
+def test_runtime_tags_and_metrics_of_a_seldon_response_are_merged(full):
+    answer = full.post_json({"data": {"ndarray": [[-3, 0]]}})
+    meta = answer.json()["meta"]
+    assert meta["tags"]["runtime"] == "tag"
+    assert meta["metrics"] == [
+        {"type": "COUNTER", "key": "predictions", "value": 1},
+        {"type": "TIMER", "key": "t", "value": 1.5},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("message", "status", "reason", "info"),
+    [
+        ({"data": {"ndarray": [[-1, 0]]}}, 500, "MICROSERVICE_INTERNAL_ERROR", "negative one is"),
+        ({"data": {"ndarray": [[-2, 0]]}}, 500, "MICROSERVICE_BAD_METRIC", "Bad metric created"),
+        ({"foo": 1}, 400, "MICROSERVICE_BAD_DATA", "Invalid request data type"),
+        (
+            {"data": {"tensor": {"shape": [3], "values": [1]}}},
+            400,
+            "MICROSERVICE_BAD_DATA",
+            "Invalid tensor",
+        ),
+    ],
+    ids=["model-raises", "bad-metric", "no-data", "bad-tensor"],
+)
+def test_errors_are_seldon_status_messages(full, message, status, reason, info):
+    answer = full.post_json(message)
+    assert answer.status == status
+    error = answer.json()["status"]
+    assert (error["status"], error["code"], error["reason"]) == (1, -1, reason)
+    assert error["info"].startswith(info), error
+    assert full.health() == 200
+
+
+def test_a_body_that_is_not_json_is_a_400(full):
+    answer = full.request("POST", "/predict", b"{nope", {"Content-Type": "application/json"})
+    assert answer.status == 400
+    assert answer.json()["status"]["info"].startswith("Can't find JSON in data")
+
+
+def test_the_json_query_parameter_form_and_multipart_fields(full):
+    query = urllib.parse.urlencode({"json": json.dumps({"strData": "abc"})})
+    assert full.request("GET", f"/predict?{query}").json()["strData"] == "ABC"
+    boundary = uuid.uuid4().hex
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="binData"; filename="b.bin"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + b"xyz\r\n"
+        + f"--{boundary}--\r\n".encode()
+    )
+    answer = full.request(
+        "POST", "/predict", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
+    assert base64.b64decode(answer.json()["binData"]) == b"zyx"
+
+
+def test_transformer_routes_call_transform_input_and_output(identity, full):
+    assert full.post_json({"data": {"ndarray": [1, 2]}}, path="/transform-input").json()[
+        "data"
+    ] == {
+        "names": [],
+        "ndarray": [10, 20],
+    }
+    assert full.post_json({"data": {"ndarray": [1, 2]}}, path="/transform-output").json()[
+        "data"
+    ] == {
+        "names": [],
+        "ndarray": [2, 3],
+    }
+    # The identity model has no transformer methods: the data passes unchanged.
+    identity_answer = identity.post_json({"strData": "same"}, path="/transform-output").json()
+    assert identity_answer["strData"] == "same"
+
+
+def test_health_endpoints(identity, full):
+    ping = identity.request("GET", "/health/ping")
+    assert (ping.status, ping.body) == (200, b"pong")
+    assert identity.request("GET", "/health/status").json() == {"strData": "healthy", "meta": {}}
+    status = full.request("GET", "/api/v1.0/health/status").json()
+    assert status["jsonData"]["calls"] >= 0
+    assert status["meta"]["metrics"] == [{"type": "COUNTER", "key": "predictions", "value": 1}]
+
+
+def test_metadata_endpoint(identity, full):
+    assert identity.request("GET", "/metadata").json() == {
+        "name": "",
+        "versions": [""],
+        "platform": "",
+        "inputs": [],
+        "outputs": [],
+        "custom": {},
+    }
+    metadata = full.request("GET", "/api/v1.0/metadata").json()
+    assert (metadata["name"], metadata["versions"]) == ("classifier", ["v1"])
+    assert metadata["inputs"] == [{"name": "features", "datatype": "FP64", "shape": [2]}]
+
+
+def test_unknown_routes_and_methods(identity):
+    assert identity.request("GET", "/nowhere").status == 404
+    answer = identity.request("PUT", "/health/ping")
+    assert answer.status == 405
+    assert answer.json()["status"]["info"] == "method PUT is not allowed here"
+
+
+def test_predict_raw_answers_as_it_likes_and_can_decline(make_server):
+    server = make_server("st_seldon_raw", "--style", "seldon", "--handler", "Raw:Raw")
+    assert server.post_json({"data": {"ndarray": [1]}}).json() == {
+        "data": {"ndarray": [[1]]},
+        "meta": {"raw": True},
+    }
+    declined = server.post_json({"jsonData": {"fallback": 1}}).json()
+    assert declined == {"jsonData": {"fallback": True}, "meta": {}}
+    teapot = server.post_json({"jsonData": {"code": 418}})
+    assert teapot.status == 418
+    assert teapot.json() == {"status": {"code": 418, "info": "custom"}}
