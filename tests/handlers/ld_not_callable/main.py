@@ -1,0 +1,3 @@
+"""``handler`` exists but is not callable."""
+
+handler = "model.bin"

@@ -1,0 +1,202 @@
+"""JSON-lines logs, access records, captured prints, request ids (issue point 9; A5, B 6.1)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+from conftest import HANDLERS, RunningServer, runtime_env
+
+#: ``2026-11-21T18:14:14.672+00:00`` (records) and ``...14.672123+00:00`` (access timestamps).
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
+MICROSECOND_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}[+-]\d\d:\d\d$")
+REQUEST_ID = "x-abeja-request-id"
+REQUESTER_ID = "x-abeja-requester-id"
+
+
+def shut_down(server: RunningServer, timeout: float = 15.0) -> None:
+    """Stop a runtime started here (not by conftest's factory) and wait for its log reader."""
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(10)
+    if server.reader is not None:
+        server.reader.join(10)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """Start a runtime on fixed free ports, for settings that hide the start-up record that
+    conftest's factory reads the ports from."""
+    started: list[RunningServer] = []
+
+    def start(folder: str, *flags: str, env: dict[str, str]) -> RunningServer:
+        port, healthcheck_port = free_port(), free_port()
+        command = [sys.executable, "-m", "abeja_runtime", "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--healthcheck-port", str(healthcheck_port), *flags]
+        process = subprocess.Popen(
+            command,
+            cwd=HANDLERS / folder,
+            env=runtime_env(TMPDIR=str(tmp_path), **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        server = RunningServer(process, port=port, healthcheck_port=healthcheck_port)
+        started.append(server)
+        server.reader = threading.Thread(target=server._read, daemon=True)
+        server.reader.start()
+        server.wait_healthy()
+        return server
+
+    yield start
+    for server in started:
+        shut_down(server)
+
+
+def stop(server: RunningServer) -> int:
+    """SIGTERM, then wait for the exit and for the last log line to be read."""
+    code = server.stop()
+    assert server.reader is not None
+    server.reader.join(10)
+    return code
+
+
+def echo(server: RunningServer, say: str, warn: str, headers: dict[str, str] | None = None):
+    answer = server.post_json({"say": say, "warn": warn}, headers=headers or {})
+    assert answer.status == 200, answer.body
+    return answer
+
+
+def access_records(server: RunningServer, request_id: str) -> list[dict]:
+    return [
+        record
+        for record in server.records()
+        if record.get("log_type") == "access_log" and record.get("request_id") == request_id
+    ]
+
+
+def test_every_line_on_stdout_is_a_json_object(make_server):
+    server = make_server("lg_echo")
+    echo(server, "hello from the handler", "careful")
+    assert server.request("GET", "/", headers={"Content-Type": "text/plain"}).status == 500
+    assert stop(server) == 0
+    assert server.lines, "the runtime wrote nothing"
+    for line in server.lines:
+        record = json.loads(line)
+        assert isinstance(record, dict), line
+        assert record["log_level"] in {"debug", "info", "warning", "error", "fatal"}, line
+        assert TIMESTAMP.match(record["timestamp"]), line
+
+
+@pytest.mark.parametrize("folder", ["lg_echo", "lg_echo_async"])
+def test_one_access_record_per_request(make_server, folder):
+    server = make_server(folder)
+    ids = [f"access-{folder}-{n}" for n in range(3)]
+    for request_id in ids:
+        echo(server, "hi", "careful", {REQUEST_ID: request_id})
+    failed = server.request("DELETE", "/", b"not json", {REQUEST_ID: "access-failed"})
+    assert failed.status == 500
+
+    expected = [(request_id, "POST", 200) for request_id in ids]
+    expected.append(("access-failed", "DELETE", 500))
+    for request_id, method, status in expected:
+        server.wait_for_record(
+            lambda r, request_id=request_id: (
+                r.get("request_id") == request_id and r.get("log_type") == "access_log"
+            )
+        )
+        records = access_records(server, request_id)
+        assert len(records) == 1, records
+        record = records[0]
+        assert record["http_method"] == method
+        assert record["http_status"] == status
+        assert record["log_level"] == "info"
+        assert isinstance(record["elapsed_microsecs"], int)
+        assert record["elapsed_microsecs"] >= 0
+        assert MICROSECOND_TIMESTAMP.match(record["request_timestamp"]), record
+        assert MICROSECOND_TIMESTAMP.match(record["response_timestamp"]), record
+        assert record["request_timestamp"] <= record["response_timestamp"]
+        assert TIMESTAMP.match(record["timestamp"]), record
+        assert "message" not in record
+    total = [r for r in server.records() if r.get("log_type") == "access_log"]
+    assert len(total) == len(expected), "health checks or other requests logged as access"
+
+
+@pytest.mark.parametrize("folder", ["lg_echo", "lg_echo_async"])
+def test_handler_prints_become_records_with_the_request_id(make_server, folder):
+    server = make_server(folder)
+    say, warn = f"stdout line from {folder}", f"stderr line from {folder}"
+    headers = {REQUEST_ID: f"prints-{folder}", REQUESTER_ID: "user-1234"}
+    echo(server, say, warn, headers)
+    printed = server.wait_for_record(lambda r: r.get("message") == say)
+    warned = server.wait_for_record(lambda r: r.get("message") == warn)
+    for record, level in ((printed, "info"), (warned, "warning")):
+        assert record["log_level"] == level
+        assert record["request_id"] == f"prints-{folder}"
+        assert record["requester_id"] == "user-1234"
+
+
+def test_client_request_id_is_echoed_and_used_in_logs(make_server):
+    server = make_server("lg_echo")
+    answer = echo(server, "with id", "warn with id", {REQUEST_ID: "client-chosen-id-42"})
+    assert answer.headers[REQUEST_ID] == "client-chosen-id-42"
+    assert answer.json() == {"request_id": "client-chosen-id-42"}
+    server.wait_for_record(lambda r: r.get("message") == "with id")
+    server.wait_for_record(lambda r: r.get("log_type") == "access_log")
+    assert len(access_records(server, "client-chosen-id-42")) == 1
+
+
+def test_a_request_id_is_generated_when_absent(make_server):
+    server = make_server("lg_echo")
+    generated = []
+    for n in range(2):
+        answer = echo(server, f"no id {n}", f"no id warn {n}")
+        request_id = answer.headers[REQUEST_ID]
+        assert request_id, "no request id header in the response"
+        assert answer.json() == {"request_id": request_id}
+        printed = server.wait_for_record(lambda r, n=n: r.get("message") == f"no id {n}")
+        assert printed["request_id"] == request_id
+        server.wait_for_record(lambda r, i=request_id: r.get("request_id") == i and "log_type" in r)
+        generated.append(request_id)
+    assert generated[0] != generated[1]
+
+
+def test_requester_id_appears_in_the_access_record(make_server):
+    server = make_server("lg_echo")
+    headers = {REQUEST_ID: "with-requester", REQUESTER_ID: "requester-77"}
+    echo(server, "from requester", "warn from requester", headers)
+    record = server.wait_for_record(
+        lambda r: r.get("log_type") == "access_log" and r.get("request_id") == "with-requester"
+    )
+    assert record["requester_id"] == "requester-77"
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [((), {"LOG_LEVEL": "warning"}), (("--log-level", "warning"), {})],
+    ids=["env", "flag"],
+)
+def test_log_level_warning_hides_info_records(spawn, flags, env):
+    server = spawn("lg_echo", *flags, env=env)
+    echo(server, "an info line", "a warning line", {REQUEST_ID: "quiet"})
+    warned = server.wait_for_record(lambda r: r.get("message") == "a warning line")
+    assert warned["log_level"] == "warning"
+    assert stop(server) == 0
+    info = [r for r in server.records() if r.get("log_level") in {"info", "debug"}]
+    assert info == [], info

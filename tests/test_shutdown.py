@@ -1,0 +1,122 @@
+"""Graceful shutdown on SIGTERM/SIGINT (issue point 10; contract A6 / Part B 1.7)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RunningServer, wait_until
+
+UNAVAILABLE = {"status": "service unavailable"}
+
+
+class SlowCall:
+    """A call of ``sd_slow`` (``seconds`` of work) running in a thread."""
+
+    def __init__(self, server: RunningServer, tmp_path: Path, seconds: float) -> None:
+        self.started = tmp_path / "started"
+        self.answer = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+        body = {"started": str(self.started), "seconds": seconds}
+        self._thread = threading.Thread(target=self._call, args=(server, body), daemon=True)
+        self._thread.start()
+        wait_until(self.started.exists, 10, "the slow handler call to start")
+
+    def _call(self, server: RunningServer, body: dict) -> None:
+        try:
+            self.answer = server.post_json(body, timeout=30)
+        except Exception as exc:  # the test inspects it
+            self.error = exc
+        self.finished_at = time.monotonic()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the call did not end within {timeout} s"
+
+
+def new_request(port: int) -> int | str:
+    """Status of a new request on a fresh connection, or the connection error's name."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST", "/", b'{"seconds": 0}', {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        body = answer.read()
+        if answer.status == 503:
+            assert json.loads(body) == UNAVAILABLE
+        return answer.status
+    except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
+        return type(exc).__name__
+    finally:
+        connection.close()
+
+
+def health_status(server: RunningServer) -> int:
+    try:
+        answer = server.request("GET", "/health_check", port=server.healthcheck_port, timeout=2)
+        return answer.status
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_in_flight_request_completes_then_exit_0(make_server, tmp_path, sig):
+    server = make_server("sd_slow")
+    call = SlowCall(server, tmp_path, seconds=2)
+    signalled = time.monotonic()
+    server.process.send_signal(sig)
+    call.join(15)
+    assert call.error is None, call.error
+    assert (call.answer.status, call.answer.json()) == (200, {"slept": 2})
+    assert server.process.wait(15) == 0
+    assert call.finished_at - signalled > 1.0, "the call ended long before its 2 s of work"
+
+
+def test_new_connections_after_sigterm_are_refused_or_503(make_server, tmp_path):
+    server = make_server("sd_slow")
+    call = SlowCall(server, tmp_path, seconds=2)
+    server.process.send_signal(signal.SIGTERM)
+    outcomes = [new_request(server.port)]
+    wait_until(lambda: health_status(server) == 503, 10, "health to say 503")
+    outcomes += [new_request(server.port) for _ in range(3)]
+    assert server.process.poll() is None, "the runtime exited before its request finished"
+    allowed = {503, "ConnectionRefusedError", "ConnectionResetError", "RemoteDisconnected"}
+    assert set(outcomes) <= allowed, outcomes
+
+    call.join(15)
+    assert call.answer is not None and call.answer.status == 200, call.error
+    assert server.process.wait(15) == 0
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_exits_at_once(make_server, tmp_path, second):
+    server = make_server("sd_slow")
+    call = SlowCall(server, tmp_path, seconds=20)
+    server.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: health_status(server) == 503, 10, "the graceful shutdown to begin")
+    workers = children(server.process.pid)
+    assert workers, "no worker processes"
+    signalled = time.monotonic()
+    server.process.send_signal(second)
+    server.process.wait(5)
+    assert time.monotonic() - signalled < 3.0
+    wait_until(lambda: all(gone(pid) for pid in workers), 5, "the workers to be gone")
+    call.join(5)  # the client of the abandoned call is not left hanging
+    assert call.answer is None or call.answer.status != 200
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: it runs nothing any more)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
