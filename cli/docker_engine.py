@@ -155,9 +155,11 @@ class DockerEngine:
     def _create(self, spec: RunSpec) -> Container:
         assert self._image is not None
         env = dict(spec.env)
+        from docker.types import Mount
+
         options = _device_options(spec.device_type)
-        volumes = {str(spec.project): {"bind": _PROJECT_MOUNT, "mode": "rw"}}
-        volumes.update(options.pop("volumes", {}))
+        # A Mount, not a volumes entry: a project path with ':' in it stays one path.
+        mounts = [Mount(_PROJECT_MOUNT, str(spec.project), type="bind", read_only=False)]
         user = None
         if hasattr(os, "getuid") and os.getuid() != 0:
             # Files the model writes into the mounted project belong to the user, not root.
@@ -175,7 +177,7 @@ class DockerEngine:
             environment=env,
             working_dir=_PROJECT_MOUNT,
             ports={f"{SERVICE_PORT}/tcp": host},
-            volumes=volumes,
+            mounts=mounts,
             labels=labels,
             user=user,
             **options,

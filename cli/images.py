@@ -67,6 +67,9 @@ _EXCLUDED_SUFFIXES: Final = (".pyc", ".pyo")
 _SOURCE_ENV: Final = "ABEJA_RUNTIME_SOURCE"
 #: Build contexts up to this size stay in memory; larger ones (a model's weights) go to disk.
 _SPOOL: Final = 64 << 20
+#: Wheel sets kept in the cache (one per runtime version and Python): a few, for switching
+#: between branches without rebuilding.
+_WHEEL_SETS: Final = 4
 _CACHE_ENV: Final = "ABEJA_RUNTIME_CACHE"
 
 
@@ -171,7 +174,20 @@ def runtime_wheels(source: RuntimeSource, log: Callable[[str], None]) -> Path:
         except OSError:
             if not target.is_dir():  # another run finished first: use its result
                 raise
+    _prune_wheels(target)
     return target
+
+
+def _prune_wheels(keep: Path, count: int = _WHEEL_SETS) -> None:
+    """Keep the newest few wheel sets: every runtime source change makes a new one."""
+    sets = sorted(
+        (p for p in keep.parent.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in sets[count:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _stage_source(root: Path, staging: Path) -> None:

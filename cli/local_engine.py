@@ -110,8 +110,11 @@ class LocalServer(Server):
     @staticmethod
     def kill(proc: subprocess.Popen[bytes]) -> None:
         """Kill the runtime and everything it started (its worker processes share its group)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if hasattr(os, "killpg"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.poll() is None:
+            proc.kill()
         proc.wait()
 
     def restart(self) -> None:

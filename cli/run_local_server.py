@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -73,9 +74,12 @@ def _run(params: dict[str, Any], console: Console) -> int:
         terminate_as_interrupt(),
         start_server(options, console, sink, host_port=port or free_port()) as (engine, server),
     ):
-        _banner(options, engine, server)
+        # Watchers and signal handlers come before the banner: whoever reads it may edit a
+        # file or press Ctrl+C at once.
+        watchers = _Watchers(options.project) if params["reload"] else None
         with _stop_signals() as stop:
-            _serve(options, console, sink, server, stop, params["reload"])
+            _banner(options, engine, server)
+            _serve(options, console, sink, server, stop, watchers)
         console.info("stopping the model server")
         server.stop()
     console.info("the model server was stopped and removed")
@@ -115,22 +119,28 @@ def _stop_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
+class _Watchers:
+    """What ``--reload`` watches: the code (restart) and requirements.txt (a warning)."""
+
+    def __init__(self, project: Path) -> None:
+        self.code = ChangeWatcher(project)
+        self.requirements = ChangeWatcher(project, ("requirements.txt",))
+
+
 def _serve(
     options: ModelOptions,
     console: Console,
     sink: LogSink,
     server: Server,
     stop: threading.Event,
-    reload: bool,
+    watchers: _Watchers | None,
 ) -> None:
-    watcher = ChangeWatcher(options.project) if reload else None
-    requirements = ChangeWatcher(options.project, ("requirements.txt",)) if reload else None
     broken = False  # after a reload that failed to start: wait for the next edit
     while not stop.wait(_TICK):
-        if watcher is not None and requirements is not None:
-            if requirements.changes():
+        if watchers is not None:
+            if watchers.requirements.changes():
                 console.warning("requirements.txt changed; restart run-local-server to install it")
-            changed = watcher.changes()
+            changed = watchers.code.changes()
             if changed:
                 names = ", ".join(str(p.relative_to(options.project)) for p in changed[:3])
                 console.info(f"{names} changed; restarting the model server")

@@ -83,7 +83,8 @@ def test_log_lines_are_shortened(line: str, shown: str) -> None:
     assert format_log_line(line) == shown
 
 
-def test_runtime_source_is_this_checkout() -> None:
+def test_runtime_source_is_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ABEJA_RUNTIME_SOURCE", raising=False)
     source = images.find_runtime_source()
     assert source.root == Path(__file__).resolve().parents[2]
     assert source.runtime_dockerfile.is_file() and source.project_dockerfile.is_file()
