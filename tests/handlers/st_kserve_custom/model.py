@@ -1,10 +1,11 @@
-# ruff: noqa: RUF013, SIM108 - KServe's docs example, kept as written
+# ruff: noqa: RUF013, SIM108, UP006, UP007, UP035 - KServe's docs example, kept as written
 """KServe's "custom model" example (docs: Python custom serving runtime), kept as it is except
 that the torchvision AlexNet is replaced by a numpy stand-in that needs no download."""
 
 import argparse
 import base64
 import io
+from typing import Dict, Union
 
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer, model_server
@@ -27,9 +28,9 @@ class AlexNetModel(Model):
         self.ready = True
 
     def preprocess(
-        self, payload: dict | InferRequest, headers: dict[str, str] = None
+        self, payload: Union[Dict, InferRequest], headers: Dict[str, str] = None
     ) -> np.ndarray:
-        if isinstance(payload, dict) and "instances" in payload:
+        if isinstance(payload, Dict) and "instances" in payload:
             headers["request-type"] = "v1"
             # Input follows the Tensorflow V1 HTTP API for binary values
             # https://www.tensorflow.org/tfx/serving/api_rest#encoding_binary_values
@@ -54,8 +55,8 @@ class AlexNetModel(Model):
         return input_tensor
 
     def predict(
-        self, input_tensor: np.ndarray, headers: dict[str, str] = None
-    ) -> dict | InferResponse:
+        self, input_tensor: np.ndarray, headers: Dict[str, str] = None
+    ) -> Union[Dict, InferResponse]:
         output = self.model(input_tensor)
         values = np.sort(output, axis=1)[:, ::-1][:, :5]
         result = values.flatten().tolist()

@@ -1,5 +1,5 @@
-# ruff: noqa: E501 - the identity example of Seldon's docs, kept verbatim
-class MyModel:
+# ruff: noqa: E501, UP004 - the identity example of Seldon's docs, kept verbatim
+class MyModel(object):
     """
     Model template. You can load your model parameters in __init__ from a location accessible at runtime
     """
