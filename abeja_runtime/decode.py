@@ -39,6 +39,7 @@ _DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 #: Part header limits: generous for real forms, small enough to stop a header flood in a part.
 _MAX_PART_HEADER_SIZE: Final = 16 * 1024
 _MAX_PART_HEADER_COUNT: Final = 32
+_NO_QUERY: Final[MultiDictProxy[str]] = MultiDictProxy(MultiDict())
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,8 @@ async def decode_request(
     check_method(method)
     kept = [(name, value) for name, value in headers if name.lower() not in _STRIPPED_HEADERS]
     content_type = _header(kept, "content-type")
-    path = _unquote(raw_path, "URL path")
-    query = _parse_query(raw_query)
+    path = _unquote(raw_path, "URL path") if "%" in raw_path else raw_path
+    query = _parse_query(raw_query) if raw_query else _NO_QUERY
     scratch = Scratch(limits.scratch_root)
     try:
         if method == "GET":
@@ -85,7 +86,10 @@ async def decode_request(
             contents = [_in_memory_content(raw_query.encode("utf-8", "surrogateescape"))]
         else:
             content_type = content_type or _DEFAULT_CONTENT_TYPE
-            mime, options = multipart.parse_options_header(content_type)
+            if content_type[:19].lower() == "multipart/form-data":
+                mime, options = multipart.parse_options_header(content_type)
+            else:
+                mime, options = "", {}
             if mime == "multipart/form-data":
                 length = _header(kept, "content-length")
                 contents = await _read_multipart(

@@ -1,14 +1,18 @@
-"""Running handler calls: concurrency slots, a bounded queue, the deadline, streamed bodies.
+"""Running handler calls: handler threads, a bounded queue, the deadline, streamed bodies.
 
-Each concurrency slot owns one dedicated thread fed by a ``queue.SimpleQueue`` that answers the
-event loop with ``call_soon_threadsafe``; the contract measured this hand-off as the fastest
-(contract A1), and it keeps every call of a slot on the same thread, where the handler module was
-imported, which thread-affine ML libraries like. A request holds its slot from the handler call
-until the last chunk of a streamed body, so user code never interleaves with another call.
+Sync handlers run on ``concurrency`` dedicated threads that take jobs from one
+``queue.SimpleQueue`` and answer the event loop with ``call_soon_threadsafe``; contract A1 measured
+this hand-off as the fastest. Jobs wait in that queue, not on the loop, so a thread starts the
+next call the moment it finishes one. A job is the whole call: the handler, the encoding of its
+result and, for streamed content, the iteration of the generator or file, whose chunks go to the
+loop with backpressure. So user code never interleaves with another call, and with the default
+concurrency of 1 every call runs on the thread that imported the handler module.
 
-A sync handler thread cannot be stopped: when a deadline passes, the client gets 504 at once but
-the slot stays taken until the thread really returns. ``oldest_call_started`` lets the worker
-notice a handler that is stuck for good, so that the supervisor can recycle the process.
+A sync thread cannot be stopped: when the deadline passes, the client gets 504 at once, but the
+job keeps its place (and counts against the queue) until the thread really returns.
+``oldest_call_started`` lets the worker notice a handler stuck for good and have it recycled.
+Async handlers are awaited on the loop, at most ``concurrency`` at once; their results are
+encoded on a handler thread.
 """
 
 from __future__ import annotations
@@ -19,9 +23,8 @@ import queue
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Final
 
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerTimeout, ServiceBusy, ServiceUnavailable
@@ -31,198 +34,230 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     from async_timeout import timeout as _timeout
 
-__all__ = ["Execution", "Executor", "Slot"]
+__all__ = ["Execution", "Executor"]
 
-T = TypeVar("T")
-_Job = tuple[asyncio.Future[Any], contextvars.Context, Callable[..., Any], tuple[Any, ...]]
-_END = object()
+#: Chunks a streamed body may run ahead of the socket: enough to keep the thread busy while the
+#: loop writes, small enough that a slow client does not make the worker buffer the stream.
+_STREAM_CREDITS: Final = 4
+_END: Final = object()
 
 
-class Slot:
-    """One concurrency slot and the thread that runs its calls."""
+class _Job:
+    """One call for a handler thread; its result or error goes to ``future`` on the loop."""
 
-    def __init__(self, index: int, loop: asyncio.AbstractEventLoop, on_idle: Callable) -> None:
+    __slots__ = ("call", "context", "future", "on_done", "stream")
+
+    def __init__(
+        self,
+        call: Callable[[], Any],
+        future: asyncio.Future[Any],
+        on_done: Callable[[], None] | None,
+    ) -> None:
+        self.call = call
+        self.context = contextvars.copy_context()  # the request id follows the call
+        self.future = future
+        #: Runs on the loop when the thread is done with the job, streamed body included.
+        self.on_done = on_done
+        self.stream: _Stream | None = None
+
+
+class _Stream:
+    """Chunks produced on a handler thread and consumed on the loop, with backpressure."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._on_idle = on_idle
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._outstanding = 0
-        self._release_when_idle = False
-        #: ``time.monotonic()`` when the running call started, or None while the thread is idle.
-        self.busy_since: float | None = None
-        self._thread = threading.Thread(
-            target=self._work, name=f"abeja-handler-{index}", daemon=True
-        )
-        self._thread.start()
+        self._chunks: asyncio.Queue[Any] = asyncio.Queue()
+        self._credits = threading.Semaphore(_STREAM_CREDITS)
+        self._abandoned = False
 
-    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Run ``fn(*args)`` on this slot's thread, in a copy of the caller's context."""
-        future: asyncio.Future[T] = self._loop.create_future()
-        self._outstanding += 1
-        self._jobs.put((future, contextvars.copy_context(), fn, args))
-        return future
+    def produce(self, chunks: Iterator[bytes]) -> None:
+        """Runs on the handler thread; returns when the body ends or the consumer gave up."""
+        try:
+            for chunk in chunks:
+                self._credits.acquire()
+                if self._abandoned:
+                    return
+                self._loop.call_soon_threadsafe(self._chunks.put_nowait, chunk)
+            self._loop.call_soon_threadsafe(self._chunks.put_nowait, _END)
+        except Exception as exc:  # handed to the consumer, which cuts the response short
+            self._loop.call_soon_threadsafe(self._chunks.put_nowait, exc)
+        finally:
+            close = getattr(chunks, "close", None)
+            if callable(close):
+                close()
 
-    def release(self) -> None:
-        """Give the slot back now, or as soon as its thread has finished what it is running."""
-        if self._outstanding:
-            self._release_when_idle = True
-        else:
-            self._on_idle(self)
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (item := await self._chunks.get()) is not _END:
+            if isinstance(item, Exception):
+                raise item
+            self._credits.release()
+            yield item
 
-    def stop(self) -> None:
-        self._jobs.put(None)
+    def abandon(self) -> None:
+        """The response is over (sent, or the client left): let the producer stop."""
+        self._abandoned = True
+        self._credits.release()
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, context, fn, args = job
-            self.busy_since = time.monotonic()
-            try:
-                result = context.run(fn, *args)
-            except BaseException as exc:  # handed to the awaiting request, never lost
-                self._loop.call_soon_threadsafe(self._done, future, None, exc)
-            else:
-                self._loop.call_soon_threadsafe(self._done, future, result, None)
-            finally:
-                self.busy_since = None
 
-    def _done(self, future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-        self._outstanding -= 1
-        if not future.done():
-            if exc is None:
-                future.set_result(result)
-            else:
-                future.set_exception(exc)
-        if self._release_when_idle and not self._outstanding:
-            self._release_when_idle = False
-            self._on_idle(self)
+class Execution:
+    """A finished call: the encoded head, and the streamed body if there is one."""
+
+    __slots__ = ("response", "stream")
+
+    def __init__(self, response: EncodedResponse, stream: _Stream | None) -> None:
+        self.response = response
+        self.stream = stream
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.abandon()
 
 
 class Executor:
-    """Admits requests to ``concurrency`` slots; at most ``max_queue`` may wait for one."""
+    """Admits calls: ``concurrency`` run, at most ``max_queue`` more wait, the rest get 503."""
 
     def __init__(self, *, concurrency: int, max_queue: int, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._slots = [Slot(i, loop, self._on_idle) for i in range(concurrency)]
-        self._idle: deque[Slot] = deque(self._slots)
-        self._waiters: deque[asyncio.Future[Slot]] = deque()
-        self._max_queue = max_queue
+        self._loop = asyncio.get_running_loop()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._capacity = concurrency + max_queue
+        self._pending = 0  # admitted calls whose thread work has not finished
+        self._async_slots = asyncio.Semaphore(concurrency)
         self._timeout = timeout
         self._closed_reason: str | None = None
+        self._busy_since: dict[int, float] = {}
+        self._threads = [
+            threading.Thread(target=self._work, name=f"abeja-handler-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    @property
-    def first_slot(self) -> Slot:
-        return self._slots[0]
+    def run_on_thread(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn`` on a handler thread outside admission (loading the handler module)."""
+        future = self._loop.create_future()
+        self._jobs.put(_Job(lambda: fn(*args), future, on_done=None))
+        return future
 
     def oldest_call_started(self) -> float | None:
-        started = [slot.busy_since for slot in self._slots if slot.busy_since is not None]
-        return min(started, default=None)
+        return min(self._busy_since.values(), default=None)
 
     def close(self, reason: str = "service unavailable") -> None:
-        """Refuse new calls and fail the queued ones (shutdown, or a stuck worker retiring)."""
+        """Refuse new calls (shutdown, or a stuck worker retiring)."""
         self._closed_reason = reason
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(ServiceUnavailable(reason))
 
     def stop_threads(self) -> None:
-        for slot in self._slots:
-            slot.stop()
+        for _ in self._threads:
+            self._jobs.put(None)
 
     async def execute(
         self,
-        call: Callable[[], EncodedResponse] | Callable[[], Any],
+        call: Callable[[], Any],
         *,
         is_async: bool,
         encode: Callable[[Any], EncodedResponse],
     ) -> Execution:
-        """Run ``call`` within the deadline and return the execution, which holds the slot.
+        """Run a call within the deadline.
 
-        For a sync handler ``call`` returns the encoded response (it runs on the slot thread);
-        for an async one it returns the coroutine's result, which is encoded on the slot thread.
+        For a sync handler ``call`` returns the encoded response and runs on a handler thread;
+        for an async one it returns the coroutine, awaited here, and the result is encoded on a
+        handler thread.
         """
-        slot: Slot | None = None
+        if self._closed_reason is not None:
+            raise ServiceUnavailable(self._closed_reason)
+        if self._pending >= self._capacity:
+            raise ServiceBusy()
         deadline = _timeout(self._timeout or None)
+        self._pending += 1
         try:
             async with deadline:
-                slot = await self._acquire()
-                if is_async:
-                    result = await call()
-                    response = await slot.run(encode, result)
-                else:
-                    response = await slot.run(call)
+                if not is_async:
+                    return await self._submit(call, self._release_sync)
+                return await self._execute_async(call, encode)
         except TimeoutError:
-            if slot is not None:
-                slot.release()
             if _expired(deadline):
                 raise HandlerTimeout(self._timeout) from None
             raise
-        except BaseException:
-            if slot is not None:
-                slot.release()
-            raise
-        return Execution(slot, response)
 
-    async def _acquire(self) -> Slot:
-        if self._closed_reason is not None:
-            raise ServiceUnavailable(self._closed_reason)
-        if self._idle and not self._waiters:
-            return self._idle.popleft()
-        if len(self._waiters) >= self._max_queue:
-            raise ServiceBusy()
-        waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+    async def _execute_async(
+        self, call: Callable[[], Any], encode: Callable[[Any], EncodedResponse]
+    ) -> Execution:
+        handed_over = False
         try:
-            return await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                waiter.result().release()  # handed over just as we gave up: pass it on
-            else:
-                self._waiters.remove(waiter)
-            raise
+            await self._async_slots.acquire()
+            try:
+                result = await call()
+                # From here the job owns the slot: it holds it while a body is streamed.
+                future = self._submit(lambda: encode(result), self._release_async)
+                handed_over = True
+            finally:
+                if not handed_over:
+                    self._async_slots.release()
+            return await future
+        finally:
+            if not handed_over:
+                self._pending -= 1
 
-    def _on_idle(self, slot: Slot) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(slot)
-                return
-        self._idle.append(slot)
+    def _release_sync(self) -> None:
+        self._pending -= 1
 
+    def _release_async(self) -> None:
+        self._pending -= 1
+        self._async_slots.release()
 
-class Execution:
-    """A finished handler call whose slot is held until :meth:`close` (after the body is sent)."""
+    def _submit(
+        self, call: Callable[[], Any], on_done: Callable[[], None]
+    ) -> asyncio.Future[Execution]:
+        future: asyncio.Future[Execution] = self._loop.create_future()
+        self._jobs.put(_Job(call, future, on_done))
+        return future
 
-    __slots__ = ("_closed", "_slot", "response")
+    def _work(self) -> None:
+        ident = threading.get_ident()
+        while (job := self._jobs.get()) is not None:
+            if job.future.cancelled():  # timed out while it waited: never started
+                self._post(self._finish, job, None, None)
+                continue
+            self._busy_since[ident] = time.monotonic()
+            try:
+                self._run(job)
+            finally:
+                del self._busy_since[ident]
 
-    def __init__(self, slot: Slot, response: EncodedResponse) -> None:
-        self._slot = slot
-        self._closed = False
-        self.response = response
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The streamed body, each chunk produced on the slot's thread."""
-        body = self.response.body
-        assert isinstance(body, Iterator)
-        while (chunk := await self._slot.run(next, body, _END)) is not _END:
-            yield chunk
-
-    def close(self) -> None:
-        if self._closed:
+    def _run(self, job: _Job) -> None:
+        try:
+            result = job.context.run(job.call)
+        except BaseException as exc:  # handed to the awaiting request, never lost
+            self._post(self._finish, job, None, exc)
             return
-        self._closed = True
-        body = self.response.body
-        if isinstance(body, Iterator):
-            close = getattr(body, "close", None)
-            if callable(close):
-                # Runs the user's cleanup on the slot's thread; the slot is freed after it.
-                self._slot.run(close).add_done_callback(_consume)
-        self._slot.release()
+        if isinstance(result, EncodedResponse) and isinstance(result.body, Iterator):
+            job.stream = _Stream(self._loop)
+            self._post(self._finish_head, job, result)
+            job.context.run(job.stream.produce, result.body)
+            self._post(self._finish, job, None, None)
+        else:
+            self._post(self._finish, job, result, None)
 
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        self._loop.call_soon_threadsafe(callback, *args)
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Retrieve a fire-and-forget result so that asyncio does not warn about it."""
-    if not future.cancelled():
-        future.exception()
+    def _finish_head(self, job: _Job, response: EncodedResponse) -> None:
+        if job.future.cancelled():
+            assert job.stream is not None
+            job.stream.abandon()  # the deadline passed just now; nobody will read the body
+        else:
+            job.future.set_result(Execution(response, job.stream))
+
+    def _finish(self, job: _Job, result: Any, exc: BaseException | None) -> None:
+        if job.on_done is not None:
+            job.on_done()
+        if job.future.done():
+            return
+        if exc is not None:
+            job.future.set_exception(exc)
+        elif isinstance(result, EncodedResponse):
+            job.future.set_result(Execution(result, None))
+        else:
+            job.future.set_result(result)
 
 
 def _expired(deadline: Any) -> bool:

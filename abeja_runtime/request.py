@@ -143,6 +143,7 @@ class Request(Mapping[str, Any]):
     """
 
     __slots__ = (
+        "_raw_headers",
         "_scratch",
         "_values",
         "path",
@@ -164,16 +165,11 @@ class Request(Mapping[str, Any]):
         request_id: str = "",
         scratch: Scratch | None = None,
     ) -> None:
-        names: dict[str, list[str]] = {}
-        for name, value in headers:
-            names.setdefault(name.lower(), []).append(value)
-        header_list = [{"key": key, "values": names[key]} for key in sorted(names)]
-        pairs = [(entry["key"], value) for entry in header_list for value in entry["values"]]
+        # The two header views are built on first use: most handlers never look at them.
+        self._raw_headers = headers
         self._values: dict[str, Any] = {
             "http_method": http_method,
             "content_type": content_type,
-            "headers": header_list,
-            "http_headers": HttpHeaders(pairs),
             "contents": contents,
         }
         self.path = path
@@ -183,10 +179,25 @@ class Request(Mapping[str, Any]):
         self._scratch = scratch
 
     def __getitem__(self, key: str) -> Any:
-        if key == "metadata":
-            # The anchor's special case: datalake metadata of the first body (None over HTTP).
-            return self._first_content()["metadata"]
-        return self._values[key]
+        try:
+            return self._values[key]
+        except KeyError:
+            if key in ("headers", "http_headers"):
+                self._build_header_views()
+                return self._values[key]
+            if key == "metadata":
+                # The anchor's special case: datalake metadata of the first body (None over HTTP).
+                return self._first_content()["metadata"]
+            raise
+
+    def _build_header_views(self) -> None:
+        names: dict[str, list[str]] = {}
+        for name, value in self._raw_headers:
+            names.setdefault(name.lower(), []).append(value)
+        header_list = [{"key": key, "values": names[key]} for key in sorted(names)]
+        pairs = [(entry["key"], value) for entry in header_list for value in entry["values"]]
+        self._values["headers"] = header_list
+        self._values["http_headers"] = HttpHeaders(pairs)
 
     def __iter__(self) -> Iterator[str]:
         return iter(REQUEST_KEYS)
@@ -195,7 +206,7 @@ class Request(Mapping[str, Any]):
         return len(REQUEST_KEYS)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._values
+        return key in REQUEST_KEYS
 
     __eq__ = object.__eq__
     __hash__ = object.__hash__

@@ -13,8 +13,8 @@ import copy
 import functools
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -107,7 +107,7 @@ class HttpServer:
         if request.path == HEALTH_PATH:
             return self._health_response()
         received = time.time()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        request_id = request.headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
         request_token = request_id_var.set(request_id)
         requester_token = requester_id_var.set(request.headers.get(REQUESTER_ID_HEADER))
         self._state.in_flight += 1
@@ -173,13 +173,13 @@ class HttpServer:
 
     async def _send(self, request: web.BaseRequest, execution: Execution) -> web.StreamResponse:
         encoded: EncodedResponse = execution.response
-        if isinstance(encoded.body, bytes):
+        if execution.stream is None:
             return web.Response(status=encoded.status, body=encoded.body, headers=encoded.headers)
         response = web.StreamResponse(status=encoded.status, headers=encoded.headers)
         response.enable_chunked_encoding()
         await response.prepare(request)
         try:
-            async for chunk in execution.chunks():
+            async for chunk in execution.stream:
                 await response.write(chunk)
         except (HandlerResultError, Exception) as exc:
             if isinstance(exc, ConnectionError):

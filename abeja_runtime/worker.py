@@ -101,7 +101,7 @@ class _Worker:
                 await site.start()
             self._pipe.send(("accepting",))
         try:
-            self._state.handler = await executor.first_slot.run(
+            self._state.handler = await executor.run_on_thread(
                 load_handler, config.handler, Path.cwd(), config
             )
         except Exception as exc:
