@@ -133,8 +133,9 @@ class Config:
             problems.append(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
         colons = self.handler.count(":")
         if colons != 1 and not (colons == 0 and self.style in MODULE_ONLY_STYLES):
-            problems.append(
-                f"handler {self.handler!r} must have the form module:function, e.g. main:handler"
+            problems.append(  # the anchor's wording (contract A4), typo fixed
+                f"Possibly, your HANDLER[{self.handler}] parameter is wrong. handler needs one "
+                "':' separator. The format is <module>:<function>, e.g. main:handler."
             )
         if not self.model_name or "/" in self.model_name:
             problems.append(f"model name must be non-empty without '/', got {self.model_name!r}")

@@ -239,7 +239,11 @@ def _import(module_name: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
+        # Only the HANDLER module (or a package on its path) missing is a HANDLER problem; a
+        # package that the module imports, even one whose name is a prefix, is the user's.
+        if exc.name is not None and (
+            exc.name == module_name or module_name.startswith(exc.name + ".")
+        ):
             raise HandlerLoadError(
                 f"Couldn't import a module named [{module_name}] specified in HANDLER[{spec}]. "
                 "Possibly, your HANDLER parameter or packaging (zip/tar) file structure is wrong. "
