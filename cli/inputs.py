@@ -16,6 +16,7 @@ Every problem is an :class:`~abeja_cli.errors.InputError` with a one-line messag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mimetypes
 import re
@@ -67,10 +68,11 @@ class ModelRequest:
     body: bytes
     query: str = ""
     summary: str = ""
+    path: str = "/"
 
     @property
     def target(self) -> str:
-        return "/?" + self.query if self.query else "/"
+        return f"{self.path}?{self.query}" if self.query else self.path
 
     @property
     def headers(self) -> dict[str, str]:
@@ -109,8 +111,27 @@ def build_request(
     content_type: str | None = None,
     base_dir: Path | None = None,
     stdin: BinaryIO | None = None,
+    path: str = "/",
 ) -> ModelRequest:
     """Read and validate the inputs; raise :class:`InputError` with one line on any problem."""
+    if not path.startswith("/") or any(c in path for c in " ?#\r\n"):
+        raise InputError(f"--path {path!r} must start with / and hold no spaces, ? or #")
+    request = _build(
+        inputs, method=method, content_type=content_type, base_dir=base_dir, stdin=stdin
+    )
+    # Non-ASCII is percent-encoded; what is already encoded and URL punctuation stay.
+    quoted = urllib.parse.quote(path, safe="/%:@!$&'()*+,;=-._~")
+    return dataclasses.replace(request, path=quoted)
+
+
+def _build(
+    inputs: Sequence[str],
+    *,
+    method: str,
+    content_type: str | None,
+    base_dir: Path | None,
+    stdin: BinaryIO | None,
+) -> ModelRequest:
     method = method.upper()
     if method not in METHODS:
         raise InputError(f"unsupported --method {method}; use one of {', '.join(METHODS)}")

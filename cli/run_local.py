@@ -45,6 +45,12 @@ __all__ = ["run_local"]
     help="HTTP method; GET sends the NAME=VALUE inputs (or a file's text) as the query.",
 )
 @click.option(
+    "--path",
+    default="/",
+    show_default=True,
+    help="URL path of the request (ABEJA handlers ignore it; other handler styles route on it).",
+)
+@click.option(
     "--output",
     type=click.Path(dir_okay=False),
     default=None,
@@ -70,13 +76,16 @@ def _run(params: dict[str, Any], console: Console) -> int:
         method=params["method"],
         content_type=params["content_type"],
         base_dir=options.project,
+        path=params["path"],
     )
     output = Path(params["output"]) if params["output"] else None
     if output is not None and not output.resolve().parent.is_dir():
         raise InputError(f"--output {output}: the folder {output.parent} does not exist")
     sink = LogSink(console, show=not console.quiet)
     with terminate_as_interrupt(), start_server(options, console, sink) as (_engine, server):
-        console.info(f"sending request to model: {request.method} {request.summary}")
+        console.info(
+            f"sending request to model: {request.method} {request.target} {request.summary}"
+        )
         response = send(server.url, request)
     # The server is gone now, so its log stream has ended: show its last lines before the answer.
     server.drain_logs()

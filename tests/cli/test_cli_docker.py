@@ -49,18 +49,18 @@ def project_image(client: Any, cwd: Path) -> str:
 def test_tax_sample(run: Callable[..., Result], docker_projects: Projects) -> None:
     cwd = docker_projects("tax")
     result = run(cwd, "-h", "main:handler", "--input", "request.json")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert result.text == '{\n    "total": 108.0\n}\n'
     assert "access: POST 200" in result.stderr
     bad = run(cwd, "-h", "main:handler", "--input", "bad_request.json", "-q")
-    assert bad.returncode == 1, bad
+    assert bad.returncode == 1, str(bad)
     assert json.loads(bad.stdout) == {"message": "total_without_tax is need"}
 
 
 def test_image_flip_sample(run: Callable[..., Result], docker_projects: Projects) -> None:
     cwd = docker_projects("image_flip")  # requirements.txt: Pillow, installed in the image
     result = run(cwd, "-h", "main:handler", "--input", "cat.jpg", "-q")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert result.stderr == ""
     assert_flipped(cwd / "cat.jpg", result.stdout)
 
@@ -73,7 +73,7 @@ def test_environment_and_mount(run: Callable[..., Result], docker_projects: Proj
         "-e", "FROM_E=1", "-e", "FROM_COLON:x:y", "-e", "OVERRIDDEN=option",
         "--env-file", "docker.env", "-o", "org-9",
     )  # fmt: skip
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     seen = json.loads(result.stdout)
     assert seen["env"] == {
         "HANDLER": "main:describe",
@@ -98,7 +98,7 @@ def test_edits_are_live_without_a_rebuild(
     for word in ("first", "second"):
         live.write_text(f"def handler(request, context):\n    return {{'content': {word!r}}}\n")
         result = run(cwd, "-h", "live:handler", "--input", "request.json")
-        assert result.returncode == 0, result
+        assert result.returncode == 0, str(result)
         answers.append(result.stdout)
         image = project_image(docker_client, cwd)
     assert answers == [b"first", b"second"]
@@ -112,7 +112,7 @@ def test_import_failure_shows_the_container_log(
     result = run(
         docker_projects("responder"), "-h", "broken:handler", "--input", "request.json", "-q"
     )
-    assert result.returncode == 1, result
+    assert result.returncode == 1, str(result)
     assert result.error_lines() == [
         "[error] the model server stopped before it was ready (exit code 1); its log says why "
         "(often the handler failed to import)"
@@ -200,7 +200,7 @@ def test_gpu_request(
     if "nvidia" in (docker_client.info().get("Runtimes") or {}):
         assert result.returncode == 0, result  # an engine that has GPUs runs it
         return
-    assert result.returncode == 1, result
+    assert result.returncode == 1, str(result)
     (line,) = result.error_lines()
     assert line.startswith("[error] Docker cannot give the container a GPU (")
     assert line.endswith(
@@ -222,7 +222,7 @@ def test_image_cache(
     args = ("-h", "main:handler", "--input", "request.json")
 
     first = run(cwd, *args)
-    assert first.returncode == 0, first
+    assert first.returncode == 0, str(first)
     assert "[info] building the image abeja-local/tax-" in first.stderr
     assert "Step 1/" in first.stderr  # build progress is shown
     built = project_image(docker_client, cwd)
@@ -233,7 +233,7 @@ def test_image_cache(
     assert labels[f"{LABEL}.runtime-version"].startswith("0.")
 
     again = run(cwd, *args)
-    assert again.returncode == 0, again
+    assert again.returncode == 0, str(again)
     assert "[info] using the cached image" in again.stderr
     assert "Step 1/" not in again.stderr
     assert project_image(docker_client, cwd) == built
@@ -248,7 +248,7 @@ def test_image_cache(
     assert rebuilt != built
 
     forced = run(cwd, *args, "--no-cache")
-    assert forced.returncode == 0, forced
+    assert forced.returncode == 0, str(forced)
     assert "Using cache" not in forced.stderr
     assert project_image(docker_client, cwd) != rebuilt
 
@@ -267,7 +267,7 @@ def test_failing_build_shows_pip_error(
     dangling = {i.id for i in docker_client.images.list(filters={"dangling": True})}
     started = time.monotonic()
     result = run(cwd, "-h", "main:handler", "--input", "request.json")
-    assert result.returncode == 1, result
+    assert result.returncode == 1, str(result)
     assert "No matching distribution found for abeja-no-such-package==1.0" in result.stderr
     assert result.error_lines() == [
         "[error] pip could not install the project's requirements.txt (see its error in the "

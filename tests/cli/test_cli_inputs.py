@@ -103,6 +103,16 @@ def test_get_sends_a_file_as_raw_query(files: Path) -> None:
     assert request.target == "/?a=1&b=%E3%81%82"
 
 
+def test_path(files: Path) -> None:
+    assert build_request(["request.json"], path="/v1/models/m:predict", base_dir=files).target == (
+        "/v1/models/m:predict"
+    )
+    get = build_request(["a=1"], method="GET", path="/x/é", base_dir=files)
+    assert get.target == "/x/%C3%A9?a=1"
+    with pytest.raises(InputError, match="must start with /"):
+        build_request(["request.json"], path="v1", base_dir=files)
+
+
 def test_get_and_delete_need_no_input(files: Path) -> None:
     assert build_request([], method="GET", base_dir=files).target == "/"
     assert build_request([], method="DELETE", base_dir=files).body == b""

@@ -30,13 +30,13 @@ def run_local(abeja: Abeja, cwd: Path, *args: str, **kwargs: object) -> Result:
 def test_tax_sample(abeja: Abeja, project: Project) -> None:
     cwd = project("tax")
     result = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert result.text == '{\n    "total": 108.0\n}\n'
-    assert "[info] sending request to model: POST request.json (application/json" in result.stderr
+    assert "[info] sending request to model: POST / request.json (application/json" in result.stderr
     assert "access: POST 200" in result.stderr  # the model's log is shown (on stderr)
 
     bad = run_local(abeja, cwd, "-h", "main:handler", "--input", "bad_request.json", "-q")
-    assert bad.returncode == 1, bad
+    assert bad.returncode == 1, str(bad)
     assert json.loads(bad.stdout) == {"message": "total_without_tax is need"}
     assert (
         bad.stderr
@@ -48,7 +48,7 @@ def test_image_flip_sample(abeja: Abeja, project: Project) -> None:
 
     cwd = project("image_flip")
     result = run_local(abeja, cwd, "-h", "main:handler", "--input", "cat.jpg", "-q")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert result.stderr == ""
     assert_flipped(cwd / "cat.jpg", result.stdout)
 
@@ -72,7 +72,7 @@ def test_multipart_sample(abeja: Abeja, project: Project) -> None:
         abeja, cwd, "-h", "main:handler", "-q",
         "--input", "title=Q3 ✓", "--input", "author=abeja", "--input", "document=@report.txt",
     )  # fmt: skip
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     report = (cwd / "report.txt").read_bytes()
     assert json.loads(result.stdout) == {
         "fields": {"title": "Q3 ✓", "author": "abeja"},
@@ -91,7 +91,7 @@ def test_multipart_sample(abeja: Abeja, project: Project) -> None:
 def test_numpy_classifier_sample(abeja: Abeja, project: Project) -> None:
     cwd = project("numpy_classifier")
     result = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json", "-q")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     labels = [p["label"] for p in json.loads(result.stdout)["predictions"]]
     assert labels == ["setosa", "versicolor", "virginica"]
 
@@ -100,19 +100,19 @@ def test_numpy_classifier_reads_the_training_result_dir(abeja: Abeja, project: P
     cwd = project("numpy_classifier")
     (cwd / "abejainc_training_result").rename(cwd / "elsewhere")
     missing = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json", "-q")
-    assert missing.returncode == 1, missing
+    assert missing.returncode == 1, str(missing)
     assert "model.npz" in missing.stderr  # the import error, from the model's log
     moved = run_local(
         abeja, cwd, "-h", "main:handler", "--input", "request.json", "-q",
         "-e", "ABEJA_TRAINING_RESULT_DIR:elsewhere",
     )  # fmt: skip
-    assert moved.returncode == 0, moved
+    assert moved.returncode == 0, str(moved)
 
 
 def test_csv_sample(abeja: Abeja, project: Project) -> None:
     cwd = project("csv_table")
     result = run_local(abeja, cwd, "-h", "main:handler", "--input", "sales.csv", "-q")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     answer = json.loads(result.stdout)
     assert answer["rows"] == 5
     assert answer["columns"]["store"] == {"type": "text", "count": 5, "distinct": 3}
@@ -139,7 +139,7 @@ def test_json_is_pretty_and_utf8(abeja: Abeja, project: Project) -> None:
     result = run_local(
         abeja, project("responder"), "-h", "main:unicode", "--input", "request.json", "-q"
     )
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert (
         result.stdout
         == '{\n    "name": "日本語",\n    "n": [\n        1,\n        2\n    ]\n}\n'.encode()
@@ -151,7 +151,7 @@ def test_binary_round_trip_is_byte_exact(abeja: Abeja, project: Project) -> None
     blob = bytes(range(256)) * 64 + b"\n\r\n\x00"
     (cwd / "blob.bin").write_bytes(blob)
     result = run_local(abeja, cwd, "-h", "main:echo", "--input", "blob.bin", "-q")
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert result.stdout == blob
 
 
@@ -169,7 +169,7 @@ def test_output_file(abeja: Abeja, project: Project, tmp_path: Path) -> None:
     result = run_local(
         abeja, cwd, "-h", "main:unicode", "--input", "request.json", "--output", str(target)
     )
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert result.stdout == b""
     assert json.loads(target.read_bytes()) == {"name": "日本語", "n": [1, 2]}
     assert f"bytes (application/json) to {target}" in result.stderr
@@ -178,7 +178,7 @@ def test_output_file(abeja: Abeja, project: Project, tmp_path: Path) -> None:
 def test_error_status_prints_status_and_body(abeja: Abeja, project: Project) -> None:
     cwd = project("responder")
     result = run_local(abeja, cwd, "-h", "main:teapot", "--input", "request.json")
-    assert result.returncode == 1, result
+    assert result.returncode == 1, str(result)
     assert json.loads(result.stdout) == {"message": "short and stout"}
     assert result.error_lines() == [
         "[error] the model answered 418 I'm a Teapot (application/json)"
@@ -224,7 +224,7 @@ def test_environment_reaches_the_model(abeja: Abeja, project: Project) -> None:
         "-e", "FROM_E=e=1", "-e", "FROM_COLON:a:b", "-e", "OVERRIDDEN=option",
         "--env-file", "model.env", "-o", "org-1",
     )  # fmt: skip
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     seen = json.loads(result.stdout)
     assert seen["env"] == {
         "HANDLER": "main:describe",
@@ -246,7 +246,7 @@ def test_import_failure_shows_the_log(abeja: Abeja, project: Project) -> None:
     result = run_local(
         abeja, project("responder"), "-h", "broken:handler", "--input", "request.json"
     )
-    assert result.returncode == 1, result
+    assert result.returncode == 1, str(result)
     assert result.stdout == b""
     assert result.error_lines() == [
         "[error] the model server stopped before it was ready (exit code 1); its log says why "
@@ -269,7 +269,7 @@ def test_unreachable_docker_falls_back_to_local(
         "model", "run-local", "-h", "main:handler", "--input", "request.json", "-q",
         cwd=project("tax"), env=env,
     )  # fmt: skip
-    assert result.returncode == 0, result
+    assert result.returncode == 0, str(result)
     assert json.loads(result.stdout) == {"total": 108.0}
     assert result.stderr == (
         f"[info] Docker is not reachable at unix://{tmp_path}/no-docker.sock (no such file or "

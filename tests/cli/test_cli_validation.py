@@ -36,7 +36,7 @@ def test_bad_input_is_one_line_and_exit_2(
     (cwd / "folder").mkdir()
     handler = [] if "-h" in args else ["-h", "main:echo"]
     result = abeja("model", "run-local", *handler, *args, cwd=cwd)
-    assert result.returncode == 2, result
+    assert result.returncode == 2, str(result)
     assert result.stdout == b""
     assert len(result.stderr.splitlines()) == 1, result
     assert result.stderr.startswith("[error] ") and message in result.stderr, result
@@ -52,7 +52,7 @@ def test_server_port_in_use(abeja: Callable[..., Result], project: Callable[[str
         taken.listen()
         port = taken.getsockname()[1]
         result = abeja("model", "run-local-server", "-h", "main:echo", "-p", str(port), cwd=cwd)
-    assert result.returncode == 2, result
+    assert result.returncode == 2, str(result)
     assert result.stderr == (
         f"[error] port {port} on 127.0.0.1 is already in use; choose another with -p\n"
     )
@@ -79,7 +79,7 @@ def test_anchor_option_spellings_are_accepted(
         "--environment", "A=1", "--quiet", "--input", "absent.bin",
         cwd=project("responder"),
     )  # fmt: skip
-    assert result.returncode == 2, result
+    assert result.returncode == 2, str(result)
     assert result.stderr == (
         "[error] input file not found: absent.bin; check the path given to --input\n"
     )
