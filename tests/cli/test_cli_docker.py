@@ -280,3 +280,22 @@ def test_failing_build_shows_pip_error(
     assert quiet.returncode == 1
     assert "No matching distribution found" in quiet.stderr  # the log comes after the error
     assert time.monotonic() - started < 120
+
+
+def test_missing_base_image_is_one_error(
+    abeja: Abeja, docker_projects: Projects, docker_client: Any
+) -> None:
+    """A base image that is neither present nor pullable (here: a registry on a closed local
+    port, which also shows that ``host:port/name:tag`` references are understood)."""
+    cwd = docker_projects("tax")
+    image = "127.0.0.1:9/abeja-test-absent:1"
+    result = abeja(
+        "model", "run-local", "-i", image, "--engine", "docker", "-h", "main:handler",
+        "--input", "request.json", cwd=cwd, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, str(result)
+    (line,) = result.error_lines()
+    assert line.startswith(f"[error] base image {image} is not present locally and could not be")
+    assert line.endswith("pull or build it first, or choose another with -i")
+    assert f"[info] base image {image} is not present locally; pulling it" in result.stderr
+    assert ours(docker_client, cwd) == []
