@@ -123,6 +123,8 @@ class DockerEngine:
         return cls(client, console)
 
     def prepare(self, spec: RunSpec) -> None:
+        self._console.info(f"preparing image : {spec.image}")
+        self._console.info("building image")
         builder = ImageBuilder(
             self.client, find_runtime_source(), info=self._console.info, log=self._console.log
         )

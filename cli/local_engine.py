@@ -131,6 +131,7 @@ class LocalEngine:
         self._console = console
 
     def prepare(self, spec: RunSpec) -> None:
+        self._console.info(f"using the local engine : {sys.executable}")
         if importlib.util.find_spec("abeja_runtime") is None:
             raise EngineUnavailable(
                 f"the abeja-runtime package is not installed in {sys.executable}; install it "

@@ -70,7 +70,7 @@ def run_local(**params: Any) -> None:
 
 
 def _run(params: dict[str, Any], console: Console) -> int:
-    options = ModelOptions.from_params(params, console)
+    options = ModelOptions.from_params(params)
     request = build_request(
         params["inputs"],
         method=params["method"],

@@ -65,7 +65,7 @@ def _check_port(port: int) -> None:
 
 
 def _run(params: dict[str, Any], console: Console) -> int:
-    options = ModelOptions.from_params(params, console)
+    options = ModelOptions.from_params(params)
     port = params["port"]
     if port is not None:
         _check_port(port)

@@ -48,9 +48,10 @@ class ModelOptions:
     no_cache: bool
     startup_timeout: float
     project: Path
+    v1: bool = False
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], console: Console) -> ModelOptions:
+    def from_params(cls, params: dict[str, Any]) -> ModelOptions:
         """Validate the shared options; raises :class:`InputError` with one line."""
         handler = params["handler"].strip()
         module, sep, function = handler.partition(":")
@@ -66,11 +67,6 @@ class ModelOptions:
         image = params["image"]
         if image.startswith("abeja-inc/"):  # the anchor's rewrite of its own images' names
             image = "abeja/" + image.removeprefix("abeja-inc/")
-        if params["v1"]:
-            console.warning(
-                "--v1 is accepted for compatibility, but abeja-runtime serves only the "
-                "handler(request, context) signature"
-            )
         return cls(
             handler=handler,
             image=image,
@@ -80,6 +76,7 @@ class ModelOptions:
             no_cache=params["no_cache"],
             startup_timeout=params["startup_timeout"],
             project=Path.cwd().resolve(),
+            v1=params["v1"],
         )
 
     def spec(self, *, host_port: int | None = None) -> RunSpec:
@@ -208,11 +205,15 @@ def start_server(
     """Choose the engine, build, start, wait until ready; stopped and removed on exit."""
     engine = select_engine(options.engine, console)
     spec = options.spec(host_port=host_port)
-    console.info(f"preparing the {engine.name} engine for {options.project}")
+    if options.v1:
+        console.warning(
+            "--v1 is accepted for compatibility, but abeja-runtime serves only the "
+            "handler(request, context) signature"
+        )
     engine.prepare(spec)
     console.info("setting up local server")
     with engine.serve(spec, sink) as server:
-        console.info(f"waiting for the model server at {server.url}")
+        console.info(f"waiting server running : {server.url}")
         wait_ready(server, timeout=options.startup_timeout, sink=sink)
         yield engine, server
 
@@ -244,6 +245,6 @@ def exit_on_errors(console: Console, body: Callable[[], int]) -> NoReturn:
             console.block("log", exc.log)
         code = exc.exit_code
     except KeyboardInterrupt:
-        console.error("interrupted; the model server was stopped and removed")
+        console.error("interrupted; nothing was left running")
         code = 130
     sys.exit(code)

@@ -293,12 +293,12 @@ def test_interrupt_stops_the_runtime(
     cli = start_abeja(
         "model", "run-local", *LOCAL, "-h", "slow:handler", "--input", "request.json", cwd=cwd
     )
-    line = cli.wait_for(r"\[info\] waiting for the model server at http://127.0.0.1:\d+")
+    line = cli.wait_for(r"\[info\] waiting server running : http://127.0.0.1:\d+")
     port = int(line.rsplit(":", 1)[1])
     cli.wait_for(r"\[info\] sending request to model")
     cli.send(signal.SIGINT)
     assert cli.wait(30) == 130
-    assert cli.stderr[-1] == "[error] interrupted; the model server was stopped and removed"
+    assert cli.stderr[-1] == "[error] interrupted; nothing was left running"
     assert not _listening(port)
     assert not _runtime_processes(cwd)
 
@@ -332,3 +332,12 @@ def test_console_script_is_installed() -> None:
     proc = subprocess.run([script, "model", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     assert "run-local" in proc.stdout and "run-local-server" in proc.stdout
+
+
+def test_v1_flag_is_accepted_with_a_warning(abeja: Abeja, project: Project) -> None:
+    result = run_local(
+        abeja, project("tax"), "-h", "main:handler", "--input", "request.json", "--v1"
+    )
+    assert result.returncode == 0, str(result)
+    assert json.loads(result.stdout) == {"total": 108.0}
+    assert "[warning] --v1 is accepted for compatibility" in result.stderr
