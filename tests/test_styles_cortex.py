@@ -13,8 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS
 
+# Not imported from conftest: tests/cli has a conftest module of its own, and whichever is
+# imported first under that name wins when the whole suite runs.
+HANDLERS = Path(__file__).parent / "handlers"
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "cortex_iris"
 EXIT_TIMEOUT = 20.0
 
