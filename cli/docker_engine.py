@@ -17,7 +17,7 @@ from abeja_cli.console import Console
 from abeja_cli.docker_build import ImageBuilder
 from abeja_cli.engine import SERVICE_PORT, LogSink, RunSpec, Server, pump_lines, start_daemon
 from abeja_cli.errors import EngineUnavailable, ServerError
-from abeja_cli.images import LABEL_PREFIX, find_runtime_source
+from abeja_cli.images import LABEL_PREFIX, RuntimeSource, find_runtime_source
 
 if TYPE_CHECKING:
     import docker
@@ -106,6 +106,7 @@ class DockerEngine:
         self.client = client
         self._console = console
         self._image: Image | None = None
+        self.source: RuntimeSource | None = None
 
     @classmethod
     def connect(cls, console: Console) -> DockerEngine:
@@ -118,15 +119,25 @@ class DockerEngine:
             client.ping()
         except DockerException as exc:
             raise EngineUnavailable(
-                f"Docker is not reachable at {docker_host()} ({_short(exc)})"
+                f"Docker is not reachable at {docker_host()} ({_short(exc)})",
+                hint="start Docker, or use --engine local to run without it",
             ) from None
-        return cls(client, console)
+        engine = cls(client, console)
+        try:
+            engine.source = find_runtime_source()
+        except EngineUnavailable:
+            client.close()
+            raise
+        return engine
 
     def prepare(self, spec: RunSpec) -> None:
         self._console.info(f"preparing image : {spec.image}")
         self._console.info("building image")
         builder = ImageBuilder(
-            self.client, find_runtime_source(), info=self._console.info, log=self._console.log
+            self.client,
+            self.source or find_runtime_source(),
+            info=self._console.info,
+            log=self._console.log,
         )
         self._image = builder.project_image(spec.project, spec.image, no_cache=spec.no_cache)
 

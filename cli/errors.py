@@ -38,7 +38,15 @@ class InputError(CliError):
 
 
 class EngineUnavailable(CliError):
-    """The chosen engine cannot be used at all (Docker unreachable, runtime not installed)."""
+    """The chosen engine cannot be used at all (Docker unreachable, runtime not installed).
+
+    ``message`` says why; ``hint`` what to do when this engine was asked for explicitly.
+    Without an explicit ``--engine`` the CLI uses the local engine instead.
+    """
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(f"{message}; {hint}" if hint else message)
+        self.reason = message
 
 
 class BuildError(CliError):

@@ -127,8 +127,9 @@ def find_runtime_source() -> RuntimeSource:
     missing = [str(p) for p in needed if not p.exists()]
     if missing:
         raise EngineUnavailable(
-            f"cannot build an image: the abeja-runtime source is not at {root} (missing "
-            f"{', '.join(missing)}); set {_SOURCE_ENV} to a checkout, or use --engine local"
+            f"cannot build images: the abeja-runtime source is not at {root} (missing "
+            f"{', '.join(missing)})",
+            hint=f"set {_SOURCE_ENV} to a checkout of abeja-runtime, or use --engine local",
         )
     digest = hashlib.sha256()
     for path in _runtime_files(root):

@@ -182,12 +182,10 @@ def select_engine(choice: str | None, console: Console) -> Engine:
         return DockerEngine.connect(console)
     except EngineUnavailable as exc:
         if choice == "docker":
-            raise EngineUnavailable(
-                f"{exc.message}; start Docker, or use --engine local to run without it"
-            ) from None
+            raise
         # Shown even with -q: the model then runs without its requirements.txt installed.
         click.echo(
-            f"[info] {exc.message}; running the model with the local engine instead "
+            f"[info] {exc.reason}; running the model with the local engine instead "
             "(--engine local)",
             err=True,
         )

@@ -299,3 +299,31 @@ def test_missing_base_image_is_one_error(
     assert line.endswith("pull or build it first, or choose another with -i")
     assert f"[info] base image {image} is not present locally; pulling it" in result.stderr
     assert ours(docker_client, cwd) == []
+
+
+def test_without_the_runtime_source_docker_is_not_used(
+    abeja: Abeja, project: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """An install without this checkout cannot build images: the CLI says so and runs the
+    model locally, unless Docker was asked for."""
+    from conftest import cli_env
+
+    env = cli_env(ABEJA_RUNTIME_SOURCE=str(tmp_path / "nowhere"))
+    cwd = project("tax")
+    auto = abeja("model", "run-local", "-h", "main:handler", "--input", "request.json", "-q",
+                 cwd=cwd, env=env)  # fmt: skip
+    assert auto.returncode == 0, str(auto)
+    assert json.loads(auto.stdout) == {"total": 108.0}
+    assert auto.stderr.startswith(
+        f"[info] cannot build images: the abeja-runtime source is not at {tmp_path}/nowhere"
+    )
+    assert auto.stderr.endswith(
+        "running the model with the local engine instead (--engine local)\n"
+    )
+    forced = abeja("model", "run-local", "-h", "main:handler", "--input", "request.json",
+                   "--engine", "docker", cwd=cwd, env=env)  # fmt: skip
+    assert forced.returncode == 1, str(forced)
+    (line,) = forced.error_lines()
+    assert line.endswith(
+        "set ABEJA_RUNTIME_SOURCE to a checkout of abeja-runtime, or use --engine local"
+    )
