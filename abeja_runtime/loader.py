@@ -142,7 +142,7 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
         else:
             handler = styles.adapt(choice, choice.subject, config, workdir)
     _log.info(
-        "serving HANDLER[%s] as a %s-style handler (%s)",
+        "serving HANDLER[%s] with the %s style (%s)",
         spec,
         choice.style,
         choice.reason,

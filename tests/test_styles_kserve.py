@@ -176,7 +176,7 @@ def test_post_to_root_is_predict_or_infer_for_run_local(custom):
 
 def test_sync_models_run_on_the_handler_thread_async_ones_on_the_loop(asynchronous):
     record = asynchronous.wait_for_record(lambda r: r.get("style") == "kserve")
-    assert "HANDLER[model:AsyncModel] as a kserve-style handler" in record["message"]
+    assert "HANDLER[model:AsyncModel] with the kserve style" in record["message"]
     answer = asynchronous.post_json({"instances": [1, 2]}, path="/v1/models/model:predict")
     assert answer.json() == {"predictions": [1, 2], "thread": "MainThread"}
 
