@@ -80,11 +80,10 @@ class ImageBuilder:
             return found, key
         wheels = images.runtime_wheels(self._source, self._log)
         self._info(f"building the runtime image {key.tag} (abeja-runtime {key.runtime_version})")
-        with images.runtime_context(self._source, wheels) as context:
+        with images.runtime_context(self._source, wheels, key.labels()) as context:
             image = self._build(
                 context,
                 tag=key.tag,
-                labels=key.labels(),
                 buildargs={"BASE_IMAGE": key.base_image_id},
                 no_cache=no_cache,
                 what=f"the runtime image on {base_image}",
@@ -107,11 +106,10 @@ class ImageBuilder:
             self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
             return found
         self._info(f"building the image {key.tag} for {project}")
-        with images.project_context(self._source, project) as context:
+        with images.project_context(self._source, project, key.labels()) as context:
             image = self._build(
                 context,
                 tag=key.tag,
-                labels=key.labels(),
                 buildargs={"RUNTIME_IMAGE": str(runtime.id)},
                 no_cache=no_cache,
                 what=f"the image of {project}",
@@ -151,7 +149,6 @@ class ImageBuilder:
         context: IO[bytes],
         *,
         tag: str,
-        labels: Mapping[str, str],
         buildargs: Mapping[str, str],
         no_cache: bool,
         what: str,
@@ -165,7 +162,6 @@ class ImageBuilder:
                 fileobj=context,
                 custom_context=True,
                 tag=tag,
-                labels=dict(labels),
                 buildargs=dict(buildargs),
                 nocache=no_cache,
                 rm=True,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
@@ -39,6 +40,7 @@ __all__ = [
     "RuntimeKey",
     "RuntimeSource",
     "find_runtime_source",
+    "label_instruction",
     "project_context",
     "requirements_digest",
     "runtime_context",
@@ -306,11 +308,24 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def runtime_context(source: RuntimeSource, wheels: Path) -> IO[bytes]:
-    """Build context of the runtime image: the Dockerfile and ``wheels/``."""
+def label_instruction(labels: Mapping[str, str]) -> bytes:
+    """One ``LABEL`` line for all labels: the API's ``labels=`` costs one build step each."""
+    pairs = []
+    for key, value in sorted(labels.items()):
+        # JSON quoting is Dockerfile quoting too; "$" is escaped so paths are not expanded.
+        quoted = json.dumps(value, ensure_ascii=False).replace("$", "\\$")
+        pairs.append(f'"{key}"={quoted}')
+    return ("\nLABEL " + " ".join(pairs) + "\n").encode("utf-8")
+
+
+def runtime_context(
+    source: RuntimeSource, wheels: Path, labels: Mapping[str, str] | None = None
+) -> IO[bytes]:
+    """Build context of the runtime image: the Dockerfile (plus ``labels``) and ``wheels/``."""
     buffer = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - returned open
+    dockerfile = source.runtime_dockerfile.read_bytes() + label_instruction(labels or {})
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        _add_bytes(tar, "Dockerfile", source.runtime_dockerfile.read_bytes())
+        _add_bytes(tar, "Dockerfile", dockerfile)
         for wheel in sorted(wheels.glob("*.whl")):
             tar.add(wheel, arcname=f"wheels/{wheel.name}")
     buffer.seek(0)
@@ -326,7 +341,9 @@ def project_files(project: Path) -> Iterator[Path]:
                 yield Path(dirpath, name)
 
 
-def project_context(source: RuntimeSource, project: Path) -> IO[bytes]:
+def project_context(
+    source: RuntimeSource, project: Path, labels: Mapping[str, str] | None = None
+) -> IO[bytes]:
     """Build context of a project image: the Dockerfile, ``project/`` and the requirements.
 
     ``requirements.txt`` is also stored on its own (empty when absent) so that the pip layer
@@ -334,8 +351,9 @@ def project_context(source: RuntimeSource, project: Path) -> IO[bytes]:
     """
     buffer = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - returned open
     requirements = project / "requirements.txt"
+    dockerfile = source.project_dockerfile.read_bytes() + label_instruction(labels or {})
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        _add_bytes(tar, "Dockerfile", source.project_dockerfile.read_bytes())
+        _add_bytes(tar, "Dockerfile", dockerfile)
         _add_bytes(
             tar,
             "abeja-build/requirements.txt",

@@ -327,3 +327,26 @@ def test_without_the_runtime_source_docker_is_not_used(
     assert line.endswith(
         "set ABEJA_RUNTIME_SOURCE to a checkout of abeja-runtime, or use --engine local"
     )
+
+
+def test_awkward_project_path(
+    run: Callable[..., Result], tmp_path: Path, docker_client: Any
+) -> None:
+    """Spaces, ``$``, quotes, ``:`` and non-ASCII in the project path: the mount, the labels
+    and the cache lookup all keep the path exact."""
+    import shutil
+
+    from conftest import SAMPLES, remove_project_images
+
+    cwd = tmp_path / "my 'proj' $HOME é:1"
+    shutil.copytree(SAMPLES / "tax", cwd)
+    try:
+        first = run(cwd, "-h", "main:handler", "--input", "request.json")
+        assert first.returncode == 0, str(first)
+        assert json.loads(first.stdout) == {"total": 108.0}
+        image = docker_client.images.get(project_image(docker_client, cwd))
+        assert image.labels[f"{LABEL}.project"] == str(cwd)
+        again = run(cwd, "-h", "main:handler", "--input", "request.json")
+        assert "[info] using the cached image" in again.stderr, str(again)
+    finally:
+        remove_project_images(docker_client, tmp_path)

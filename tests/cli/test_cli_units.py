@@ -162,3 +162,8 @@ def test_change_watcher(tmp_path: Path) -> None:
     (tmp_path / "pkg" / "new.py").unlink()
     assert watcher.changes() == [tmp_path / "pkg" / "new.py"]
     assert watcher.changes() == []
+
+
+def test_label_instruction_quotes_values() -> None:
+    line = images.label_instruction({"b.key": 'a "q" $HOME é', "a.key": "x"})
+    assert line == '\nLABEL "a.key"="x" "b.key"="a \\"q\\" \\$HOME é"\n'.encode()
