@@ -48,7 +48,6 @@ class ModelOptions:
     no_cache: bool
     startup_timeout: float
     project: Path
-    v1: bool = False
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ModelOptions:
@@ -64,6 +63,9 @@ class ModelOptions:
             env_file=Path(env_file) if env_file is not None else None,
             organization_id=params["organization_id"],
         )
+        if params["v1"]:
+            # The anchor's --v1 ran the 18.10 runtime; ours serves that handler style itself.
+            env.setdefault("ABEJA_RUNTIME_STYLE", "abeja-v1")
         image = params["image"]
         if image.startswith("abeja-inc/"):  # the anchor's rewrite of its own images' names
             image = "abeja/" + image.removeprefix("abeja-inc/")
@@ -76,7 +78,6 @@ class ModelOptions:
             no_cache=params["no_cache"],
             startup_timeout=params["startup_timeout"],
             project=Path.cwd().resolve(),
-            v1=params["v1"],
         )
 
     def spec(self, *, host_port: int | None = None) -> RunSpec:
@@ -146,7 +147,12 @@ def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
             is_flag=True,
             help="Rebuild the image from scratch, without Docker's layer cache.",
         ),
-        click.option("--v1", is_flag=True, help="Accepted for compatibility; has no effect."),
+        click.option(
+            "--v1",
+            is_flag=True,
+            help="Serve an 18.10-style handler(iterable, context) generator "
+            "(sets ABEJA_RUNTIME_STYLE=abeja-v1).",
+        ),
         click.option(
             "--engine",
             type=click.Choice(["docker", "local"]),
@@ -203,11 +209,6 @@ def start_server(
     """Choose the engine, build, start, wait until ready; stopped and removed on exit."""
     engine = select_engine(options.engine, console)
     spec = options.spec(host_port=host_port)
-    if options.v1:
-        console.warning(
-            "--v1 is accepted for compatibility, but abeja-runtime serves only the "
-            "handler(request, context) signature"
-        )
     engine.prepare(spec)
     console.info("setting up local server")
     with engine.serve(spec, sink) as server:

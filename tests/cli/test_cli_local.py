@@ -334,10 +334,15 @@ def test_console_script_is_installed() -> None:
     assert "run-local" in proc.stdout and "run-local-server" in proc.stdout
 
 
-def test_v1_flag_is_accepted_with_a_warning(abeja: Abeja, project: Project) -> None:
-    result = run_local(
-        abeja, project("tax"), "-h", "main:handler", "--input", "request.json", "--v1"
+def test_v1_flag_selects_the_v1_handler_style(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    (cwd / "legacy.py").write_text(
+        "def handler(_iter, ctx):\n    for item in _iter:\n        yield {'seen': item}\n"
     )
+    result = run_local(abeja, cwd, "-h", "legacy:handler", "--input", "request.json", "--v1")
     assert result.returncode == 0, str(result)
-    assert json.loads(result.stdout) == {"total": 108.0}
-    assert "[warning] --v1 is accepted for compatibility" in result.stderr
+    assert json.loads(result.stdout) == {"seen": {"hello": "world"}}
+    assert "with the abeja-v1 style" in result.stderr
+    described = run_local(abeja, cwd, "-h", "main:describe", "--input", "request.json", "-q",
+                          "--v1", "-e", "ABEJA_RUNTIME_STYLE=abeja")  # fmt: skip
+    assert described.returncode == 0, str(described)  # -e wins over --v1
