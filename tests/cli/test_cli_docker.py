@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LABEL, CliProcess, Result, http_request, ours
-from test_cli_local import assert_flipped
+
+from .helpers import LABEL, CliProcess, Result, assert_flipped, http_request, ours
 
 pytestmark = pytest.mark.docker
 
@@ -306,7 +306,7 @@ def test_without_the_runtime_source_docker_is_not_used(
 ) -> None:
     """An install without this checkout cannot build images: the CLI says so and runs the
     model locally, unless Docker was asked for."""
-    from conftest import cli_env
+    from .helpers import cli_env
 
     env = cli_env(ABEJA_RUNTIME_SOURCE=str(tmp_path / "nowhere"))
     cwd = project("tax")
@@ -336,7 +336,7 @@ def test_awkward_project_path(
     and the cache lookup all keep the path exact."""
     import shutil
 
-    from conftest import SAMPLES, remove_project_images
+    from .helpers import SAMPLES, remove_project_images
 
     cwd = tmp_path / "my 'proj' $HOME é:1"
     shutil.copytree(SAMPLES / "tax", cwd)

@@ -4,7 +4,6 @@ runs the real runtime; no Docker needed."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import signal
@@ -12,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES, CliProcess, Result, cli_env
+
+from .helpers import SAMPLES, CliProcess, Result, assert_flipped, cli_env
 
 LOCAL = ("--engine", "local")
 
@@ -51,19 +51,6 @@ def test_image_flip_sample(abeja: Abeja, project: Project) -> None:
     assert result.returncode == 0, str(result)
     assert result.stderr == ""
     assert_flipped(cwd / "cat.jpg", result.stdout)
-
-
-def assert_flipped(original: Path, answer: bytes) -> None:
-    from PIL import Image, ImageChops, ImageStat
-
-    flipped = Image.open(io.BytesIO(answer))
-    assert flipped.format == "JPEG"
-    source = Image.open(original).convert("RGB")
-    assert flipped.size == source.size
-    mirrored = source.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    near = max(ImageStat.Stat(ImageChops.difference(flipped.convert("RGB"), mirrored)).mean)
-    far = max(ImageStat.Stat(ImageChops.difference(flipped.convert("RGB"), source)).mean)
-    assert near < 3 < far, (near, far)  # JPEG is lossy: close to the mirror, far from the input
 
 
 def test_multipart_sample(abeja: Abeja, project: Project) -> None:

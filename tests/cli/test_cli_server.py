@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CliProcess, http_request
+
+from .helpers import CliProcess, http_request
 
 Start = Callable[..., CliProcess]
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Result, ours
+
+from .helpers import Result, ours
 
 CASES = [
     (["--input", "missing.json"], "input file not found: missing.json"),
