@@ -8,6 +8,7 @@ on every way out of :meth:`DockerEngine.serve`: success, error, failed start, Ct
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -148,8 +149,10 @@ class DockerEngine:
         if self._image is None:
             self.prepare(spec)
         assert self._image is not None
-        container = self._create(spec)
+        # Named up front, so that a Ctrl+C landing while Docker creates it still finds it.
+        name = f"abeja-local-{secrets.token_hex(6)}"
         try:
+            container = self._create(spec, name)
             try:
                 container.start()
             except APIError as exc:
@@ -163,13 +166,13 @@ class DockerEngine:
             yield server
         finally:
             with suppress(NotFound):
-                container.remove(force=True)
+                self.client.api.remove_container(name, force=True)
 
-    def _create(self, spec: RunSpec) -> Container:
-        assert self._image is not None
-        env = dict(spec.env)
+    def _create(self, spec: RunSpec, name: str) -> Container:
         from docker.types import Mount
 
+        assert self._image is not None
+        env = dict(spec.env)
         options = _device_options(spec.device_type)
         # A Mount, not a volumes entry: a project path with ':' in it stays one path.
         mounts = [Mount(_PROJECT_MOUNT, str(spec.project), type="bind", read_only=False)]
@@ -186,6 +189,7 @@ class DockerEngine:
         host = ("127.0.0.1", spec.host_port) if spec.host_port else ("127.0.0.1",)
         return self.client.containers.create(
             str(self._image.id),
+            name=name,
             detach=True,
             environment=env,
             working_dir=_PROJECT_MOUNT,
