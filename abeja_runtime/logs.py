@@ -37,6 +37,9 @@ requester_id_var: ContextVar[str | None] = ContextVar("abeja_requester_id", defa
 
 access_logger: Final = logging.getLogger("abeja_runtime.access")
 _handler_output: Final = logging.getLogger("abeja_runtime.handler")
+#: Built once: ``json.dumps`` with options builds a new encoder per call, which the access log
+#: (one record per request) would pay every time.
+_encode_record: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str).encode
 _LEVEL_NAMES: Final = {
     logging.DEBUG: "debug",
     logging.INFO: "info",
@@ -87,7 +90,7 @@ class JsonFormatter(logging.Formatter):
             data.setdefault("request_id", request_id)
         if (requester_id := requester_id_var.get()) is not None:
             data.setdefault("requester_id", requester_id)
-        return json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
+        return _encode_record(data)
 
 
 def configure_logging(level: str, static_fields: dict[str, str] | None = None) -> None:
