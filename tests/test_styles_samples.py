@@ -84,3 +84,28 @@ def test_the_cortex_sample_model_is_what_build_model_makes(tmp_path):
     )
     rebuilt = (tmp_path / "rebuilt.onnx").read_bytes()
     assert rebuilt == (SAMPLES / "cortex_iris" / "iris.onnx").read_bytes()
+
+
+def test_run_local_v1_flag_serves_a_v1_handler_that_returns_a_list(tmp_path):
+    (tmp_path / "main.py").write_text(
+        "def handler(_iter, ctx):\n    return [{'inputs': len(list(_iter))}]\n"
+    )
+    (tmp_path / "request.json").write_text('{"a": 1}')
+    args = ["model", "run-local", "-h", "main:handler", "--input", "request.json"]
+    result = run_local(tmp_path, [*args, "--v1"])
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout) == {"inputs": 1}
+
+
+def test_run_local_path_reaches_the_kserve_and_seldon_routes(tmp_path):
+    pytest.importorskip("kserve")
+    kserve = shutil.copytree(SAMPLES / "kserve_custom", tmp_path / "kserve_custom")
+    args = ["model", "run-local", "-h", "main:handler", "--input", "v2_request.json"]
+    result = run_local(kserve, [*args, "--path", "/v2/models/model/infer"])
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout)["model_name"] == "model"
+    seldon = shutil.copytree(SAMPLES / "seldon_identity", tmp_path / "seldon_identity")
+    args = ["model", "run-local", "-h", "main:handler", "--input", "request.json"]
+    result = run_local(seldon, [*args, "--path", "/api/v1.0/predictions"])
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout)["data"]["ndarray"] == [[1, 2, 3]]
