@@ -20,7 +20,7 @@ import click
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, LogSink, RunSpec, Server, wait_ready
 from abeja_cli.environment import model_environment
-from abeja_cli.errors import CliError, EngineUnavailable, InputError
+from abeja_cli.errors import BuildError, CliError, EngineUnavailable, InputError
 
 __all__ = [
     "DEVICE_TYPES",
@@ -241,7 +241,8 @@ def exit_on_errors(console: Console, body: Callable[[], int]) -> NoReturn:
     except CliError as exc:
         console.error(exc.message)
         if exc.log and console.quiet:  # not shown live with -q: show it now
-            console.block("log", exc.log)
+            title = "Build Log" if isinstance(exc, BuildError) else "Local Server Error"
+            console.block(title, exc.log)
         code = exc.exit_code
     except KeyboardInterrupt:
         console.error("interrupted; nothing was left running")

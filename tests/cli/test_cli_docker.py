@@ -117,7 +117,7 @@ def test_import_failure_shows_the_container_log(
         "[error] the model server stopped before it was ready (exit code 1); its log says why "
         "(often the handler failed to import)"
     ]
-    assert " ------ log ------ " in result.stderr
+    assert " ------ Local Server Error ------ " in result.stderr
     assert "abeja_test_missing_module" in result.stderr
 
 

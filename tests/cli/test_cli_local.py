@@ -244,7 +244,9 @@ def test_import_failure_shows_the_log(abeja: Abeja, project: Project) -> None:
         abeja, project("responder"), "-h", "broken:handler", "--input", "request.json", "-q"
     )
     assert quiet.returncode == 1
-    assert quiet.stderr.splitlines()[1] == " ------ log ------ "  # shown once, after the error
+    assert (
+        quiet.stderr.splitlines()[1] == " ------ Local Server Error ------ "
+    )  # shown once, after the error
     assert "abeja_test_missing_module" in quiet.stderr
 
 

@@ -96,7 +96,7 @@ def test_reload_picks_up_a_changed_handler(start_abeja: Start, tmp_path: Path) -
     assert cli.wait(60) == 0
 
 
-def test_server_that_dies_ends_the_cli(start_abeja: Start, tmp_path: Path) -> None:
+def test_a_crashing_worker_does_not_end_the_server(start_abeja: Start, tmp_path: Path) -> None:
     (tmp_path / "main.py").write_text(
         "import os\n\ndef handler(request, context):\n    os._exit(3)\n"
     )
