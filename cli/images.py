@@ -333,12 +333,24 @@ def runtime_context(
 
 
 def project_files(project: Path) -> Iterator[Path]:
-    """The project's files that go into its image (caches and VCS folders left out)."""
+    """The project's files that go into its image: caches, VCS folders and what the project's
+    ``.dockerignore`` names (large data sets, say) are left out."""
+    included: set[str] | None = None
+    ignore_file = project / ".dockerignore"
+    if ignore_file.is_file():
+        from docker.utils.build import exclude_paths
+
+        lines = ignore_file.read_text("utf-8", "replace").splitlines()
+        patterns = [p.strip() for p in lines if p.strip() and not p.lstrip().startswith("#")]
+        included = set(exclude_paths(str(project), patterns))
     for dirpath, dirnames, filenames in os.walk(project):
         dirnames[:] = sorted(d for d in dirnames if d not in EXCLUDED_DIRS)
         for name in sorted(filenames):
-            if not name.endswith(_EXCLUDED_SUFFIXES):
-                yield Path(dirpath, name)
+            path = Path(dirpath, name)
+            if name.endswith(_EXCLUDED_SUFFIXES):
+                continue
+            if included is None or path.relative_to(project).as_posix() in included:
+                yield path
 
 
 def project_context(

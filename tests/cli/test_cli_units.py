@@ -149,6 +149,20 @@ def test_project_context_leaves_out_caches(tmp_path: Path) -> None:
     ]
 
 
+def test_project_context_honours_dockerignore(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    for name in ("main.py", "data/big.bin", "run.log", "keep/a.txt"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(name)
+    (project / ".dockerignore").write_text("# large files\ndata\n*.log\n")
+    with (
+        images.project_context(images.find_runtime_source(), project) as context,
+        tarfile.open(fileobj=context) as tar,
+    ):
+        names = {n for n in tar.getnames() if n.startswith("project/")}
+    assert names == {"project/main.py", "project/keep/a.txt", "project/.dockerignore"}
+
+
 def test_change_watcher(tmp_path: Path) -> None:
     (tmp_path / "main.py").write_text("a = 1\n")
     (tmp_path / "data.txt").write_text("x")
