@@ -13,6 +13,7 @@ __all__ = ["abeja", "model"]
 
 
 @click.group(context_settings={"help_option_names": ["--help"]})
+@click.version_option(package_name="abeja-runtime", prog_name="abeja")
 def abeja() -> None:
     """Run ABEJA Platform model handlers locally, with abeja-runtime."""
 

@@ -311,6 +311,14 @@ def _runtime_processes(cwd: Path) -> list[int]:
     return found
 
 
+def test_version(abeja: Abeja, tmp_path: Path) -> None:
+    import importlib.metadata
+
+    result = abeja("--version", cwd=tmp_path)
+    version = importlib.metadata.version("abeja-runtime")
+    assert (result.returncode, result.text) == (0, f"abeja, version {version}\n")
+
+
 def test_console_script_is_installed() -> None:
     import shutil
     import subprocess
