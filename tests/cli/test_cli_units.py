@@ -181,3 +181,23 @@ def test_change_watcher(tmp_path: Path) -> None:
 def test_label_instruction_quotes_values() -> None:
     line = images.label_instruction({"b.key": 'a "q" $HOME é', "a.key": "x"})
     assert line == '\nLABEL "a.key"="x" "b.key"="a \\"q\\" \\$HOME é"\n'.encode()
+
+
+def test_runtime_wheel_has_every_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images install the runtime from the wheel the CLI builds from this checkout: a
+    sub-package missing from pyproject's package list breaks every Docker run, so say so here
+    plainly. (The wheels are cached per runtime version, so this is quick after the first.)"""
+    import zipfile
+
+    monkeypatch.delenv("ABEJA_RUNTIME_SOURCE", raising=False)
+    source = images.find_runtime_source()
+    wheels = images.runtime_wheels(source, lambda line: None)
+    (wheel,) = wheels.glob("abeja_runtime-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {Path(n).parent.as_posix() for n in archive.namelist() if n.endswith(".py")}
+    packages = {
+        p.parent.relative_to(source.root).as_posix()
+        for p in (source.root / "abeja_runtime").rglob("__init__.py")
+    }
+    missing = sorted(packages - shipped)
+    assert not missing, f"not in the wheel (add them to pyproject's packages): {missing}"
