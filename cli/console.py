@@ -39,6 +39,10 @@ class Console:
         if not self.quiet:
             self._write(f"[info] {message}")
 
+    def notice(self, message: str) -> None:
+        """An ``[info]`` line shown even with ``-q``: the run differs from what was asked."""
+        self._write(f"[info] {message}")
+
     def warning(self, message: str) -> None:
         """A ``[warning]`` line (hidden by ``-q``): it works, but maybe not as expected."""
         if not self.quiet:

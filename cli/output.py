@@ -51,6 +51,34 @@ def write_response(
         kind = response.content_type or "no content type"
         console.info(f"wrote {len(response.body)} bytes ({kind}) to {output}")
         return 0
+    if _isatty(stdout) and _binary(response):
+        # Raw image bytes would garble the terminal (curl refuses too); nothing is lost:
+        # the user reruns with --output or a redirect.
+        kind = response.content_type or "binary data"
+        console.notice(
+            f"the answer is {len(response.body)} bytes of {kind}; not printed to the "
+            "terminal: use --output FILE or redirect stdout"
+        )
+        return 0
     stdout.write(render_body(response))
     stdout.flush()
     return 0
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _binary(response: ModelResponse) -> bool:
+    """True when the body is neither declared as text nor decodable as UTF-8."""
+    media = response.content_type.split(";", 1)[0].strip().lower()
+    if media.startswith("text/") or is_json_type(media) or media.endswith(("xml", "csv")):
+        return False
+    try:
+        response.body.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return b"\x00" in response.body

@@ -190,10 +190,8 @@ def select_engine(choice: str | None, console: Console) -> Engine:
         if choice == "docker":
             raise
         # Shown even with -q: the model then runs without its requirements.txt installed.
-        click.echo(
-            f"[info] {exc.reason}; running the model with the local engine instead "
-            "(--engine local)",
-            err=True,
+        console.notice(
+            f"{exc.reason}; running the model with the local engine instead (--engine local)"
         )
         return LocalEngine(console)
 

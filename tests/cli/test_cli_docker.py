@@ -278,7 +278,9 @@ def test_failing_build_shows_pip_error(
     assert {i.id for i in docker_client.images.list(filters={"dangling": True})} <= dangling
     quiet = run(cwd, "-h", "main:handler", "--input", "request.json", "-q")
     assert quiet.returncode == 1
-    assert "No matching distribution found" in quiet.stderr  # the log comes after the error
+    # With -q the build log was not shown live: it comes after the error line.
+    assert " ------ Build Log ------ " in quiet.stderr
+    assert "No matching distribution found" in quiet.stderr
     assert time.monotonic() - started < 120
 
 

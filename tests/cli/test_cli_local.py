@@ -3,6 +3,7 @@ runs the real runtime; no Docker needed."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -140,6 +141,40 @@ def test_binary_round_trip_is_byte_exact(abeja: Abeja, project: Project) -> None
     result = run_local(abeja, cwd, "-h", "main:echo", "--input", "blob.bin", "-q")
     assert result.returncode == 0, str(result)
     assert result.stdout == blob
+
+
+def test_binary_is_not_dumped_on_a_terminal(project: Project) -> None:
+    """On a terminal (a pty here) a JPEG answer is described, not printed."""
+    import pty
+    import subprocess
+    import sys
+
+    cwd = project("image_flip")
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "abeja_cli", "model", "run-local", *LOCAL,
+             "-h", "main:handler", "--input", "cat.jpg", "-q"],
+            cwd=cwd, env=cli_env(), stdin=subprocess.DEVNULL, stdout=follower,
+            stderr=subprocess.PIPE, timeout=120,
+        )  # fmt: skip
+        os.close(follower)
+        follower = -1
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the pty has no writer left
+            while chunk := os.read(leader, 4096):
+                shown += chunk
+    finally:
+        os.close(leader)
+        if follower != -1:
+            os.close(follower)
+    assert proc.returncode == 0, proc.stderr
+    assert shown == b""
+    assert proc.stderr.decode().startswith("[info] the answer is ")
+    assert (
+        "bytes of image/jpeg; not printed to the terminal: use --output FILE"
+        in proc.stderr.decode()
+    )
 
 
 def test_text_gets_no_newline_and_json_lines_stay_raw(abeja: Abeja, project: Project) -> None:
