@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -378,3 +379,17 @@ def test_v1_flag_selects_the_v1_handler_style(abeja: Abeja, project: Project) ->
     described = run_local(abeja, cwd, "-h", "main:describe", "--input", "request.json", "-q",
                           "--v1", "-e", "ABEJA_RUNTIME_STYLE=abeja")  # fmt: skip
     assert described.returncode == 0, str(described)  # -e wins over --v1
+
+
+def test_startup_wait_is_bounded(abeja: Abeja, project: Project) -> None:
+    cwd = project("responder")
+    started = time.monotonic()
+    result = run_local(
+        abeja, cwd, "-h", "slow_import:handler", "--input", "request.json", "--startup-timeout", "2"
+    )
+    assert result.returncode == 1, str(result)
+    assert time.monotonic() - started < 20
+    (line,) = result.error_lines()
+    assert line.startswith("[error] the model server was not ready after 2 s (it answered 503 on ")
+    assert line.endswith("raise --startup-timeout if loading the model takes longer")
+    assert not _runtime_processes(cwd)
