@@ -121,6 +121,12 @@ class LocalServer(Server):
         self.stop()
         self.start()
 
+    def discard(self) -> None:
+        """Kill at once whatever still runs (also after a Ctrl+C during a graceful stop)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self.kill(proc)
+
 
 class LocalEngine:
     """Runs the runtime in this Python environment."""
@@ -150,8 +156,4 @@ class LocalEngine:
             server.start()
             yield server
         finally:
-            proc = server._proc
-            server._proc = None
-            if proc is not None:
-                # Ctrl+C during a graceful stop lands here too: kill, never leave it behind.
-                LocalServer.kill(proc)
+            server.discard()
