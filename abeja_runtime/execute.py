@@ -125,6 +125,9 @@ class Executor:
         self._timeout = timeout
         self._closed_reason: str | None = None
         self._busy_since: dict[int, float] = {}
+        # Results travel to the loop in batches: one wake-up of the loop per burst, not per call.
+        self._results: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self._results_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._work, name=f"abeja-handler-{i}", daemon=True)
             for i in range(concurrency)
@@ -238,7 +241,17 @@ class Executor:
             self._post(self._finish, job, result, None)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
-        self._loop.call_soon_threadsafe(callback, *args)
+        with self._results_lock:
+            self._results.append((callback, args))
+            first = len(self._results) == 1
+        if first:
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._results_lock:
+            results, self._results = self._results, []
+        for callback, args in results:
+            callback(*args)
 
     def _finish_head(self, job: _Job, response: EncodedResponse) -> None:
         if job.future.cancelled():
