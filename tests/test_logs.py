@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -18,19 +17,6 @@ TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
 MICROSECOND_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}[+-]\d\d:\d\d$")
 REQUEST_ID = "x-abeja-request-id"
 REQUESTER_ID = "x-abeja-requester-id"
-
-
-def shut_down(server: RunningServer, timeout: float = 15.0) -> None:
-    """Stop a runtime started here (not by conftest's factory) and wait for its log reader."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(10)
-    if server.reader is not None:
-        server.reader.join(10)
 
 
 def free_port() -> int:
@@ -66,7 +52,7 @@ def spawn(tmp_path):
 
     yield start
     for server in started:
-        shut_down(server)
+        server.stop(timeout=15)
 
 
 def stop(server: RunningServer) -> int:

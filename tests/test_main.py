@@ -20,19 +20,6 @@ from conftest import HANDLERS, RunningServer, runtime_env, wait_until
 COMMAND_TIMEOUT = 20.0
 
 
-def shut_down(server: RunningServer, timeout: float = 15.0) -> None:
-    """Stop a runtime started here (not by conftest's factory) and wait for its log reader."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(10)
-    if server.reader is not None:
-        server.reader.join(10)
-
-
 def abeja_runtime(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
     executable = shutil.which("abeja-runtime")
     assert executable is not None, "the abeja-runtime script is not on PATH"
@@ -357,4 +344,4 @@ def test_port_variables_choose_the_ports(tmp_path):
         server.wait_healthy()
         assert server.request("GET", "/").json() == {"kind": "sync"}
     finally:
-        shut_down(server)
+        server.stop(timeout=15)

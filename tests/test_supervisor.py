@@ -6,16 +6,12 @@ process served it; ``?exit=1`` kills that process the way a segfault would, ``?h
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import Response, RunningServer, ServerFactory, wait_until
@@ -24,26 +20,9 @@ READY = re.compile(r"worker (\d+) is ready")
 
 
 @pytest.fixture
-def start(make_server: ServerFactory) -> Iterator[Callable[..., RunningServer]]:
-    """``make_server``, but stopped with SIGTERM (its workers stop too) and its log pipe closed."""
-    started: list[tuple[RunningServer, list[threading.Thread]]] = []
-
-    def start_server(*args: Any, **kwargs: Any) -> RunningServer:
-        before = set(threading.enumerate())
-        server = make_server(*args, **kwargs)
-        new = set(threading.enumerate()) - before
-        readers = [thread for thread in new if thread.name.endswith("(_read)")]
-        started.append((server, readers))
-        return server
-
-    yield start_server
-    for server, readers in started:
-        with contextlib.suppress(AssertionError):
-            server.stop(timeout=15)
-        for reader in readers:
-            reader.join(10)  # EOF once the supervisor and every worker have exited
-        if readers and not any(reader.is_alive() for reader in readers) and server.process.stdout:
-            server.process.stdout.close()
+def start(make_server: ServerFactory) -> ServerFactory:
+    """The factory under the name these tests use; it stops every server with SIGTERM."""
+    return make_server
 
 
 def ready_workers(server: RunningServer) -> list[int]:
