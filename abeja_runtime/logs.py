@@ -10,6 +10,7 @@ handler thread.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 import json
@@ -24,6 +25,7 @@ from typing import Any, Final, TextIO
 from abeja_runtime import __version__
 
 __all__ = [
+    "AccessLog",
     "access_logger",
     "capture_prints",
     "configure_logging",
@@ -76,14 +78,12 @@ class JsonFormatter(logging.Formatter):
         self._static = static_fields or {}
 
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = getattr(record, "access", None) or {}
-        if fields:
-            data = {**fields, **self._static}
-        else:
-            data = {"message": record.getMessage(), "version": __version__, **self._static}
-            data.update(getattr(record, "fields", None) or {})
-            if record.exc_info:
-                data["traceback"] = self.formatException(record.exc_info)
+        if getattr(record, "preformatted", False):
+            return record.getMessage()  # access records, already JSON lines (see AccessLog)
+        data = {"message": record.getMessage(), "version": __version__, **self._static}
+        data.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            data["traceback"] = self.formatException(record.exc_info)
         data["log_level"] = _LEVEL_NAMES.get(record.levelno, record.levelname.lower())
         data["timestamp"] = format_timestamp(record.created)
         if (request_id := request_id_var.get()) is not None:
@@ -91,6 +91,46 @@ class JsonFormatter(logging.Formatter):
         if (requester_id := requester_id_var.get()) is not None:
             data.setdefault("requester_id", requester_id)
         return _encode_record(data)
+
+
+class AccessLog:
+    """One access record per request, written in one batch per event-loop iteration.
+
+    It is the hottest log path by far: measured on this machine kind, building, formatting and
+    flushing one ``LogRecord`` per request cost 20-30 % of serving a small JSON request. Records
+    are formatted here with the prebuilt encoder and go out as a single pre-formatted record per
+    batch, through the same handlers and lock as every other record, so lines never interleave.
+    """
+
+    def __init__(self, static_fields: dict[str, str] | None = None) -> None:
+        self._static = static_fields or {}
+        self._pending: list[str] = []
+
+    def record(self, method: str, status: int, received: float, responded: float) -> None:
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
+        data: dict[str, Any] = {
+            "log_type": "access_log",
+            "http_method": method,
+            "http_status": status,
+            "elapsed_microsecs": int((responded - received) * 1_000_000),
+            "request_timestamp": format_timestamp(received, "microseconds"),
+            "response_timestamp": format_timestamp(responded, "microseconds"),
+            "log_level": "info",
+            "timestamp": format_timestamp(responded),
+            **self._static,
+        }
+        if (request_id := request_id_var.get()) is not None:
+            data["request_id"] = request_id
+        if (requester_id := requester_id_var.get()) is not None:
+            data["requester_id"] = requester_id
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(_encode_record(data))
+
+    def _flush(self) -> None:
+        lines, self._pending = self._pending, []
+        access_logger.info("\n".join(lines), extra={"preformatted": True})
 
 
 def configure_logging(level: str, static_fields: dict[str, str] | None = None) -> None:

@@ -28,7 +28,7 @@ from abeja_runtime.encode import EncodedResponse, encode_result
 from abeja_runtime.errors import HandlerResultError, HttpError, ServiceUnavailable
 from abeja_runtime.execute import Execution, Executor
 from abeja_runtime.loader import LoadedHandler
-from abeja_runtime.logs import access_logger, format_timestamp, request_id_var, requester_id_var
+from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var
 from abeja_runtime.request import Request
 
 __all__ = ["HttpServer", "ServingState", "make_web_server"]
@@ -90,6 +90,7 @@ class HttpServer:
             *config.platform.response_headers(),
         )
         self._encode = functools.partial(encode_result, extra_headers=self._extra_headers)
+        self._access_log = AccessLog(config.platform.log_fields())
 
     async def health(self, request: web.BaseRequest) -> web.StreamResponse:
         """The health port: ``/health_check`` only."""
@@ -120,7 +121,8 @@ class HttpServer:
             return response
         finally:
             self._state.request_done()
-            self._log_access(request, response, received)
+            status = response.status if response is not None else 500
+            self._access_log.record(request.method, status, received, time.time())
             request_id_var.reset(request_token)
             requester_id_var.reset(requester_token)
 
@@ -191,24 +193,6 @@ class HttpServer:
             return response
         await response.write_eof()
         return response
-
-    def _log_access(
-        self, request: web.BaseRequest, response: web.StreamResponse | None, received: float
-    ) -> None:
-        now = time.time()
-        access_logger.info(
-            "",
-            extra={
-                "access": {
-                    "log_type": "access_log",
-                    "http_method": request.method,
-                    "http_status": response.status if response is not None else 500,
-                    "elapsed_microsecs": int((now - received) * 1_000_000),
-                    "request_timestamp": format_timestamp(received, "microseconds"),
-                    "response_timestamp": format_timestamp(now, "microseconds"),
-                }
-            },
-        )
 
 
 def _call_and_encode(func: Any, request: Request, context: dict, encode: Any) -> EncodedResponse:
