@@ -183,9 +183,9 @@ class HttpServer:
         try:
             async for chunk in execution.stream:
                 await response.write(chunk)
-        except (HandlerResultError, Exception) as exc:
-            if isinstance(exc, ConnectionError):
-                return response  # the client went away; nothing left to tell it
+        except ConnectionError:
+            return response  # the client went away; nothing left to tell it
+        except Exception as exc:
             # Headers are out: the only honest signal left is to cut the chunked body short.
             _log.error("the handler's streamed content failed after the response began: %s", exc)
             if request.transport is not None:
