@@ -64,7 +64,10 @@ class ServingState:
             self.idle_waiters.clear()
 
 
-def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None):
+def _error_response(
+    status: int, message: str, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """The one shape of every error the runtime answers itself: ``{"status": message}`` JSON."""
     return web.Response(
         status=status,
         body=json.dumps({"status": message}).encode(),
