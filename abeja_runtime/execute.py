@@ -176,7 +176,7 @@ class Executor:
                 if not is_async:
                     return await self._submit(call, self._release_sync)
                 return await self._execute_async(call, encode)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin one before Python 3.11
             if _expired(deadline):
                 raise HandlerTimeout(self._timeout) from None
             raise

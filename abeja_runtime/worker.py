@@ -137,7 +137,7 @@ class _Worker:
             self._state.idle_waiters.append(idle)
             try:
                 await asyncio.wait_for(idle, self._config.grace_period or None)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin one before Python 3.11
                 _log.warning(
                     "%d request(s) still running after the %g s grace period; stopping anyway",
                     self._state.in_flight,
