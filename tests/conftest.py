@@ -116,6 +116,13 @@ class RunningServer:
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
         wait_until(lambda: self.health() == 200, timeout, "/health_check to answer 200")
 
+    def wait_exit(self, timeout: float = 20.0) -> int:
+        """Wait for a runtime that stops by itself, and for its last log line to be read."""
+        code = self.process.wait(timeout)
+        if self.reader is not None:
+            self.reader.join(timeout)
+        return code
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
         """Signal the runtime, wait for it (bounded) and for its log reader; returns the code."""
         if self.process.poll() is None:

@@ -17,10 +17,7 @@ EXIT_TIMEOUT = 20.0
 
 def exit_code(server: RunningServer) -> int:
     """Wait for the runtime to exit and for its last log line to be read."""
-    code = server.process.wait(EXIT_TIMEOUT)
-    assert server.reader is not None
-    server.reader.join(EXIT_TIMEOUT)
-    return code
+    return server.wait_exit(EXIT_TIMEOUT)
 
 
 def load_failure(server: RunningServer) -> str:

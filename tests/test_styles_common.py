@@ -95,7 +95,7 @@ def answer_pid(style: str, answer) -> int:
 
 
 def load_failure(server) -> str:
-    assert server.process.wait(EXIT_TIMEOUT) != 0, server.lines
+    assert server.wait_exit(EXIT_TIMEOUT) != 0, server.lines
     found = [r for r in server.records() if str(r.get("message", "")).startswith("failed to")]
     assert found, server.lines
     return found[0]["message"]
@@ -178,13 +178,13 @@ def test_a_forced_style_that_does_not_fit_says_what_it_needs(make_server, style,
 
 def test_an_unknown_style_is_a_usage_error(make_server):
     server = make_server("ld_sync", "--style", "torchserve", wait=False)
-    assert server.process.wait(EXIT_TIMEOUT) == 2
+    assert server.wait_exit(EXIT_TIMEOUT) == 2
     assert "torchserve" in "\n".join(server.lines)
 
 
 def test_a_module_alone_is_refused_for_the_abeja_style(make_server):
     server = make_server("ld_sync", "--style", "abeja", env={"HANDLER": "main"}, wait=False)
-    assert server.process.wait(EXIT_TIMEOUT) == 2  # a usage error, before anything starts
+    assert server.wait_exit(EXIT_TIMEOUT) == 2  # a usage error, before anything starts
     assert "e.g. main:handler" in "\n".join(server.lines)
 
 

@@ -51,7 +51,7 @@ def project(tmp_path: Path):
 
 def load_failure(server) -> str:
     """Wait for a runtime that cannot load its handler to exit; return the error message."""
-    assert server.process.wait(EXIT_TIMEOUT) != 0, server.lines
+    assert server.wait_exit(EXIT_TIMEOUT) != 0, server.lines
     found = [r for r in server.records() if str(r.get("message", "")).startswith("failed to")]
     assert found, server.lines
     return found[0]["message"]

@@ -223,6 +223,6 @@ def test_a_model_still_unready_after_load_stops_the_start(make_server, tmp_path)
         "        return False\n"
     )
     server = make_server(tmp_path, "--handler", "main:Lazy", wait=False)
-    assert server.process.wait(20) != 0
+    assert server.wait_exit(20) != 0
     messages = [str(r.get("message")) for r in server.records()]
     assert any("Model with name model is not ready" in m for m in messages), server.lines
