@@ -9,6 +9,7 @@ ever held whole in memory beyond the spool threshold. Every problem is raised as
 
 from __future__ import annotations
 
+import io
 import posixpath
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable
@@ -136,9 +137,7 @@ def _parse_query(raw_query: str) -> MultiDictProxy[str]:
 
 
 def _in_memory_content(data: bytes) -> Content:
-    spool = Spool(Scratch(), threshold=len(data))
-    spool.write(data)
-    return Content(spool.finish())
+    return Content(io.BytesIO(data))
 
 
 class _Counter:

@@ -136,13 +136,6 @@ class AccessLog:
 def configure_logging(level: str, static_fields: dict[str, str] | None = None) -> None:
     """Send every log record of this process to stdout as JSON lines."""
     logging.raiseExceptions = False  # a broken stdout must not loop through our own stderr
-    # Our records carry none of these, and collecting them is most of a record's cost: the
-    # caller lookup walks the whole (deep, asyncio) stack for every access-log line. These are
-    # the switches the logging HOWTO documents under "Optimization".
-    logging._srcfile = None  # type: ignore[attr-defined]
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
     logging.config.dictConfig(
         {
             "version": 1,

@@ -30,6 +30,8 @@ from typing import BinaryIO, Final
 
 from abeja_cli.errors import InputError
 
+from abeja_runtime.decode import ALLOWED_METHODS
+
 __all__ = [
     "METHODS",
     "ModelRequest",
@@ -38,7 +40,8 @@ __all__ = [
     "is_json_type",
 ]
 
-METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE")
+#: The runtime's own list: the CLI offers exactly what the runtime delivers to handlers.
+METHODS: Final = ALLOWED_METHODS
 #: Methods whose request may be sent without any ``--input``.
 _BODYLESS: Final = frozenset({"GET", "DELETE"})
 _DEFAULT_TYPE: Final = "application/octet-stream"
