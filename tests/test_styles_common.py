@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from test_styles_cortex import build_model
 
 EXIT_TIMEOUT = 20.0
@@ -111,10 +111,11 @@ def test_the_abeja_runtime_applies_to_every_style(make_server, tmp_path, style):
         build_model(project / "iris.onnx")
     server = make_server(project, "--workers", "2", "--timeout", "1", "--max-body-size", "1KiB")
     # Each worker loads the handler with the detected style (HANDLER is the default main:handler).
-    deadline = time.monotonic() + EXIT_TIMEOUT
-    while len([r for r in server.records() if r.get("style") == style]) < 2:
-        assert time.monotonic() < deadline, f"both workers should log the style: {server.lines}"
-        time.sleep(0.05)
+    wait_until(
+        lambda: len([r for r in server.records() if r.get("style") == style]) >= 2,
+        EXIT_TIMEOUT,
+        "both workers to log the style",
+    )
 
     headers = {"x-abeja-request-id": f"req-{style}"}
     answer = server.post_json(body(0), path=path, headers=headers)
