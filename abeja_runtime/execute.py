@@ -10,7 +10,7 @@ concurrency of 1 every call runs on the thread that imported the handler module.
 
 A sync thread cannot be stopped: when the deadline passes, the client gets 504 at once, but the
 job keeps its place (and counts against the queue) until the thread really returns.
-``oldest_call_started`` lets the worker notice a handler stuck for good and have it recycled.
+``oldest_call_age`` lets the supervisor notice a handler stuck for good and recycle its worker.
 Async handlers are awaited on the loop, at most ``concurrency`` at once; their results are
 encoded on a handler thread.
 """
@@ -119,6 +119,7 @@ class Executor:
     def __init__(self, *, concurrency: int, max_queue: int, timeout: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._concurrency = concurrency
         self._capacity = concurrency + max_queue
         self._pending = 0  # admitted calls whose thread work has not finished
         self._async_slots = asyncio.Semaphore(concurrency)
@@ -141,8 +142,15 @@ class Executor:
         self._jobs.put(_Job(lambda: fn(*args), future, on_done=None))
         return future
 
-    def oldest_call_started(self) -> float | None:
-        return min(self._busy_since.values(), default=None)
+    def oldest_call_age(self) -> float | None:
+        """Seconds the longest-running handler call has been running; None when idle."""
+        started = min(self._busy_since.values(), default=None)
+        return None if started is None else time.monotonic() - started
+
+    @property
+    def queued(self) -> int:
+        """Admitted calls waiting for a handler slot."""
+        return max(0, self._pending - self._concurrency)
 
     def close(self, reason: str = "service unavailable") -> None:
         """Refuse new calls (shutdown, or a stuck worker retiring)."""

@@ -5,6 +5,10 @@ This is the only module that imports aiohttp. It turns an aiohttp request into t
 memory, or streamed chunk by chunk). Every known error becomes ``{"status": message}`` JSON with
 its status code here, and only here; anything unexpected becomes ``500 unexpected error occurred``
 plus one log line for the handler's author.
+
+Two small servers run in the supervisor, not in workers, so that they answer whatever a worker
+does: :class:`ControlServer` on the health-check port (readiness, liveness, metrics), and
+:func:`answer_unavailable` on the service port while no worker is ready.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -25,17 +29,36 @@ from abeja_runtime import __version__
 from abeja_runtime.config import Config
 from abeja_runtime.decode import BodyLimits, check_declared_length, check_method, decode_request
 from abeja_runtime.encode import EncodedResponse, encode_result
-from abeja_runtime.errors import HandlerResultError, HttpError, ServiceUnavailable
+from abeja_runtime.errors import (
+    HandlerResultError,
+    HttpError,
+    ServiceBusy,
+    ServiceUnavailable,
+)
 from abeja_runtime.execute import Execution, Executor
 from abeja_runtime.loader import LoadedHandler
 from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var
+from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.request import Request
 
-__all__ = ["HttpServer", "ServingState", "make_web_server"]
+__all__ = [
+    "HEALTH_PATH",
+    "LIVENESS_PATH",
+    "METRICS_PATH",
+    "ControlServer",
+    "HttpServer",
+    "ServingState",
+    "answer_unavailable",
+    "make_web_server",
+]
 
 _log = logging.getLogger("abeja_runtime")
 
 HEALTH_PATH: Final = "/health_check"
+#: Liveness for kubelets: 200 while the supervisor answers at all (readiness is HEALTH_PATH).
+LIVENESS_PATH: Final = "/livez"
+METRICS_PATH: Final = "/metrics"
 RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
 REQUEST_ID_HEADER: Final = "x-abeja-request-id"
 REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
@@ -79,12 +102,15 @@ _HEALTHY: Final = json.dumps({"status": "ok"}).encode()
 
 
 class HttpServer:
-    """Serves the handler on the service port and ``/health_check`` on both ports."""
+    """Serves the handler on the service port, and that worker's own ``/health_check``."""
 
-    def __init__(self, config: Config, executor: Executor, state: ServingState) -> None:
+    def __init__(
+        self, config: Config, executor: Executor, state: ServingState, metrics: WorkerMetrics
+    ) -> None:
         self._config = config
         self._executor = executor
         self._state = state
+        self._metrics = metrics
         self._limits = BodyLimits(
             max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
         )
@@ -95,21 +121,10 @@ class HttpServer:
         self._encode = functools.partial(encode_result, extra_headers=self._extra_headers)
         self._access_log = AccessLog(config.platform.log_fields())
 
-    async def health(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The health port: ``/health_check`` only."""
-        if request.path != HEALTH_PATH:
-            return _error_response(404, "not found: only /health_check is served on this port")
-        return self._health_response()
-
-    def _health_response(self) -> web.Response:
-        if self._state.ready:
-            return web.Response(body=_HEALTHY, headers={"Content-Type": _JSON})
-        return _error_response(503, "service unavailable")
-
     async def service(self, request: web.BaseRequest) -> web.StreamResponse:
         """The service port: any path runs the handler, except ``/health_check``."""
         if request.path == HEALTH_PATH:
-            return self._health_response()
+            return _health_response(self._state.ready)
         received = time.time()
         request_id = request.headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
         request_token = request_id_var.set(request_id)
@@ -125,7 +140,9 @@ class HttpServer:
         finally:
             self._state.request_done()
             status = response.status if response is not None else 500
-            self._access_log.record(request.method, status, received, time.time())
+            responded = time.time()
+            self._access_log.record(request.method, status, received, responded)
+            self._metrics.observe(status, responded - received)
             request_id_var.reset(request_token)
             requester_id_var.reset(requester_token)
 
@@ -148,10 +165,7 @@ class HttpServer:
                 request_id=request_id,
             )
         except HttpError as exc:
-            response = _error_response(exc.status, exc.message, exc.headers)
-            if exc.status == 413:
-                response.force_close()  # do not read the rest of a body we refused
-            return response
+            return self._http_error(exc)
         try:
             execution = await self._execute(handler, user_request)
             try:
@@ -159,7 +173,7 @@ class HttpServer:
             finally:
                 execution.close()
         except HttpError as exc:
-            return _error_response(exc.status, exc.message, exc.headers)
+            return self._http_error(exc)
         except HandlerResultError as exc:
             _log.error("the handler's return value breaks the contract: %s", exc)
         except Exception:
@@ -167,6 +181,16 @@ class HttpServer:
         finally:
             user_request.close()
         return _error_response(500, "unexpected error occurred")
+
+    def _http_error(self, exc: HttpError) -> web.Response:
+        response = _error_response(exc.status, exc.message, exc.headers)
+        if exc.status == 413:
+            response.force_close()  # do not read the rest of a body we refused
+        elif isinstance(exc, ServiceBusy):
+            self._metrics.rejected("busy")
+        elif isinstance(exc, ServiceUnavailable):
+            self._metrics.rejected("unavailable")
+        return response
 
     async def _execute(self, handler: LoadedHandler, request: Request) -> Execution:
         context = copy.deepcopy(self._config.context) if self._config.context else {}
@@ -196,6 +220,47 @@ class HttpServer:
             return response
         await response.write_eof()
         return response
+
+
+def _health_response(ready: bool) -> web.Response:
+    if ready:
+        return web.Response(body=_HEALTHY, headers={"Content-Type": _JSON})
+    return _error_response(503, "service unavailable")
+
+
+class ControlServer:
+    """The health-check port, served by the supervisor whatever any worker does.
+
+    ``/health_check`` is readiness (200 while a worker is ready to take requests, 503 while none
+    is, and from the start of a shutdown), ``/livez`` is liveness (200 while the supervisor
+    answers), ``/metrics`` the Prometheus scrape of all workers.
+    """
+
+    def __init__(self, is_ready: Callable[[], bool], render_metrics: Callable[[], bytes]) -> None:
+        self._is_ready = is_ready
+        self._render_metrics = render_metrics
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path == HEALTH_PATH:
+            return _health_response(self._is_ready())
+        if path == LIVENESS_PATH:
+            return web.Response(body=_HEALTHY, headers={"Content-Type": _JSON})
+        if path == METRICS_PATH:
+            return web.Response(
+                body=self._render_metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+            )
+        return _error_response(
+            404,
+            f"not found: this port serves only {HEALTH_PATH}, {LIVENESS_PATH} and {METRICS_PATH}",
+        )
+
+
+async def answer_unavailable(request: web.BaseRequest) -> web.StreamResponse:
+    """The service port while no worker is ready: every request gets 503, as on the anchor."""
+    response = _error_response(503, "service unavailable")
+    response.force_close()
+    return response
 
 
 def _call_and_encode(func: Any, request: Request, context: dict, encode: Any) -> EncodedResponse:

@@ -1,23 +1,38 @@
-"""The main process: bind the ports once, keep ``workers`` processes alive, shut down in order.
+"""The main process: bind the ports, keep ``workers`` processes alive, answer for the service.
 
-Workers share the listening sockets created here, so connections wait in one kernel queue: a
-worker that dies loses only the requests it was running, never the queued ones. The supervisor
-replaces a worker that dies, recycles one whose handler is stuck (contract A1), and stops with
-exit 1 instead of crash-looping when the handler cannot be loaded. Signal handlers only record
-the signal; the loop acts on it.
+Workers share the service socket bound here; the health-check port is served here, never by a
+worker, so readiness, liveness and ``/metrics`` answer whatever one worker does. The supervisor
+is an asyncio loop that reacts to four things:
+
+* worker messages on a pipe: ``ready``, ``load_failed``, and a ``heartbeat`` twice a second
+  with the age of the worker's oldest handler call;
+* worker exits: a worker that dies at any time after the service was first ready is replaced,
+  with a growing back-off while replacements keep dying before they are ready; one that cannot
+  load the handler at the very first start stops the service (exit 1), as on the anchor;
+* a tick: a heartbeat silent for ``timeout + grace`` means the worker's event loop is blocked,
+  and it is killed and replaced; a handler call older than that means a stuck thread, and the
+  worker is drained and replaced; a heartbeat silent for a few seconds already takes the worker
+  out of readiness;
+* SIGTERM/SIGINT: readiness says 503, the service port stops accepting, workers drain within
+  the grace period; a second signal kills them.
+
+While no worker is ready the supervisor itself answers the service port with 503, so a request
+never waits behind a loading worker and, once readiness says 200, no request gets 503 because
+some worker is still loading.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
 import logging
 import multiprocessing
 import os
 import signal
 import socket
+import tempfile
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
@@ -26,6 +41,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.loader import install_dependencies, prepare_workdir
 from abeja_runtime.logs import configure_logging
+from abeja_runtime.metrics import SupervisorMetrics, use_directory
 
 __all__ = ["run"]
 
@@ -34,16 +50,13 @@ _mp = multiprocessing.get_context("spawn")  # a clean interpreter per worker; no
 #: Extra seconds past the grace period before stragglers are killed at shutdown.
 _KILL_MARGIN: Final = 5.0
 _BACKLOG: Final = 2048
-#: Until a worker accepts (its interpreter needs ~0.5 s to import aiohttp), the supervisor answers
-#: health checks itself, so that a probe sees 503 within a fraction of a second of the start.
-_STARTING_BODY: Final = json.dumps({"status": "service unavailable"}).encode()
-_STARTING_RESPONSE: Final = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    + f"Content-Length: {len(_STARTING_BODY)}\r\nConnection: close\r\n\r\n".encode()
-    + _STARTING_BODY
-)
-#: A probe gets this long to send its request line before the supervisor moves on.
-_STARTING_READ_TIMEOUT: Final = 0.5
+#: Heartbeats are sent every 0.5 s; a loop silent for this long is not counted as ready. Long
+#: enough for an ``async def`` handler that computes for a second without awaiting.
+_UNRESPONSIVE_AFTER: Final = 3.0
+_TICK: Final = 0.25
+#: Back-off before the next replacement while replacements keep dying before they are ready:
+#: the first is immediate, then 0.5 s doubling up to this.
+_MAX_BACKOFF: Final = 30.0
 
 
 def run(config: Config) -> int:
@@ -73,7 +86,9 @@ def run(config: Config) -> int:
         extra={"fields": {"port": port, "healthcheck_port": healthcheck_port}},
     )
     try:
-        return _Supervisor(config, sockets).run()
+        with tempfile.TemporaryDirectory(prefix="abeja-runtime-metrics-") as metrics_dir:
+            use_directory(metrics_dir)  # before prometheus_client is imported, here or in workers
+            return asyncio.run(_Supervisor(config, sockets).run())
     finally:
         for sock in sockets:
             sock.close()
@@ -86,206 +101,308 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _worker_main(config: Config, service_socket: socket.socket, pipe: Connection) -> None:
+    """The spawned process's target: importing the worker (and aiohttp) happens there."""
+    from abeja_runtime.worker import run_worker
+
+    run_worker(config, service_socket, pipe)
+
+
 class _WorkerProcess:
-    """A worker process and the pipe it reports on."""
+    """A worker process, the pipe it reports on, and what the supervisor knows of it."""
 
-    def __init__(self, config: Config, sockets: tuple[socket.socket, ...], accept_early: bool):
-        from abeja_runtime.worker import run_worker  # only workers import aiohttp
-
+    def __init__(self, config: Config, service_socket: socket.socket) -> None:
         self.pipe, child_end = _mp.Pipe(duplex=False)
         self.process: BaseProcess = _mp.Process(
-            target=run_worker,
-            args=(config, *sockets, child_end, accept_early),
-            name="abeja-runtime-worker",
+            target=_worker_main, args=(config, service_socket, child_end), name="abeja-worker"
         )
         self.process.start()
         child_end.close()
-        self.state = "starting"  # → ready → (stuck) → stopping
+        self.pid: int = self.process.pid or 0
+        self.state = "starting"  # → ready → stopping (drained, killed, or shut down)
+        self.started = self.last_beat = time.monotonic()
+        self.reported_silent = False
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
+    def serving(self, now: float) -> bool:
+        return self.state == "ready" and now - self.last_beat < _UNRESPONSIVE_AFTER
 
     def send_signal(self, signum: int) -> None:
-        if self.process.is_alive() and self.process.pid is not None:
+        if self.process.is_alive():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signum)
+                os.kill(self.pid, signum)
 
 
 class _Supervisor:
     def __init__(self, config: Config, sockets: tuple[socket.socket, socket.socket]) -> None:
         self._config = config
-        self._sockets = sockets
+        self._service_socket, self._health_socket = sockets
         self._workers: list[_WorkerProcess] = []
-        self._signals: list[int] = []
+        self._ever_ready = False
+        self._draining = False
         self._shutdown_deadline: float | None = None
         self._exit_code = 0
-        self._a_worker_accepts = False
+        self._deaths_before_ready = 0
+        self._respawns: set[asyncio.TimerHandle] = set()
+        self._fallback: asyncio.AbstractServer | None = None
+        self._fallback_starting = False
+        self._finished = asyncio.Event()
 
-    def run(self) -> int:
-        wake_reader, wake_writer = socket.socketpair()
-        wake_writer.setblocking(False)
-        previous = {
-            signum: signal.signal(signum, self._record_signal)
-            for signum in (signal.SIGTERM, signal.SIGINT)
-        }
-        previous_fd = signal.set_wakeup_fd(wake_writer.fileno())
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        for _ in range(self._config.workers):
+            self._spawn()
+        # Imported while the workers start: aiohttp takes a few hundred ms to import.
+        from aiohttp import web
+
+        from abeja_runtime.server import ControlServer, answer_unavailable, make_web_server
+
+        self._metrics = SupervisorMetrics(__version__, self._config.handler, self._config.style)
+        control = ControlServer(self._is_ready, self._metrics.render)
+        runner = web.ServerRunner(
+            make_web_server(control.handle), handle_signals=False, shutdown_timeout=1
+        )
+        await runner.setup()
+        await web.SockSite(runner, self._health_socket).start()
+        self._fallback_server = make_web_server(answer_unavailable)
+        self._refresh()
+        ticker = asyncio.create_task(self._watch())
         try:
-            for _ in range(self._config.workers):
-                self._spawn(accept_early=True)
-            while self._workers:
-                self._step(wake_reader)
-            return self._exit_code
+            await self._finished.wait()
         finally:
-            signal.set_wakeup_fd(previous_fd)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            ticker.cancel()
             for worker in self._workers:
                 worker.process.kill()
-            wake_reader.close()
-            wake_writer.close()
+            self._fallback_off()
+            await runner.cleanup()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+        return self._exit_code
 
-    def _record_signal(self, signum: int, frame: Any) -> None:
-        self._signals.append(signum)
+    # -- readiness ---------------------------------------------------------------------------
 
-    def _spawn(self, accept_early: bool) -> None:
-        worker = _WorkerProcess(self._config, self._sockets, accept_early)
+    def _is_ready(self) -> bool:
+        if self._draining or self._fallback is not None:
+            return False
+        now = time.monotonic()
+        return any(worker.serving(now) for worker in self._workers)
+
+    def _refresh(self) -> None:
+        """Answer the service port ourselves exactly while no worker is ready."""
+        now = time.monotonic()
+        wanted = not self._draining and not any(w.serving(now) for w in self._workers)
+        if not wanted:
+            self._fallback_off()
+        elif self._fallback is None and not self._fallback_starting:
+            self._fallback_starting = True
+            asyncio.get_running_loop().create_task(self._fallback_on())
+
+    async def _fallback_on(self) -> None:
+        if self._draining:  # the service socket is closed already
+            self._fallback_starting = False
+            return
+        # A duplicate of the shared socket: closing it stops only our accepting.
+        sock = socket.socket(fileno=os.dup(self._service_socket.fileno()))
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                self._fallback_server, sock=sock
+            )
+        finally:
+            self._fallback_starting = False
+        self._fallback = server
+        self._refresh()  # a worker may have become ready meanwhile
+
+    def _fallback_off(self) -> None:
+        if self._fallback is not None:
+            self._fallback.close()  # closes the listening socket at once; answers in flight end
+            self._fallback = None
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        worker = _WorkerProcess(self._config, self._service_socket)
         self._workers.append(worker)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(worker.pipe.fileno(), self._on_message, worker)
+        loop.add_reader(worker.process.sentinel, self._on_exit, worker)
         _log.debug("started worker %s", worker.pid)
 
-    def _step(self, wake_reader: socket.socket) -> None:
-        waitables: list[Any] = [wake_reader]
-        health_socket = self._sockets[1]
-        if not self._a_worker_accepts:
-            waitables.append(health_socket)
-        for worker in self._workers:
-            waitables += [worker.process.sentinel]
-            if not worker.pipe.closed:
-                waitables.append(worker.pipe)
-        timeout = None
-        if self._shutdown_deadline is not None:
-            timeout = max(0.0, self._shutdown_deadline - time.monotonic())
-        ready = wait(waitables, timeout)
-        if wake_reader in ready:
-            with contextlib.suppress(BlockingIOError):
-                wake_reader.recv(4096)
-        self._handle_signals()
-        if health_socket in ready and not self._a_worker_accepts:
-            _answer_while_starting(health_socket)
-        for worker in list(self._workers):
-            if worker.pipe in ready:
-                self._handle_message(worker)
-            if worker.process.sentinel in ready:
-                self._handle_exit(worker)
-        if self._shutdown_deadline is not None and time.monotonic() >= self._shutdown_deadline:
-            for worker in self._workers:
-                _log.warning("worker %s did not stop in time; killing it", worker.pid)
-                worker.process.kill()
-                worker.process.join(5)
-            self._workers.clear()
-
-    def _handle_signals(self) -> None:
-        while self._signals:
-            signum = self._signals.pop(0)
-            if self._shutdown_deadline is None:
-                _log.info(
-                    "signal %s received; shutting down gracefully", signal.Signals(signum).name
-                )
-                self._begin_shutdown()
+    def _on_message(self, worker: _WorkerProcess) -> None:
+        try:
+            message = worker.pipe.recv()
+        except (EOFError, OSError):
+            self._close_pipe(worker)
+            return
+        kind = message[0]
+        if kind == "heartbeat":
+            worker.last_beat = time.monotonic()
+            if worker.reported_silent:
+                worker.reported_silent = False
+                _log.info("worker %s answers again", worker.pid)
+            age = message[1]
+            limit = self._config.stuck_after
+            if worker.state == "ready" and limit is not None and age is not None and age > limit:
+                self._recycle_stuck(worker)
+        elif kind == "ready":
+            worker.last_beat = time.monotonic()
+            if worker.state == "starting":
+                worker.state = "ready"
+                self._ever_ready = True
+                self._deaths_before_ready = 0
+                _log.info("worker %s is ready", worker.pid)
+        elif kind == "load_failed":
+            _, text, details = message
+            fields = {"traceback": details.rstrip()} if details else {}
+            if self._ever_ready:
+                _log.error("worker %s could not load the handler: %s", worker.pid, text)
             else:
-                _log.warning("second signal received; stopping at once")
-                for worker in self._workers:
-                    worker.process.kill()
+                _log.error("failed to setup model: %s", text, extra={"fields": fields})
                 self._exit_code = 1
+                self._begin_shutdown()
+        self._refresh()
+
+    def _close_pipe(self, worker: _WorkerProcess) -> None:
+        if not worker.pipe.closed:
+            asyncio.get_running_loop().remove_reader(worker.pipe.fileno())
+            worker.pipe.close()
+
+    def _recycle_stuck(self, worker: _WorkerProcess) -> None:
+        config = self._config
+        _log.error(
+            "a handler call in worker %s has been running for more than %g s (timeout %g s + "
+            "grace %g s); this worker stops taking requests and will be replaced",
+            worker.pid,
+            config.stuck_after,
+            config.timeout,
+            config.grace_period,
+        )
+        worker.state = "stopping"
+        worker.send_signal(signal.SIGTERM)  # it drains; the stuck thread dies with it
+        self._metrics.worker_restarted("stuck")
+        self._spawn()
+        _log.warning("recycling worker %s, whose handler is stuck", worker.pid)
+
+    def _on_exit(self, worker: _WorkerProcess) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(worker.process.sentinel)
+        worker.process.join()
+        while not worker.pipe.closed and worker.pipe.poll():  # e.g. load_failed, still queued
+            self._on_message(worker)
+        self._close_pipe(worker)
+        self._workers.remove(worker)
+        self._metrics.worker_gone(worker.pid)
+        code = worker.process.exitcode
+        if self._draining:
+            if not self._workers:
+                self._finished.set()
+            return
+        if worker.state == "starting" and not self._ever_ready:
+            _log.error(
+                "failed to setup model: the worker exited (%s) while loading the handler",
+                _describe_exit(code),
+            )
+            self._exit_code = 1
+            self._begin_shutdown()
+            return
+        if worker.state != "stopping":  # a recycled worker's replacement exists already
+            self._replace(worker, code)
+        self._refresh()
+
+    def _replace(self, worker: _WorkerProcess, code: int | None) -> None:
+        if worker.state == "starting":
+            self._deaths_before_ready += 1
+        delay = _backoff(self._deaths_before_ready)
+        when = f" in {delay:g} s (replacements keep dying before they are ready)" if delay else ""
+        _log.error(
+            "worker %s exited unexpectedly (%s); starting a replacement%s",
+            worker.pid,
+            _describe_exit(code),
+            when,
+        )
+        self._metrics.worker_restarted("crashed")
+        if not delay:
+            self._spawn()
+            return
+        handle: asyncio.TimerHandle
+
+        def respawn() -> None:
+            self._respawns.discard(handle)
+            self._spawn()
+
+        handle = asyncio.get_running_loop().call_later(delay, respawn)
+        self._respawns.add(handle)
+
+    async def _watch(self) -> None:
+        """Judge heartbeats and the shutdown deadline from outside the workers' loops."""
+        limit = self._config.stuck_after
+        while True:
+            await asyncio.sleep(_TICK)
+            now = time.monotonic()
+            for worker in list(self._workers):
+                if worker.state != "ready":
+                    continue
+                silent = now - worker.last_beat
+                if limit is not None and silent > limit:
+                    _log.error(
+                        "worker %s has not answered for %.0f s (timeout + grace): its event loop "
+                        "is blocked, e.g. by an async handler that does not await; killing it",
+                        worker.pid,
+                        silent,
+                    )
+                    worker.state = "stopping"
+                    worker.process.kill()
+                    self._metrics.worker_restarted("blocked")
+                    self._spawn()
+                elif silent > _UNRESPONSIVE_AFTER and not worker.reported_silent:
+                    worker.reported_silent = True
+                    _log.warning(
+                        "worker %s has not answered for %.0f s; it does not count as ready "
+                        "until it does",
+                        worker.pid,
+                        silent,
+                    )
+            if self._shutdown_deadline is not None and now >= self._shutdown_deadline:
+                for worker in self._workers:
+                    _log.warning("worker %s did not stop in time; killing it", worker.pid)
+                    worker.process.kill()
+                self._shutdown_deadline = None
+            self._refresh()
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int) -> None:
+        if not self._draining:
+            _log.info("signal %s received; shutting down gracefully", signal.Signals(signum).name)
+            self._begin_shutdown()
+        else:
+            _log.warning("second signal received; stopping at once")
+            for worker in self._workers:
+                worker.process.kill()
+            self._exit_code = 1
 
     def _begin_shutdown(self) -> None:
-        # New connections to the service port are refused from now on; the health port stays
-        # open so that draining workers can answer 503.
-        self._sockets[0].close()
+        if self._draining:
+            return
+        self._draining = True
+        for handle in self._respawns:
+            handle.cancel()
+        self._respawns.clear()
+        self._fallback_off()
+        # The service port refuses connections once every worker has closed its copy too.
+        self._service_socket.close()
         self._shutdown_deadline = time.monotonic() + self._config.grace_period + _KILL_MARGIN
         for worker in self._workers:
             worker.state = "stopping"
             worker.send_signal(signal.SIGTERM)
-
-    def _handle_message(self, worker: _WorkerProcess) -> None:
-        try:
-            message = worker.pipe.recv()
-        except (EOFError, OSError):
-            worker.pipe.close()
-            return
-        kind = message[0]
-        if kind == "accepting":
-            self._a_worker_accepts = True
-        elif kind == "ready":
-            self._a_worker_accepts = True
-            if worker.state == "starting":
-                worker.state = "ready"
-                _log.info("worker %s is ready", worker.pid)
-            self._retire_stuck_workers()
-        elif kind == "load_failed":
-            _, text, details = message
-            fields = {"traceback": details.rstrip()} if details else {}
-            _log.error("failed to setup model: %s", text, extra={"fields": fields})
-            self._exit_code = 1
-            if self._shutdown_deadline is None:
-                self._begin_shutdown()
-        elif kind == "stuck":
-            worker.state = "stuck"
-            self._spawn(accept_early=not self._ready_workers())
-            self._retire_stuck_workers()
-
-    def _ready_workers(self) -> list[_WorkerProcess]:
-        return [worker for worker in self._workers if worker.state == "ready"]
-
-    def _retire_stuck_workers(self) -> None:
-        """Stop stuck workers once a healthy one can take their traffic."""
-        if not self._ready_workers():
-            return
-        for worker in self._workers:
-            if worker.state == "stuck":
-                worker.state = "stopping"
-                _log.warning("recycling worker %s, whose handler is stuck", worker.pid)
-                worker.send_signal(signal.SIGTERM)
-
-    def _handle_exit(self, worker: _WorkerProcess) -> None:
-        worker.process.join()
-        self._workers.remove(worker)
-        if not worker.pipe.closed:
-            while worker.pipe.poll():  # a last message (e.g. load_failed) may still be queued
-                self._handle_message(worker)
-                if worker.pipe.closed:
-                    break
-            worker.pipe.close()
-        code = worker.process.exitcode
-        if worker.state == "stopping" or self._shutdown_deadline is not None:
-            return
-        if worker.state == "starting":
-            _log.error("a worker exited with code %s before it was ready; stopping", code)
-            self._exit_code = 1
-            self._begin_shutdown()
-            return
-        _log.error(
-            "worker %s exited unexpectedly (%s); starting a replacement",
-            worker.pid,
-            _describe_exit(code),
-        )
-        self._spawn(accept_early=not self._ready_workers())
+        if not self._workers:
+            self._finished.set()
 
 
-def _answer_while_starting(health_socket: socket.socket) -> None:
-    """Answer one health probe with 503 before any worker listens; bounded, never blocks long."""
-    health_socket.setblocking(False)  # a worker may have taken the connection first
-    try:
-        connection, _ = health_socket.accept()
-    except (BlockingIOError, InterruptedError):
-        return
-    with connection:
-        connection.settimeout(_STARTING_READ_TIMEOUT)
-        try:
-            connection.recv(8192)
-            connection.sendall(_STARTING_RESPONSE)
-        except OSError:
-            pass
+def _backoff(deaths_before_ready: int) -> float:
+    if deaths_before_ready <= 1:
+        return 0.0
+    return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths_before_ready - 2)))
 
 
 def _describe_exit(code: int | None) -> str:

@@ -1,10 +1,13 @@
-"""One worker process: serve both ports, load the handler, drain on SIGTERM, report upwards.
+"""One worker process: load the handler, then serve the service port; drain on SIGTERM.
 
-The worker starts answering (503) before the handler is imported, so that a slow import is
-visible to health checks; the import runs on the first slot's thread, the thread that will call
-the handler. Messages to the supervisor go through a pipe: ``ready``, ``load_failed`` and
-``stuck`` (a handler ran past timeout + grace: the worker stops taking work so that the
-supervisor can replace it).
+A worker takes no connection before its handler is loaded: until some worker is ready the
+supervisor answers the service port itself (503), so a loading worker never refuses traffic
+that a ready one could serve. The import runs on the first slot's thread, the thread that will
+call the handler. Messages to the supervisor go through a pipe: ``ready``, ``load_failed``, and
+a ``heartbeat`` twice a second carrying how long the oldest handler call has been running. The
+heartbeat comes from the event loop, so its silence tells the supervisor that the loop is
+blocked (an ``async def`` handler that never awaits); the age tells it that a handler thread is
+stuck. Both decisions are the supervisor's, taken from outside this process.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -28,9 +30,10 @@ from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.execute import Executor
 from abeja_runtime.loader import load_handler
 from abeja_runtime.logs import capture_prints, configure_logging
+from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.server import HttpServer, ServingState, make_web_server
 
-__all__ = ["run_worker"]
+__all__ = ["HEARTBEAT_INTERVAL", "run_worker"]
 
 _log = logging.getLogger("abeja_runtime")
 #: How long a thread may hold the GIL while another waits for it. The default 5 ms lets the event
@@ -39,22 +42,18 @@ _log = logging.getLogger("abeja_runtime")
 #: 1 ms: p99 6.5 ms and 15-20 % more requests/s. Shorter intervals gained nothing more.
 _GIL_SWITCH_INTERVAL: Final = 0.001
 _ORPHAN_CHECK_INTERVAL: Final = 0.5
+#: Seconds between heartbeats; the supervisor's judgements are multiples of this.
+HEARTBEAT_INTERVAL: Final = 0.5
 
 
-def run_worker(
-    config: Config,
-    service_socket: socket.socket,
-    health_socket: socket.socket,
-    pipe: Connection,
-    accept_early: bool,
-) -> None:
+def run_worker(config: Config, service_socket: socket.socket, pipe: Connection) -> None:
     """Process entry point; ``os._exit`` at the end, so a stuck handler thread cannot hold it."""
     configure_logging(config.log_level, config.platform.log_fields())
     capture_prints()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the supervisor, which decides
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL)
     try:
-        code = asyncio.run(_Worker(config, service_socket, health_socket, pipe).serve(accept_early))
+        code = asyncio.run(_Worker(config, service_socket, pipe).serve())
     except Exception:
         _log.exception("the worker failed")
         code = 1
@@ -63,20 +62,14 @@ def run_worker(
 
 
 class _Worker:
-    def __init__(
-        self,
-        config: Config,
-        service_socket: socket.socket,
-        health_socket: socket.socket,
-        pipe: Connection,
-    ) -> None:
+    def __init__(self, config: Config, service_socket: socket.socket, pipe: Connection) -> None:
         self._config = config
-        self._sockets = (service_socket, health_socket)
+        self._socket = service_socket
         self._pipe = pipe
         self._state = ServingState()
         self._stop = asyncio.Event()
 
-    async def serve(self, accept_early: bool) -> int:
+    async def serve(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         # Kept referenced for the life of the worker; asyncio.run cancels it at the end.
@@ -85,21 +78,13 @@ class _Worker:
         executor = Executor(
             concurrency=config.concurrency, max_queue=config.max_queue, timeout=config.timeout
         )
-        http = HttpServer(config, executor, self._state)
+        metrics = WorkerMetrics()
+        http = HttpServer(config, executor, self._state, metrics)
         # In-flight requests get the grace period in _drain; cleanup only closes what is left.
-        runners = [
-            web.ServerRunner(make_web_server(handler), handle_signals=False, shutdown_timeout=1)
-            for handler in (http.service, http.health)
-        ]
-        for runner in runners:
-            await runner.setup()
-        sites = [
-            web.SockSite(runner, sock) for runner, sock in zip(runners, self._sockets, strict=True)
-        ]
-        if accept_early:
-            for site in sites:
-                await site.start()
-            self._pipe.send(("accepting",))
+        runner = web.ServerRunner(
+            make_web_server(http.service), handle_signals=False, shutdown_timeout=1
+        )
+        await runner.setup()
         try:
             self._state.handler = await executor.run_on_thread(
                 load_handler, config.handler, Path.cwd(), config
@@ -110,28 +95,32 @@ class _Worker:
             if isinstance(exc, HandlerLoadError) and cause is not None:
                 details = "".join(traceback.format_exception(cause))
             self._pipe.send(("load_failed", str(exc), details))
-            await _cleanup(runners)
+            await runner.cleanup()
             return 1
-        if not accept_early:
-            for site in sites:
-                await site.start()
+        site = web.SockSite(runner, self._socket)
+        await site.start()
         self._pipe.send(("ready",))
-        watchdog = asyncio.create_task(self._watch_for_stuck_handler(executor, sites))
+        self._heartbeat = asyncio.create_task(self._beat(executor, metrics))
         await self._stop.wait()
-        watchdog.cancel()
-        await self._drain(executor, runners[0], sites[0])
-        await _cleanup(runners)
+        await self._drain(executor, site)
+        await runner.cleanup()
         executor.stop_threads()
         return 0
 
-    async def _drain(
-        self, executor: Executor, service_runner: web.BaseRunner, service_site: web.BaseSite
-    ) -> None:
+    async def _beat(self, executor: Executor, metrics: WorkerMetrics) -> None:
+        while True:
+            metrics.sample(self._state.in_flight, executor.queued)
+            try:
+                self._pipe.send(("heartbeat", executor.oldest_call_age()))
+            except OSError:  # the supervisor is gone; the orphan watch ends this process
+                return
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def _drain(self, executor: Executor, site: web.BaseSite) -> None:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""
         self._state.draining = True
         executor.close()
-        if service_site in service_runner.sites:  # a stuck worker has stopped it already
-            await service_site.stop()
+        await site.stop()
         if self._state.in_flight:
             idle = asyncio.get_running_loop().create_future()
             self._state.idle_waiters.append(idle)
@@ -143,29 +132,6 @@ class _Worker:
                     self._state.in_flight,
                     self._config.grace_period,
                 )
-
-    async def _watch_for_stuck_handler(self, executor: Executor, sites: list[web.BaseSite]) -> None:
-        limit = self._config.stuck_after
-        if limit is None:
-            return
-        interval = min(1.0, limit / 4)
-        while True:
-            await asyncio.sleep(interval)
-            started = executor.oldest_call_started()
-            if started is not None and time.monotonic() - started > limit:
-                break
-        _log.error(
-            "a handler call has been running for more than %g s (timeout %g s + grace %g s); "
-            "this worker stops taking requests and will be replaced",
-            limit,
-            self._config.timeout,
-            self._config.grace_period,
-        )
-        self._state.draining = True
-        executor.close()
-        for site in sites:
-            await site.stop()
-        self._pipe.send(("stuck",))
 
 
 async def _exit_when_orphaned(supervisor_pid: int) -> None:
@@ -180,7 +146,3 @@ async def _exit_when_orphaned(supervisor_pid: int) -> None:
     logging.shutdown()
     os._exit(1)
 
-
-async def _cleanup(runners: list[web.ServerRunner]) -> None:
-    for runner in runners:
-        await runner.cleanup()

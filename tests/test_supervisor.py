@@ -147,6 +147,7 @@ def test_a_stuck_handler_gets_504_at_once_and_its_worker_recycled(start):
         lambda r: r.get("message") == f"recycling worker {old}, whose handler is stuck"
     )
     assert recycled["log_level"] == "warning"
+    server.wait_healthy(15)  # until the replacement is ready the service answers 503
     fresh = pid_of(server.request("GET", "/", timeout=10))
     assert fresh != old
     wait_until(lambda: not alive(old), 10, f"the stuck worker {old} to exit")
