@@ -1,0 +1,138 @@
+"""Readiness and worker supervision under faults: the service never dies for a worker's sake.
+
+Each test reproduces a fault an operator met (a slow second worker, a replacement killed while it
+loads, replacements that keep dying, an ``async def`` handler that blocks its loop) with real
+processes and sockets, and checks what the fault may and may not cost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RunningServer, ServerFactory, wait_until
+from test_supervisor import alive, crash_a_worker, pid_of, ready_workers, wait_for_ready_workers
+
+DIED = re.compile(r"worker (\d+) exited unexpectedly \((.+?)\); starting a replacement(.*)")
+
+
+def children(pid: int) -> set[int]:
+    """The supervisor's worker processes (its resource tracker left out)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"resource_tracker" not in cmdline:
+                found.add(int(child))
+    return found
+
+
+def deaths(server: RunningServer) -> list[tuple[int, str, str]]:
+    return [
+        (int(m.group(1)), m.group(2), m.group(3))
+        for record in server.records()
+        if (m := DIED.fullmatch(record.get("message", "")))
+    ]
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> dict[str, str]:
+    return {"RL_MARKER": str(tmp_path / "first-import-done")}
+
+
+def test_ready_means_no_503_while_another_worker_loads(make_server, marker):
+    server = make_server("rl_slow_replacements", "--workers", "2", env=marker)
+    assert len(ready_workers(server)) == 1, "the second worker should still be loading"
+
+    statuses = [server.request("GET", "/").status for _ in range(60)]
+
+    assert statuses == [200] * 60
+    assert len(ready_workers(server)) == 1, "the test ran after the second worker was ready"
+
+
+def test_a_replacement_killed_while_it_loads_is_replaced_again(make_server, marker):
+    server = make_server("rl_slow_replacements", "--workers", "2", env={**marker, "RL_SLOW": "3"})
+    first, second = wait_for_ready_workers(server, 2)
+
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: deaths(server), 10, "the first death to be logged")
+    replacement = wait_until(lambda: children(server.process.pid) - {second}, 5, "a replacement")
+    (replacement,) = replacement
+    os.kill(replacement, signal.SIGKILL)  # during its 3 s load
+    answers = [server.request("GET", "/", timeout=10) for _ in range(10)]
+
+    assert [pid_of(answer) for answer in answers] == [second] * 10
+    assert server.health() == 200
+    wait_until(lambda: len(deaths(server)) == 2, 10, "the second death to be logged")
+    assert deaths(server) == [
+        (first, "killed by SIGKILL", ""),
+        (replacement, "killed by SIGKILL", ""),
+    ]
+    wait_for_ready_workers(server, 3)  # the second replacement loads and serves
+    assert server.process.poll() is None
+
+
+def test_replacements_that_keep_dying_back_off_and_answer_503(make_server, marker):
+    server = make_server("rl_replacements_die", env=marker)
+    crash = threading.Thread(target=crash_a_worker, args=(server,), daemon=True)
+    crash.start()
+
+    wait_until(lambda: len(deaths(server)) >= 4, 15, "four deaths in a row")
+    found = deaths(server)
+    delays = [when for _, _, when in found[:4]]
+
+    assert found[0][1] == "exit code 3"  # the crash, then replacements dying at import
+    assert {how for _, how, _ in found[1:4]} == {"exit code 9"}
+    assert delays[0] == delays[1] == ""  # the first replacements start at once
+    assert delays[2].startswith(" in 0.5 s") and delays[3].startswith(" in 1 s"), delays
+    assert server.health() == 503
+    assert server.request("GET", "/").status == 503  # an answer, never a hang
+    assert server.request("GET", "/livez", port=server.healthcheck_port).status == 200
+    assert server.process.poll() is None
+    assert server.stop() == 0
+
+
+def test_a_blocked_event_loop_is_killed_and_replaced_from_outside(make_server):
+    server = make_server(
+        "rl_async_block", "--workers", "2", "--timeout", "1", "--grace-period", "2"
+    )
+    workers = wait_for_ready_workers(server, 2)
+    outcome: list[object] = []
+
+    def blocked_call() -> None:
+        try:
+            outcome.append(server.request("GET", "/?block=25", timeout=30).status)
+        except ConnectionError as exc:
+            outcome.append(type(exc).__name__)
+
+    began = time.monotonic()
+    caller = threading.Thread(target=blocked_call, daemon=True)
+    caller.start()
+    blocked = wait_until(
+        lambda: next(
+            (r for r in server.records() if "its event loop is blocked" in r.get("message", "")),
+            None,
+        ),
+        10,
+        "the blocked worker to be noticed",
+    )
+    noticed = time.monotonic() - began
+    # Meanwhile and after, the other worker serves and the health port answers at once.
+    for _ in range(5):
+        assert server.request("GET", "/", timeout=5).status == 200
+        health_began = time.monotonic()
+        assert server.health() == 200
+        assert time.monotonic() - health_began < 1.0
+    caller.join(10)
+
+    victim = int(blocked["message"].split()[1])
+    assert victim in workers
+    assert noticed < 1 + 2 + 2, f"noticed after {noticed:.1f} s; timeout + grace is 3 s"
+    assert outcome and outcome[0] != 200, outcome
+    wait_until(lambda: not alive(victim), 5, "the blocked worker to be gone")
+    wait_for_ready_workers(server, 3)
