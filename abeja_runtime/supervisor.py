@@ -34,7 +34,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Final
+from typing import Final
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config

@@ -145,4 +145,3 @@ async def _exit_when_orphaned(supervisor_pid: int) -> None:
     _log.error("the supervisor process is gone; this worker exits")
     logging.shutdown()
     os._exit(1)
-

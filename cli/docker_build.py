@@ -118,6 +118,36 @@ class ImageBuilder:
         self._remove_others(f"{LABEL_PREFIX}.project={key.project}", "project", keep=image)
         return image
 
+    def production_image(
+        self,
+        project: Path,
+        base_image: str,
+        *,
+        tag: str,
+        env: Mapping[str, str],
+        no_cache: bool = False,
+    ) -> Image:
+        """The project image made production-ready (images/production.Dockerfile), as ``tag``.
+
+        ``env`` holds HANDLER and the model's variables; they are baked in as ``ENV``.
+        """
+        base = self.project_image(project, base_image, no_cache=no_cache)
+        labels = {
+            f"{LABEL_PREFIX}.kind": "production",
+            f"{LABEL_PREFIX}.project": str(project),
+            f"{LABEL_PREFIX}.runtime-version": self._source.version,
+            f"{LABEL_PREFIX}.handler": env.get("HANDLER", ""),
+        }
+        self._info(f"building the production image {tag}")
+        with images.production_context(self._source, env, labels) as context:
+            return self._build(
+                context,
+                tag=tag,
+                buildargs={"PROJECT_IMAGE": str(base.id)},
+                no_cache=no_cache,
+                what=f"the production image {tag}",
+            )
+
     # -- helpers -------------------------------------------------------------------------
 
     def _find(self, digest: str) -> Image | None:

@@ -39,8 +39,10 @@ __all__ = [
     "ProjectKey",
     "RuntimeKey",
     "RuntimeSource",
+    "env_instruction",
     "find_runtime_source",
     "label_instruction",
+    "production_context",
     "project_context",
     "requirements_digest",
     "runtime_context",
@@ -95,6 +97,10 @@ class RuntimeSource:
     @property
     def project_dockerfile(self) -> Path:
         return self.root / "images" / "project.Dockerfile"
+
+    @property
+    def production_dockerfile(self) -> Path:
+        return self.root / "images" / "production.Dockerfile"
 
 
 def _package_version(root: Path) -> str:
@@ -316,6 +322,28 @@ def label_instruction(labels: Mapping[str, str]) -> bytes:
         quoted = json.dumps(value, ensure_ascii=False).replace("$", "\\$")
         pairs.append(f'"{key}"={quoted}')
     return ("\nLABEL " + " ".join(pairs) + "\n").encode("utf-8")
+
+
+def env_instruction(env: Mapping[str, str]) -> bytes:
+    """One ``ENV`` line that bakes the model's variables into an image (empty when none)."""
+    if not env:
+        return b""
+    pairs = [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in sorted(env.items())]
+    return ("\nENV " + " ".join(p.replace("$", "\\$") for p in pairs) + "\n").encode("utf-8")
+
+
+def production_context(
+    source: RuntimeSource, env: Mapping[str, str], labels: Mapping[str, str]
+) -> IO[bytes]:
+    """Build context of a production image: its Dockerfile, the variables and the labels."""
+    buffer = io.BytesIO()
+    dockerfile = (
+        source.production_dockerfile.read_bytes() + env_instruction(env) + label_instruction(labels)
+    )
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _add_bytes(tar, "Dockerfile", dockerfile)
+    buffer.seek(0)
+    return buffer
 
 
 def runtime_context(

@@ -6,6 +6,7 @@ Commands import Docker and the engines only when they run, so ``abeja --help`` s
 from __future__ import annotations
 
 import click
+from abeja_cli.build import build
 from abeja_cli.run_local import run_local
 from abeja_cli.run_local_server import run_local_server
 
@@ -20,8 +21,9 @@ def abeja() -> None:
 
 @abeja.group()
 def model() -> None:
-    """Run a model handler (main.py) on this machine."""
+    """Run a model handler (main.py) on this machine, and take it to production."""
 
 
 model.add_command(run_local)
 model.add_command(run_local_server)
+model.add_command(build)

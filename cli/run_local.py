@@ -25,7 +25,7 @@ __all__ = ["run_local"]
 
 
 @click.command("run-local")
-@model_options
+@model_options()
 @click.option(
     "--input",
     "inputs",

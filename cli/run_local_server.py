@@ -31,7 +31,7 @@ _TICK: Final = 0.3
 
 
 @click.command("run-local-server")
-@model_options
+@model_options()
 @click.option(
     "-p",
     "--port",

@@ -72,11 +72,11 @@ class ModelOptions:
         return cls(
             handler=handler,
             image=image,
-            device_type=params["device_type"],
+            device_type=params.get("device_type", "x86_cpu"),
             env=env,
-            engine=params["engine"],
+            engine=params.get("engine"),
             no_cache=params["no_cache"],
-            startup_timeout=params["startup_timeout"],
+            startup_timeout=params.get("startup_timeout", 120.0),
             project=Path.cwd().resolve(),
         )
 
@@ -92,88 +92,99 @@ class ModelOptions:
         )
 
 
-def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a command with the options shared by run-local and run-local-server."""
-    options = [
-        click.option(
-            "-h",
-            "--handler",
-            required=True,
-            metavar="MODULE:FUNCTION",
-            help="Model handler, e.g. main:handler (becomes HANDLER).",
-        ),
-        click.option(
-            "-i",
-            "--image",
-            default=DEFAULT_IMAGE,
-            show_default=True,
-            help="Base image with Python 3.10+ that the model's image is built on.",
-        ),
-        click.option(
-            "-d",
-            "--device-type",
-            "--device_type",
-            "device_type",
-            type=click.Choice(DEVICE_TYPES),
-            default="x86_cpu",
-            show_default=True,
-            help="Device type; x86_gpu gives the container all GPUs.",
-        ),
-        click.option(
-            "-e",
-            "--environment",
-            multiple=True,
-            metavar="KEY=VALUE",
-            help="Environment variable for the model (KEY=VALUE or KEY:VALUE); repeatable.",
-        ),
-        click.option(
-            "--env-file",
-            type=click.Path(dir_okay=False),
-            default=None,
-            help="File of KEY=VALUE lines (dotenv syntax) for the model's environment.",
-        ),
-        click.option(
-            "-o",
-            "--organization-id",
-            "--organization_id",
-            "organization_id",
-            default=None,
-            help="Sets ABEJA_ORGANIZATION_ID (no account or network call is needed).",
-        ),
-        click.option(
-            "--no-cache",
-            "--no_cache",
-            "no_cache",
-            is_flag=True,
-            help="Rebuild the image from scratch, without Docker's layer cache.",
-        ),
-        click.option(
-            "--v1",
-            is_flag=True,
-            help="Serve an 18.10-style handler(iterable, context) generator "
-            "(sets ABEJA_RUNTIME_STYLE=abeja-v1).",
-        ),
-        click.option(
-            "--engine",
-            type=click.Choice(["docker", "local"]),
-            default=None,
-            envvar="ABEJA_ENGINE",
-            show_envvar=True,
-            help="docker (default when Docker is reachable) or local (this Python, no Docker).",
-        ),
-        click.option(
-            "--startup-timeout",
-            type=click.FloatRange(min=1),
-            default=120.0,
-            show_default=True,
-            envvar="ABEJA_STARTUP_TIMEOUT",
-            show_envvar=True,
-            help="Seconds to wait for the model server to become ready.",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+#: Every option of the model commands, by parameter name, in the order ``--help`` lists them.
+_MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
+    "handler": click.option(
+        "-h",
+        "--handler",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="Model handler, e.g. main:handler (becomes HANDLER).",
+    ),
+    "image": click.option(
+        "-i",
+        "--image",
+        default=DEFAULT_IMAGE,
+        show_default=True,
+        help="Base image with Python 3.10+ that the model's image is built on.",
+    ),
+    "device_type": click.option(
+        "-d",
+        "--device-type",
+        "--device_type",
+        "device_type",
+        type=click.Choice(DEVICE_TYPES),
+        default="x86_cpu",
+        show_default=True,
+        help="Device type; x86_gpu gives the container all GPUs.",
+    ),
+    "environment": click.option(
+        "-e",
+        "--environment",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Environment variable for the model (KEY=VALUE or KEY:VALUE); repeatable.",
+    ),
+    "env_file": click.option(
+        "--env-file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="File of KEY=VALUE lines (dotenv syntax) for the model's environment.",
+    ),
+    "organization_id": click.option(
+        "-o",
+        "--organization-id",
+        "--organization_id",
+        "organization_id",
+        default=None,
+        help="Sets ABEJA_ORGANIZATION_ID (no account or network call is needed).",
+    ),
+    "no_cache": click.option(
+        "--no-cache",
+        "--no_cache",
+        "no_cache",
+        is_flag=True,
+        help="Rebuild the image from scratch, without Docker's layer cache.",
+    ),
+    "v1": click.option(
+        "--v1",
+        is_flag=True,
+        help="Serve an 18.10-style handler(iterable, context) generator "
+        "(sets ABEJA_RUNTIME_STYLE=abeja-v1).",
+    ),
+    "engine": click.option(
+        "--engine",
+        type=click.Choice(["docker", "local"]),
+        default=None,
+        envvar="ABEJA_ENGINE",
+        show_envvar=True,
+        help="docker (default when Docker is reachable) or local (this Python, no Docker).",
+    ),
+    "startup_timeout": click.option(
+        "--startup-timeout",
+        type=click.FloatRange(min=1),
+        default=120.0,
+        show_default=True,
+        envvar="ABEJA_STARTUP_TIMEOUT",
+        show_envvar=True,
+        help="Seconds to wait for the model server to become ready.",
+    ),
+}
+
+
+def model_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command with the named model options (all of them when none is named).
+
+    run-local and run-local-server take them all; build takes those that shape an image.
+    """
+    chosen = [_MODEL_OPTIONS[name] for name in (names or tuple(_MODEL_OPTIONS))]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(chosen):
+            func = option(func)
+        return func
+
+    return decorate
 
 
 def select_engine(choice: str | None, console: Console) -> Engine:

@@ -16,28 +16,18 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
+
+__all__ = ["wait_until"]  # the tests import it from here
 
 HANDLERS = Path(__file__).parent / "handlers"
 START_TIMEOUT = 20.0
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass

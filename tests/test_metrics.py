@@ -1,4 +1,4 @@
-"""``/metrics``, ``/livez`` and ``/health_check`` on the health-check port, served by the supervisor.
+"""``/metrics``, ``/livez`` and ``/health_check`` on the health-check port (the supervisor's).
 
 Counts are read with prometheus_client's own parser, so the exposition is checked as Prometheus
 reads it.

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from conftest import RunningServer, wait_until
 from test_supervisor import alive, crash_a_worker, pid_of, ready_workers, wait_for_ready_workers
 
 DIED = re.compile(r"worker (\d+) exited unexpectedly \((.+?)\); starting a replacement(.*)")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import secrets
 import signal
 import subprocess
 import sys
@@ -152,3 +153,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"ABEJA_REQUIRE_DOCKER=1, but this Docker test was skipped: {reason}"
+
+
+@pytest.fixture(scope="session")
+def production_image(docker_projects: Callable[[str], Path], base_image: str) -> tuple[str, Path]:
+    """``abeja model build`` of the ``replica`` project, once per session: (tag, project)."""
+    cwd = docker_projects("replica")
+    tag = f"abeja-test/replica:{secrets.token_hex(4)}"
+    result = run_abeja(
+        "model", "build", "-h", "main:handler", "-i", base_image, "-t", tag,
+        "-e", "BAKED=yes", cwd=cwd,
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    return tag, cwd

@@ -174,16 +174,18 @@ def ours(client: Any, project: Path, kind: str = "containers") -> list[Any]:
 
 
 def remove_project_images(client: Any, root: Path) -> None:
-    """Remove the images the CLI built for projects under ``root`` (and their containers)."""
+    """Remove the images the CLI built for projects under ``root`` (and their containers);
+    production images first, as they are built on the project images."""
     from docker.errors import APIError
 
-    for image in client.images.list(filters={"label": f"{LABEL}.kind=project"}):
-        project = image.labels.get(f"{LABEL}.project", "")
-        if project.startswith(str(root)):
-            for container in client.containers.list(all=True, filters={"ancestor": image.id}):
-                container.remove(force=True)
-            with contextlib.suppress(APIError):
-                client.images.remove(image.id, force=True)
+    for kind in ("production", "project"):
+        for image in client.images.list(filters={"label": f"{LABEL}.kind={kind}"}):
+            project = image.labels.get(f"{LABEL}.project", "")
+            if project.startswith(str(root)):
+                for container in client.containers.list(all=True, filters={"ancestor": image.id}):
+                    container.remove(force=True)
+                with contextlib.suppress(APIError):
+                    client.images.remove(image.id, force=True)
 
 
 def assert_flipped(original: Path, answer: bytes) -> None:

@@ -1,0 +1,98 @@
+"""``abeja model build``: a production image of the project in the current folder.
+
+The image holds the runtime, the requirements and the project (no mount), runs as a non-root
+user on a read-only root filesystem, and checks its own health; see images/production.Dockerfile.
+It is built on the same cached project image as run-local, so a project tried locally builds
+again in seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Final
+
+import click
+from abeja_cli.console import Console
+from abeja_cli.errors import InputError
+from abeja_cli.session import ModelOptions, exit_on_errors, model_options
+
+__all__ = ["build", "check_handler_file", "check_image_tag"]
+
+# Docker's image reference grammar (distribution/reference): lower-case path components
+# separated by '/', an optional registry host[:port] first, and an optional :tag.
+_COMPONENT: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST: Final = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*(?::[0-9]+)?/)"
+_REFERENCE: Final = re.compile(
+    rf"^(?P<name>{_HOST}?{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>[\w][\w.-]{{0,127}}))?$"
+)
+_MAX_NAME: Final = 255
+
+
+def check_image_tag(tag: str) -> str:
+    """The tag as Docker accepts it; :class:`InputError` saying why not otherwise."""
+    match = _REFERENCE.match(tag)
+    if match is None or len(match.group("name")) > _MAX_NAME:
+        raise InputError(
+            f"-t {tag!r} is not an image name Docker accepts; use lower-case letters, digits, "
+            "'.', '_', '-' and '/', and an optional :TAG (e.g. mymodel:1 or "
+            "registry.example.com/team/mymodel:1.0)"
+        )
+    return tag
+
+
+def check_handler_file(handler: str, project: Path) -> None:
+    """The module that HANDLER names must be in the project, or the image could never start."""
+    module = handler.partition(":")[0]
+    relative = Path(*module.split("."))
+    candidates = (project / relative.with_suffix(".py"), project / relative / "__init__.py")
+    if not any(path.is_file() for path in candidates):
+        raise InputError(
+            f"-h {handler}: {relative.with_suffix('.py')} is not in {project}; run the command "
+            "in the folder of your handler, or fix -h"
+        )
+
+
+@click.command("build")
+@model_options("handler", "image", "environment", "env_file", "organization_id", "no_cache", "v1")
+@click.option(
+    "-t",
+    "--tag",
+    required=True,
+    metavar="NAME[:TAG]",
+    help="Name of the image to build, e.g. mymodel:1 (push it to your registry afterwards).",
+)
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only errors and the final line, no build output."
+)
+def build(**params: Any) -> None:
+    """Build a production image of the model in the current folder.
+
+    \b
+    abeja model build -h main:handler -i python:3.11-slim -t mymodel:1
+    docker run --read-only --tmpfs /tmp -p 5000:5000 -p 5001:5001 mymodel:1
+    """
+    console = Console(quiet=params["quiet"])
+    exit_on_errors(console, lambda: _build(params, console))
+
+
+def _build(params: dict[str, Any], console: Console) -> int:
+    options = ModelOptions.from_params(params)
+    tag = check_image_tag(params["tag"].strip())
+    check_handler_file(options.handler, options.project)
+    from abeja_cli.docker_build import ImageBuilder
+    from abeja_cli.docker_engine import DockerEngine
+
+    engine = DockerEngine.connect(console)
+    assert engine.source is not None
+    console.info(f"preparing image : {options.image}")
+    builder = ImageBuilder(engine.client, engine.source, info=console.info, log=console.log)
+    image = builder.production_image(
+        options.project, options.image, tag=tag, env=options.env, no_cache=options.no_cache
+    )
+    size = int(image.attrs.get("Size", 0))
+    console.notice(f"built {tag} ({size / 1e6:.0f} MB, {str(image.id)[7:19]})")
+    console.notice(
+        f"run it with: docker run --read-only --tmpfs /tmp -p 5000:5000 -p 5001:5001 {tag}"
+    )
+    return 0
