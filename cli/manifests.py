@@ -1,0 +1,352 @@
+"""``abeja model manifests``: the YAML that deploys a production image on Kubernetes.
+
+Three targets, one container description (:func:`_container`) shared by all:
+
+* ``kubernetes``: Deployment + Service + HorizontalPodAutoscaler + PodDisruptionBudget;
+* ``knative``: a Knative Service, ``containerConcurrency`` = workers * concurrency;
+* ``kserve``: an InferenceService whose predictor is the image as a custom container.
+
+The documents follow the image's contract (images/production.Dockerfile): user 10001,
+read-only root filesystem with an ``emptyDir`` on /tmp, readiness on ``/health_check`` and
+liveness on ``/livez`` of port 5001, metrics on ``/metrics`` of the same port.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import click
+from abeja_cli.build import check_image_tag
+from abeja_cli.console import Console
+from abeja_cli.environment import parse_env_file, parse_env_option
+from abeja_cli.errors import InputError
+from abeja_cli.session import exit_on_errors
+
+__all__ = ["TARGETS", "Deployment", "manifests", "render"]
+
+TARGETS: Final = ("kubernetes", "knative", "kserve")
+_SERVICE_PORT: Final = 5000
+_HEALTH_PORT: Final = 5001
+_USER: Final = 10001
+#: Seconds a pod keeps serving after it is told to stop, so that load balancers and
+#: kube-proxy stop sending to it before it stops accepting (the preStop hook).
+_PRE_STOP_SECONDS: Final = 5
+#: The runtime kills stragglers this long after its grace period (supervisor._KILL_MARGIN).
+_KILL_MARGIN: Final = 5
+_DNS_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the manifests describe; validated by :meth:`check`."""
+
+    image: str
+    name: str
+    env: dict[str, str]
+    workers: int = 1
+    concurrency: int = 1
+    timeout: float = 60.0
+    grace_period: float = 30.0
+    replicas: int = 2
+    max_replicas: int = 10
+    cpu: str = "1"
+    memory: str = "1Gi"
+
+    def check(self) -> None:
+        if not _DNS_LABEL.match(self.name):
+            raise InputError(
+                f"--name {self.name!r} is not a Kubernetes name; use lower-case letters, digits "
+                "and '-', starting with a letter, at most 63 characters"
+            )
+        if not 1 <= self.replicas <= self.max_replicas:
+            raise InputError(
+                f"--replicas {self.replicas} must be from 1 to --max-replicas {self.max_replicas}"
+            )
+
+    @property
+    def runtime_env(self) -> dict[str, str]:
+        """The runtime's own settings, then the user's variables (which win)."""
+        return {
+            "ABEJA_RUNTIME_WORKERS": str(self.workers),
+            "ABEJA_RUNTIME_CONCURRENCY": str(self.concurrency),
+            "ABEJA_RUNTIME_TIMEOUT": f"{self.timeout:g}",
+            "ABEJA_RUNTIME_GRACE_PERIOD": f"{self.grace_period:g}",
+            **self.env,
+        }
+
+
+def default_name(image: str) -> str:
+    """``registry.example.com/team/my_model:1`` → ``my-model``."""
+    last = image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+    name = re.sub(r"[^a-z0-9]+", "-", last.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"model-{name}".rstrip("-")
+    return name[:63].rstrip("-")
+
+
+def render(target: str, deployment: Deployment) -> list[dict[str, Any]]:
+    """The documents of ``target``, in the order ``kubectl apply`` should see them."""
+    return {"kubernetes": _kubernetes, "knative": _knative, "kserve": _kserve}[target](deployment)
+
+
+def _labels(d: Deployment) -> dict[str, str]:
+    return {"app.kubernetes.io/name": d.name, "app.kubernetes.io/managed-by": "abeja-runtime"}
+
+
+def _probe(path: str, port: int | str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _container(d: Deployment, *, name: str, ports: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": d.image,
+        "ports": ports,
+        "env": [{"name": key, "value": value} for key, value in d.runtime_env.items()],
+        "resources": {
+            "requests": {"cpu": d.cpu, "memory": d.memory},
+            "limits": {"memory": d.memory},  # no CPU limit: throttling hurts tail latency
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": _USER,
+            "runAsGroup": _USER,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _tmp_volume() -> list[dict[str, Any]]:
+    return [{"name": "tmp", "emptyDir": {}}]
+
+
+def _kubernetes(d: Deployment) -> list[dict[str, Any]]:
+    labels = _labels(d)
+    selector = {"matchLabels": {"app.kubernetes.io/name": d.name}}
+    container = _container(
+        d,
+        name="model",
+        ports=[
+            {"name": "http", "containerPort": _SERVICE_PORT},
+            {"name": "health", "containerPort": _HEALTH_PORT},
+        ],
+    )
+    container["readinessProbe"] = _probe("/health_check", "health", period=5, failures=2)
+    container["livenessProbe"] = _probe("/livez", "health", period=10, failures=3)
+    sleep = f"import time; time.sleep({_PRE_STOP_SECONDS})"
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", sleep]}}}
+    grace = _PRE_STOP_SECONDS + math.ceil(d.grace_period) + _KILL_MARGIN + 5
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": d.name, "labels": labels},
+        "spec": {
+            "replicas": d.replicas,
+            "selector": selector,
+            # A new pod is ready before an old one goes: no capacity is lost while rolling.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(_HEALTH_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": grace,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": _USER,
+                        "runAsGroup": _USER,
+                        "fsGroup": _USER,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": _tmp_volume(),
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": d.name, "labels": labels},
+        "spec": {
+            "selector": selector["matchLabels"],
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+        },
+    }
+    autoscaler = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": d.name, "labels": labels},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
+            "minReplicas": d.replicas,
+            "maxReplicas": d.max_replicas,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": 70},
+                    },
+                }
+            ],
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": d.name, "labels": labels},
+        "spec": {"maxUnavailable": 1, "selector": selector},
+    }
+    return [deployment, service, autoscaler, budget]
+
+
+def _knative(d: Deployment) -> list[dict[str, Any]]:
+    # Knative routes to one port and probes it; the service port answers /health_check too.
+    container = _container(
+        d, name="model", ports=[{"name": "http1", "containerPort": _SERVICE_PORT}]
+    )
+    container["readinessProbe"] = _probe("/health_check", _SERVICE_PORT, period=5, failures=2)
+    spec: dict[str, Any] = {
+        "containerConcurrency": d.workers * d.concurrency,
+        "containers": [container],
+        "volumes": _tmp_volume(),
+    }
+    if d.timeout:
+        spec["timeoutSeconds"] = math.ceil(d.timeout)
+    return [
+        {
+            "apiVersion": "serving.knative.dev/v1",
+            "kind": "Service",
+            "metadata": {"name": d.name, "labels": _labels(d)},
+            "spec": {
+                "template": {
+                    "metadata": {
+                        "annotations": {
+                            "autoscaling.knative.dev/min-scale": str(d.replicas),
+                            "autoscaling.knative.dev/max-scale": str(d.max_replicas),
+                        }
+                    },
+                    "spec": spec,
+                }
+            },
+        }
+    ]
+
+
+def _kserve(d: Deployment) -> list[dict[str, Any]]:
+    container = _container(
+        d, name="kserve-container", ports=[{"containerPort": _SERVICE_PORT, "protocol": "TCP"}]
+    )
+    container["readinessProbe"] = _probe("/health_check", _HEALTH_PORT, period=5, failures=2)
+    container["livenessProbe"] = _probe("/livez", _HEALTH_PORT, period=10, failures=3)
+    predictor: dict[str, Any] = {
+        "minReplicas": d.replicas,
+        "maxReplicas": d.max_replicas,
+        "containerConcurrency": d.workers * d.concurrency,
+        "containers": [container],
+        "volumes": _tmp_volume(),
+    }
+    if d.timeout:
+        predictor["timeout"] = math.ceil(d.timeout)
+    return [
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {
+                "name": d.name,
+                "labels": _labels(d),
+                "annotations": {"serving.kserve.io/enable-prometheus-scraping": "true"},
+            },
+            "spec": {"predictor": predictor},
+        }
+    ]
+
+
+@click.command("manifests")
+@click.option("--image", required=True, metavar="NAME[:TAG]", help="The image to deploy.")
+@click.option(
+    "--target",
+    required=True,
+    metavar="|".join(TARGETS),
+    help="kubernetes (Deployment, Service, HPA, PDB), knative (Service) or kserve "
+    "(InferenceService).",
+)
+@click.option("--name", default=None, help="Name of the resources  [default: from the image]")
+@click.option(
+    "-e", "--environment", multiple=True, metavar="KEY=VALUE", help="Variable for the model."
+)
+@click.option("--env-file", type=click.Path(dir_okay=False), default=None, help="Dotenv file.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True)
+@click.option("--grace-period", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--cpu", default="1", show_default=True, help="CPU request of each replica.")
+@click.option("--memory", default="1Gi", show_default=True, help="Memory of each replica.")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to a file."
+)
+def manifests(**params: Any) -> None:
+    """Print the YAML that deploys an image built by `abeja model build`.
+
+    \b
+    abeja model manifests --image registry.example.com/mymodel:1 --target kubernetes \\
+        | kubectl apply -f -
+    """
+    console = Console()
+    exit_on_errors(console, lambda: _manifests(params))
+
+
+def _manifests(params: dict[str, Any]) -> int:
+    import yaml
+
+    target = params["target"].strip().lower()
+    if target not in TARGETS:
+        raise InputError(f"--target {params['target']!r} is not one of {', '.join(TARGETS)}")
+    image = check_image_tag(params["image"].strip())
+    env: dict[str, str] = {}
+    if params["env_file"] is not None:
+        env.update(parse_env_file(Path(params["env_file"])))
+    env.update(parse_env_option(value) for value in params["environment"])
+    deployment = Deployment(
+        image=image,
+        name=params["name"] or default_name(image),
+        env=env,
+        workers=params["workers"],
+        concurrency=params["concurrency"],
+        timeout=params["timeout"],
+        grace_period=params["grace_period"],
+        replicas=params["replicas"],
+        max_replicas=params["max_replicas"],
+        cpu=params["cpu"],
+        memory=params["memory"],
+    )
+    deployment.check()
+    text = yaml.safe_dump_all(render(target, deployment), sort_keys=False)
+    if params["output"]:
+        Path(params["output"]).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+    return 0
