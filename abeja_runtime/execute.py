@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final
 
 from abeja_runtime.encode import EncodedResponse
-from abeja_runtime.errors import HandlerTimeout, ServiceBusy, ServiceUnavailable
+from abeja_runtime.errors import HandlerTimeout, ServiceBusy
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _timeout
@@ -124,7 +124,6 @@ class Executor:
         self._pending = 0  # admitted calls whose thread work has not finished
         self._async_slots = asyncio.Semaphore(concurrency)
         self._timeout = timeout
-        self._closed_reason: str | None = None
         self._busy_since: dict[int, float] = {}
         # Results travel to the loop in batches: one wake-up of the loop per burst, not per call.
         self._results: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
@@ -152,10 +151,6 @@ class Executor:
         """Admitted calls waiting for a handler slot."""
         return max(0, self._pending - self._concurrency)
 
-    def close(self, reason: str = "service unavailable") -> None:
-        """Refuse new calls (shutdown, or a stuck worker retiring)."""
-        self._closed_reason = reason
-
     def stop_threads(self) -> None:
         for _ in self._threads:
             self._jobs.put(None)
@@ -173,8 +168,6 @@ class Executor:
         for an async one it returns the coroutine, awaited here, and the result is encoded on a
         handler thread.
         """
-        if self._closed_reason is not None:
-            raise ServiceUnavailable(self._closed_reason)
         if self._pending >= self._capacity:
             raise ServiceBusy()
         deadline = _timeout(self._timeout or None)

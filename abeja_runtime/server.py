@@ -149,7 +149,10 @@ class HttpServer:
     async def _serve(self, request: web.BaseRequest, request_id: str) -> web.StreamResponse:
         try:
             handler = self._state.handler
-            if handler is None or self._state.draining:
+            # While draining, a request that arrives on a connection this worker already has is
+            # still served (and the connection closed after it): a load balancer may have sent
+            # it before it saw readiness go 503. New connections are no longer accepted.
+            if handler is None:
                 raise ServiceUnavailable()
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)

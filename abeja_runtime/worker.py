@@ -102,7 +102,7 @@ class _Worker:
         self._pipe.send(("ready",))
         self._heartbeat = asyncio.create_task(self._beat(executor, metrics))
         await self._stop.wait()
-        await self._drain(executor, site)
+        await self._drain(site)
         await runner.cleanup()
         executor.stop_threads()
         return 0
@@ -116,10 +116,9 @@ class _Worker:
                 return
             await asyncio.sleep(HEARTBEAT_INTERVAL)
 
-    async def _drain(self, executor: Executor, site: web.BaseSite) -> None:
+    async def _drain(self, site: web.BaseSite) -> None:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""
         self._state.draining = True
-        executor.close()
         await site.stop()
         if self._state.in_flight:
             idle = asyncio.get_running_loop().create_future()
