@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Balancer", "LoadClient", "Slot", "free_port"]
+__all__ = ["HAPROXY", "Balancer", "LoadClient", "Slot", "free_port"]
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 

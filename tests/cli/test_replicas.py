@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
-from .balancer import Balancer, LoadClient, Slot, Tally
+from .balancer import HAPROXY, Balancer, LoadClient, Slot, Tally
 from .helpers import http_request
 
 pytestmark = pytest.mark.docker
@@ -78,6 +78,8 @@ def report(phase: str, tally: Tally) -> None:
 def cluster(
     production_image: tuple[str, Path], docker_client: Any, tmp_path: Path
 ) -> Iterator[tuple[Replicas, Balancer, list[Slot]]]:
+    if not Path(HAPROXY).is_file():
+        pytest.skip(f"haproxy is not installed at {HAPROXY} (apt-get install haproxy)")
     tag, _project = production_image
     slots = [Slot(f"r{i}") for i in range(6)]  # three in use, three for surge replacements
     replicas = Replicas(docker_client, tag)
