@@ -218,14 +218,16 @@ async def _read_multipart(
 
 
 def _part_content(segment: multipart.MultipartSegment, spool: Spool) -> Content:
-    file_name = segment.filename
-    if file_name:
-        # Keep the base name only, whichever separator the client used ("../../etc/cat.jpg").
-        file_name = posixpath.basename(file_name.replace("\\", "/")) or None
+    # The base name only, whichever separator the client used ("../../etc/cat.jpg" → "cat.jpg");
+    # a name with no base name or one that means a directory ("", ".", "..", "dir/") → None, so
+    # that a handler joining it to a folder never leaves that folder.
+    file_name: str | None = posixpath.basename((segment.filename or "").replace("\\", "/"))
+    if file_name in ("", ".", ".."):
+        file_name = None
     return Content(
         spool.finish(),
         content_type=segment.header("Content-Type") or None,
-        file_name=file_name or None,
+        file_name=file_name,
         form_name=segment.name or None,
     )
 

@@ -93,6 +93,16 @@ def test_other_methods_are_delivered_like_post(echo, method):
     assert seen["path"] == "/x" and seen["query"] == {"y": ["1"]}
 
 
+@pytest.mark.parametrize(
+    ("sent", "seen"),
+    [("..", None), (".", None), ("../", None), ("a/..", None), ("", None), ("x/.hidden", ".hidden")],
+)
+def test_part_file_names_never_carry_path_meaning(echo, sent, seen):
+    body = _multipart("B", [("f", sent, "text/plain", b"x")])
+    answer = echo.request("POST", "/", body, {"Content-Type": "multipart/form-data; boundary=B"})
+    assert answer.json()["contents"][0]["file_name"] == seen
+
+
 def test_post_without_content_type_is_octet_stream(echo):
     seen = echo.request("POST", "/", b"\x00\x01").json()
     assert seen["content_type"] == "application/octet-stream"
