@@ -102,6 +102,12 @@ class Config:
     #: Seconds that in-flight requests get to finish at shutdown; also the time past ``timeout``
     #: after which a worker whose handler is still running is recycled.
     grace_period: float = 30.0
+    #: Seconds an idle keep-alive connection is kept open. Longer than the 60 s idle timeout of
+    #: common load balancers, so that they, not we, close idle connections (no request is sent
+    #: on a connection that the runtime is closing).
+    keepalive_timeout: float = 75.0
+    #: Seconds a client has to send a whole request line and headers (slowloris protection).
+    request_head_timeout: float = 10.0
     log_level: str = "info"
     #: ABEJA_USER_MODEL_ROOT: where the user's code lives (relative to the start directory).
     user_model_root: str = ""
@@ -151,6 +157,9 @@ class Config:
         for name in ("timeout", "grace_period"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("keepalive_timeout", "request_head_timeout"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be more than 0, got {getattr(self, name)}")
         for name in ("max_body_size", "spool_threshold"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must not be negative, got {getattr(self, name)}")

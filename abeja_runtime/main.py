@@ -182,6 +182,24 @@ _PORT = click.IntRange(0, 65535)
     "timeout + grace seconds after it started gets its worker recycled.",
 )
 @click.option(
+    "--keepalive-timeout",
+    envvar="ABEJA_RUNTIME_KEEPALIVE_TIMEOUT",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=Config.keepalive_timeout,
+    show_default=True,
+    help="Seconds an idle keep-alive connection stays open.",
+)
+@click.option(
+    "--request-head-timeout",
+    envvar="ABEJA_RUNTIME_REQUEST_HEAD_TIMEOUT",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=Config.request_head_timeout,
+    show_default=True,
+    help="Seconds a client has to send its request line and headers (408 after).",
+)
+@click.option(
     "--log-level",
     envvar="LOG_LEVEL",
     show_envvar=True,

@@ -13,11 +13,14 @@ does: :class:`ControlServer` on the health-check port (readiness, liveness, metr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import functools
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from abeja_runtime.encode import EncodedResponse, encode_result
 from abeja_runtime.errors import (
     HandlerResultError,
     HttpError,
+    PayloadTooLarge,
     ServiceBusy,
     ServiceUnavailable,
 )
@@ -63,6 +67,15 @@ RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
 REQUEST_ID_HEADER: Final = "x-abeja-request-id"
 REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
 _JSON: Final = "application/json"
+#: After a 413, how much more of the refused body is read (and thrown away), and for how long,
+#: before the connection is closed: enough for a client to notice its answer, far from a body.
+_REFUSED_BODY_READ: Final = 1024 * 1024
+_REFUSED_BODY_WAIT: Final = 1.0
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # pragma: no cover - Python 3.10
+    from async_timeout import timeout as _timeout
 
 
 @dataclass
@@ -167,6 +180,8 @@ class HttpServer:
                 limits=self._limits,
                 request_id=request_id,
             )
+        except PayloadTooLarge as exc:
+            return await self._refuse_body(request, self._http_error(exc))
         except HttpError as exc:
             return self._http_error(exc)
         try:
@@ -185,11 +200,29 @@ class HttpServer:
             user_request.close()
         return _error_response(500, "unexpected error occurred")
 
+    async def _refuse_body(
+        self, request: web.BaseRequest, response: web.Response
+    ) -> web.StreamResponse:
+        """Answer now and stop taking in a body we refused (413).
+
+        The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for
+        at most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer
+        rather than a reset; then the connection is closed.
+        """
+        response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        taken = 0
+        with contextlib.suppress(Exception):
+            async with _timeout(_REFUSED_BODY_WAIT):
+                while taken < _REFUSED_BODY_READ and (chunk := await request.content.readany()):
+                    taken += len(chunk)
+        request.protocol.force_close()
+        return response
+
     def _http_error(self, exc: HttpError) -> web.Response:
         response = _error_response(exc.status, exc.message, exc.headers)
-        if exc.status == 413:
-            response.force_close()  # do not read the rest of a body we refused
-        elif isinstance(exc, ServiceBusy):
+        if isinstance(exc, ServiceBusy):
             self._metrics.rejected("busy")
         elif isinstance(exc, ServiceUnavailable):
             self._metrics.rejected("unavailable")
@@ -271,11 +304,56 @@ def _call_and_encode(func: Any, request: Request, context: dict, encode: Any) ->
     return encode(func(request, context))
 
 
-class _JsonErrorRequestHandler(web_protocol.RequestHandler):
-    """aiohttp answers malformed HTTP (header floods, bad request lines) itself, as text/plain.
+class _RequestHandler(web_protocol.RequestHandler):
+    """aiohttp's connection handler with two things it does not do itself.
 
-    The contract wants every error as ``{"status": ...}`` JSON; this is the one hook for that.
+    * Malformed HTTP (header floods, bad request lines) is answered as ``{"status": ...}`` JSON,
+      as the contract wants every error, instead of aiohttp's text/plain.
+    * A request head must arrive whole within ``head_timeout`` of its first byte (or of the
+      connection, for the first request): a client trickling its request line and headers
+      (slowloris) is answered ``408`` and cut off. aiohttp's keep-alive timer covers idle
+      connections, but not one that keeps sending a byte now and then.
     """
+
+    def __init__(self, manager: web.Server, *, head_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._head_timeout = head_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_started = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._messages or self._current_request is not None:
+            self._disarm_head_timer()  # a whole head arrived
+        elif data:
+            self._head_started = True
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self._loop.call_later(self._head_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._head_started = False
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._messages or self._current_request is not None or self.transport is None:
+            return
+        if self._head_started:  # a partial request: it can still be told why
+            self.transport.write(_HEAD_TIMEOUT_RESPONSE)
+        self.force_close()
 
     def handle_error(
         self,
@@ -294,11 +372,33 @@ class _JsonErrorRequestHandler(web_protocol.RequestHandler):
         return error
 
 
+_HEAD_TIMEOUT_BODY: Final = json.dumps({"status": "request head not received in time"}).encode()
+_HEAD_TIMEOUT_RESPONSE: Final = (
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(_HEAD_TIMEOUT_BODY)}\r\nConnection: close\r\n\r\n".encode()
+    + _HEAD_TIMEOUT_BODY
+)
+
+
 class _Server(web.Server):
+    def __init__(self, handler: Any, *, head_timeout: float, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._head_timeout = head_timeout
+
     def __call__(self) -> web_protocol.RequestHandler:
-        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+        return _RequestHandler(
+            self, loop=self._loop, head_timeout=self._head_timeout, **self._kwargs
+        )
 
 
-def make_web_server(handler: Any) -> web.Server:
-    """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors."""
-    return _Server(handler, access_log=None)
+def make_web_server(handler: Any, config: Config) -> web.Server:
+    """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors,
+    the connection timeouts of ``config``, and no lingering read of a body nobody will use
+    (the 413 path reads a bounded amount itself)."""
+    return _Server(
+        handler,
+        access_log=None,
+        keepalive_timeout=config.keepalive_timeout,
+        head_timeout=config.request_head_timeout,
+        lingering_time=0,
+    )

@@ -161,11 +161,11 @@ class _Supervisor:
         self._metrics = SupervisorMetrics(__version__, self._config.handler, self._config.style)
         control = ControlServer(self._is_ready, self._metrics.render)
         runner = web.ServerRunner(
-            make_web_server(control.handle), handle_signals=False, shutdown_timeout=1
+            make_web_server(control.handle, self._config), handle_signals=False, shutdown_timeout=1
         )
         await runner.setup()
         await web.SockSite(runner, self._health_socket).start()
-        self._fallback_server = make_web_server(answer_unavailable)
+        self._fallback_server = make_web_server(answer_unavailable, self._config)
         self._refresh()
         ticker = asyncio.create_task(self._watch())
         try:

@@ -82,7 +82,7 @@ class _Worker:
         http = HttpServer(config, executor, self._state, metrics)
         # In-flight requests get the grace period in _drain; cleanup only closes what is left.
         runner = web.ServerRunner(
-            make_web_server(http.service), handle_signals=False, shutdown_timeout=1
+            make_web_server(http.service, config), handle_signals=False, shutdown_timeout=1
         )
         await runner.setup()
         try:

@@ -95,7 +95,14 @@ def test_other_methods_are_delivered_like_post(echo, method):
 
 @pytest.mark.parametrize(
     ("sent", "seen"),
-    [("..", None), (".", None), ("../", None), ("a/..", None), ("", None), ("x/.hidden", ".hidden")],
+    [
+        ("..", None),
+        (".", None),
+        ("../", None),
+        ("a/..", None),
+        ("", None),
+        ("x/.hidden", ".hidden"),
+    ],
 )
 def test_part_file_names_never_carry_path_meaning(echo, sent, seen):
     body = _multipart("B", [("f", sent, "text/plain", b"x")])
