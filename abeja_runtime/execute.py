@@ -40,12 +40,15 @@ __all__ = ["Execution", "Executor"]
 #: loop writes, small enough that a slow client does not make the worker buffer the stream.
 _STREAM_CREDITS: Final = 4
 _END: Final = object()
+#: A bound on how long a handler thread waits for the loop to send its last response before it
+#: takes the next call; only a lost hand-off would ever make it wait this long.
+_RELEASE_WAIT: Final = 5.0
 
 
 class _Job:
     """One call for a handler thread; its result or error goes to ``future`` on the loop."""
 
-    __slots__ = ("call", "context", "future", "on_done", "stream")
+    __slots__ = ("call", "context", "future", "on_done", "released", "stream")
 
     def __init__(
         self,
@@ -59,6 +62,13 @@ class _Job:
         #: Runs on the loop when the thread is done with the job, streamed body included.
         self.on_done = on_done
         self.stream: _Stream | None = None
+        #: Set once the job's response is with the socket (or will never be sent); the thread
+        #: waits for it before its next call. None for work that answers no request.
+        self.released: threading.Event | None = threading.Event() if on_done else None
+
+    def release(self) -> None:
+        if self.released is not None:
+            self.released.set()
 
 
 class _Stream:
@@ -100,17 +110,23 @@ class _Stream:
 
 
 class Execution:
-    """A finished call: the encoded head, and the streamed body if there is one."""
+    """A finished call: the encoded head, and the streamed body if there is one.
 
-    __slots__ = ("response", "stream")
+    ``close()`` once the response has been handed to the socket (or abandoned): only then does
+    the handler thread start its next call.
+    """
 
-    def __init__(self, response: EncodedResponse, stream: _Stream | None) -> None:
+    __slots__ = ("_job", "response", "stream")
+
+    def __init__(self, response: EncodedResponse, job: _Job) -> None:
         self.response = response
-        self.stream = stream
+        self.stream = job.stream
+        self._job = job
 
     def close(self) -> None:
         if self.stream is not None:
             self.stream.abandon()
+        self._job.release()
 
 
 class Executor:
@@ -175,7 +191,7 @@ class Executor:
         try:
             async with deadline:
                 if not is_async:
-                    return await self._submit(call, self._release_sync)
+                    return await _claim(self._submit(call, self._release_sync))
                 return await self._execute_async(call, encode)
         except asyncio.TimeoutError:  # not the builtin one before Python 3.11
             if _expired(deadline):
@@ -196,7 +212,7 @@ class Executor:
             finally:
                 if not handed_over:
                     self._async_slots.release()
-            return await future
+            return await _claim(future)
         finally:
             if not handed_over:
                 self._pending -= 1
@@ -226,6 +242,10 @@ class Executor:
                 self._run(job)
             finally:
                 del self._busy_since[ident]
+            # The next call waits until this one's response is with the socket, so that a crash
+            # in it (os._exit, a segfault) cannot take an answered request down with the worker.
+            if job.released is not None:
+                job.released.wait(_RELEASE_WAIT)
 
     def _run(self, job: _Job) -> None:
         try:
@@ -258,20 +278,35 @@ class Executor:
         if job.future.cancelled():
             assert job.stream is not None
             job.stream.abandon()  # the deadline passed just now; nobody will read the body
+            job.release()
         else:
-            job.future.set_result(Execution(response, job.stream))
+            job.future.set_result(Execution(response, job))
 
     def _finish(self, job: _Job, result: Any, exc: BaseException | None) -> None:
         if job.on_done is not None:
             job.on_done()
-        if job.future.done():
+        if job.future.done():  # a streamed body ended, or the call timed out or was dropped
+            if job.future.cancelled():
+                job.release()
             return
         if exc is not None:
             job.future.set_exception(exc)
+            job.release()
         elif isinstance(result, EncodedResponse):
-            job.future.set_result(Execution(result, None))
+            job.future.set_result(Execution(result, job))
         else:
             job.future.set_result(result)
+
+
+async def _claim(future: asyncio.Future[Execution]) -> Execution:
+    """Await a call's result; one delivered to a caller that gave up meanwhile (timeout,
+    client gone) is closed here, so that its handler thread is not kept waiting."""
+    try:
+        return await future
+    except BaseException:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            future.result().close()
+        raise
 
 
 def _expired(deadline: Any) -> bool:

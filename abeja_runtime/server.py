@@ -146,9 +146,8 @@ class HttpServer:
         response: web.StreamResponse | None = None
         try:
             response = await self._serve(request, request_id)
-            response.headers[REQUEST_ID_HEADER] = request_id
-            if self._state.draining:
-                response.force_close()
+            if not response.prepared:  # else _head ran before it was sent
+                self._head(response, request_id)
             return response
         finally:
             self._state.request_done()
@@ -181,15 +180,17 @@ class HttpServer:
                 request_id=request_id,
             )
         except PayloadTooLarge as exc:
-            return await self._refuse_body(request, self._http_error(exc))
+            response = self._http_error(exc)
+            self._head(response, request_id)
+            return await self._refuse_body(request, response)
         except HttpError as exc:
             return self._http_error(exc)
         try:
             execution = await self._execute(handler, user_request)
             try:
-                return await self._send(request, execution)
+                return await self._send(request, execution, request_id)
             finally:
-                execution.close()
+                execution.close()  # lets the handler thread take its next call
         except HttpError as exc:
             return self._http_error(exc)
         except HandlerResultError as exc:
@@ -236,11 +237,26 @@ class HttpServer:
             call = functools.partial(_call_and_encode, handler.func, request, context, self._encode)
         return await self._executor.execute(call, is_async=handler.is_async, encode=self._encode)
 
-    async def _send(self, request: web.BaseRequest, execution: Execution) -> web.StreamResponse:
+    def _head(self, response: web.StreamResponse, request_id: str) -> None:
+        """What every handler response carries; runs before its head is sent."""
+        response.headers[REQUEST_ID_HEADER] = request_id
+        if self._state.draining:
+            response.force_close()
+
+    async def _send(
+        self, request: web.BaseRequest, execution: Execution, request_id: str
+    ) -> web.StreamResponse:
+        """Write the response to the socket before returning, so that once ``execution`` is
+        closed a crash of the worker (the next call's ``os._exit``) cannot lose it."""
         encoded: EncodedResponse = execution.response
         if execution.stream is None:
-            return web.Response(status=encoded.status, body=encoded.body, headers=encoded.headers)
+            answer = web.Response(status=encoded.status, body=encoded.body, headers=encoded.headers)
+            self._head(answer, request_id)
+            await answer.prepare(request)
+            await answer.write_eof()
+            return answer
         response = web.StreamResponse(status=encoded.status, headers=encoded.headers)
+        self._head(response, request_id)
         response.enable_chunked_encoding()
         await response.prepare(request)
         try:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, wait_until
+from conftest import Response, RunningServer, wait_until
 from test_supervisor import alive, crash_a_worker, pid_of, ready_workers, wait_for_ready_workers
 
 DIED = re.compile(r"worker (\d+) exited unexpectedly \((.+?)\); starting a replacement(.*)")
@@ -136,3 +136,29 @@ def test_a_blocked_event_loop_is_killed_and_replaced_from_outside(make_server):
     assert outcome and outcome[0] != 200, outcome
     wait_until(lambda: not alive(victim), 5, "the blocked worker to be gone")
     wait_for_ready_workers(server, 3)
+
+
+def test_a_finished_response_survives_a_crash_right_after(make_server):
+    """--workers 1: a 1 s call, and a crashing call queued behind it on another connection."""
+    server = make_server("sv_pid")
+    first: list[object] = []
+
+    def slow() -> None:
+        first.append(server.request("GET", "/?hang=1", timeout=20))
+
+    caller = threading.Thread(target=slow, daemon=True)
+    caller.start()
+    wait_until(
+        lambda: server.request("GET", "/metrics", port=server.healthcheck_port).body.count(
+            b"abeja_runtime_in_flight_requests 1.0"
+        ),
+        5,
+        "the slow call to run",
+    )
+    crashed = crash_a_worker(server)  # queued behind the slow call; exits once it runs
+    caller.join(20)
+
+    assert crashed in (500, "RemoteDisconnected", "ConnectionResetError"), crashed
+    (answer,) = first
+    assert isinstance(answer, Response) and answer.status == 200, answer
+    server.wait_healthy(15)
