@@ -33,9 +33,7 @@ def main() -> None:
         def one() -> None:
             metrics.observe(statuses[next(calls) % len(statuses)], 0.0012)
 
-        per_call = [
-            timeit.timeit(one, number=args.calls) / args.calls for _ in range(args.runs)
-        ]
+        per_call = [timeit.timeit(one, number=args.calls) / args.calls for _ in range(args.runs)]
     median = statistics.median(per_call) * 1e6
     spread = ", ".join(f"{t * 1e6:.2f}" for t in per_call)
     print(f"WorkerMetrics.observe: {median:.2f} us per request (median of {args.runs}: {spread})")

@@ -132,6 +132,11 @@ class DockerEngine:
         return engine
 
     def prepare(self, spec: RunSpec) -> None:
+        if spec.inherit_env:
+            self._console.notice(
+                "--inherit-env applies to the local engine only; the container gets only the "
+                "model's variables (-e, --env-file)"
+            )
         self._console.info(f"preparing image : {spec.image}")
         self._console.info("building image")
         builder = ImageBuilder(
@@ -164,6 +169,7 @@ class DockerEngine:
             )
             server.follow_logs()
             yield server
+            server.stop()  # gracefully: the model's last log lines (its access record) arrive
         finally:
             with suppress(NotFound):
                 self.client.api.remove_container(name, force=True)

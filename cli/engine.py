@@ -52,6 +52,8 @@ class RunSpec:
     host_port: int | None = None
     no_cache: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Local engine: pass the user's whole shell environment, not only a minimal part of it.
+    inherit_env: bool = False
 
 
 class Server(ABC):

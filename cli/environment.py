@@ -13,7 +13,13 @@ from typing import Final
 
 from abeja_cli.errors import InputError
 
-__all__ = ["DEFAULTS", "model_environment", "parse_env_file", "parse_env_option"]
+__all__ = [
+    "DEFAULTS",
+    "local_environment",
+    "model_environment",
+    "parse_env_file",
+    "parse_env_option",
+]
 
 _KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -25,6 +31,36 @@ DEFAULTS: Final[Mapping[str, str]] = {
     "PYTHONUNBUFFERED": "1",
     "SERVICE_TYPE": "HTTP",
 }
+
+
+#: What the local engine passes on from the user's shell besides the model's variables: what a
+#: process needs to run (paths, locale, time zone, temp dir, the Python environment, native
+#: library and device selection, BLAS threading), never credentials or tokens. A container
+#: gets none of the shell's variables; ``--inherit-env`` passes them all.
+_PASSED_ON: Final = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+        "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES", "SYSTEMROOT",
+    }
+)  # fmt: skip
+_PASSED_ON_PREFIXES: Final = ("LC_", "OPENBLAS_", "OMP_", "MKL_")
+
+
+def local_environment(
+    shell: Mapping[str, str], model: Mapping[str, str], *, inherit: bool = False
+) -> dict[str, str]:
+    """The environment of a model run by the local engine: a minimal part of the user's shell
+    (all of it with ``inherit``), then the model's variables."""
+    if inherit:
+        base = dict(shell)
+    else:
+        base = {
+            key: value
+            for key, value in shell.items()
+            if key in _PASSED_ON or key.startswith(_PASSED_ON_PREFIXES)
+        }
+    return {**base, **model}
 
 
 def parse_env_option(value: str) -> tuple[str, str]:

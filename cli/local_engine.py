@@ -20,6 +20,7 @@ from typing import IO, Final
 
 from abeja_cli.console import Console
 from abeja_cli.engine import LogSink, RunSpec, Server, pump_lines, start_daemon
+from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
 
 __all__ = ["LocalEngine", "LocalServer", "free_port"]
@@ -63,7 +64,7 @@ class LocalServer(Server):
         ]
 
     def start(self) -> None:
-        env = {**os.environ, **self._spec.env}
+        env = local_environment(os.environ, self._spec.env, inherit=self._spec.inherit_env)
         # The flags win anyway; drop these so a stray PORT in the user's shell is not confusing.
         for name in ("PORT", "HEALTHCHECK_PORT"):
             env.pop(name, None)
@@ -155,5 +156,6 @@ class LocalEngine:
         try:
             server.start()
             yield server
+            server.stop()  # gracefully: the model's last log lines (its access record) arrive
         finally:
             server.discard()

@@ -48,6 +48,7 @@ class ModelOptions:
     no_cache: bool
     startup_timeout: float
     project: Path
+    inherit_env: bool = False
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ModelOptions:
@@ -77,6 +78,7 @@ class ModelOptions:
             engine=params.get("engine"),
             no_cache=params["no_cache"],
             startup_timeout=params.get("startup_timeout", 120.0),
+            inherit_env=params.get("inherit_env", False),
             project=Path.cwd().resolve(),
         )
 
@@ -89,6 +91,7 @@ class ModelOptions:
             device_type=self.device_type,
             host_port=host_port,
             no_cache=self.no_cache,
+            inherit_env=self.inherit_env,
         )
 
 
@@ -159,6 +162,13 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         envvar="ABEJA_ENGINE",
         show_envvar=True,
         help="docker (default when Docker is reachable) or local (this Python, no Docker).",
+    ),
+    "inherit_env": click.option(
+        "--inherit-env",
+        is_flag=True,
+        help="Local engine: give the model this shell's whole environment (by default only "
+        "PATH, HOME, locale, TMPDIR, the Python environment and -e/--env-file reach it, as in "
+        "a container).",
     ),
     "startup_timeout": click.option(
         "--startup-timeout",

@@ -262,6 +262,22 @@ def test_environment_reaches_the_model(abeja: Abeja, project: Project) -> None:
     assert seen["cwd"] == str(cwd)
 
 
+@pytest.mark.parametrize("inherit", [False, True])
+def test_the_shell_environment_stays_out_unless_inherited(
+    abeja: Abeja, project: Project, inherit: bool
+) -> None:
+    env = cli_env(AWS_SECRET_ACCESS_KEY="do-not-leak", LC_ALL="C.UTF-8")
+    extra = ["--inherit-env"] if inherit else []
+    result = run_local(
+        abeja, project("responder"), "-h", "main:environ", "-q", "--input", "request.json",
+        "-e", "MODEL_VAR=1", *extra, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    seen = set(result.text.split())  # a list of str: one name a line
+    assert {"PATH", "HOME", "LC_ALL", "MODEL_VAR", "HANDLER"} <= seen
+    assert ("AWS_SECRET_ACCESS_KEY" in seen) is inherit
+
+
 # -- failures -------------------------------------------------------------------------------
 
 

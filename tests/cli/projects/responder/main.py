@@ -57,3 +57,8 @@ def describe(request, context):
 def dumps(request, context):
     """JSON Lines (a list) under application/json: not one JSON document."""
     return {"content_type": "application/json", "content": [{"a": 1}, {"b": 2}]}
+
+
+def environ(request, context):
+    """The names of the variables the model sees."""
+    return {"content_type": "application/json", "content": sorted(os.environ)}

@@ -1,0 +1,153 @@
+"""What worker crashes cost other clients: steady load, and a crashing request every second.
+
+``connections`` keep-alive clients send GET requests to a 5 ms handler on a runtime with
+``--workers 2``; meanwhile, once a second, another client sends a request whose handler calls
+``os._exit`` (its worker dies and is replaced). Every load request that does not get a 200 is a
+failure caused by a crash. Prints requests, failures and failures per crash; nothing is
+asserted. Sends traffic to 127.0.0.1 only; bounded by ``--seconds``.
+
+    python benchmarks/chaos.py                       # the working tree
+    python benchmarks/chaos.py --runtime-ref ae56ac0 # a commit, through git archive
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HANDLER_DIR = Path(__file__).resolve().parent / "handlers" / "chaos"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def source_of(ref: str | None, scratch: Path) -> Path:
+    if ref is None:
+        return REPO
+    archive = scratch / "src.tar"
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), ref], check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(scratch / "src", filter="data")
+    return scratch / "src"
+
+
+def wait_ready(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/health_check")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"the runtime did not become ready on port {port}")
+
+
+def load(port: int, stop: threading.Event, counts: dict[str, int], lock: threading.Lock) -> None:
+    connection: http.client.HTTPConnection | None = None
+    while not stop.is_set():
+        if connection is None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("GET", "/")
+            answer = connection.getresponse()
+            answer.read()
+            key = "ok" if answer.status == 200 else f"status {answer.status}"
+        except (OSError, http.client.HTTPException) as exc:
+            key = type(exc).__name__
+            connection.close()
+            connection = None
+        with lock:
+            counts[key] = counts.get(key, 0) + 1
+    if connection is not None:
+        connection.close()
+
+
+def crash(port: int) -> None:
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/?exit=1")
+        connection.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runtime-ref", default=None, help="git commit to run (default: tree)")
+    parser.add_argument("--connections", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="abeja-chaos-") as tmp:
+        source = source_of(args.runtime_ref, Path(tmp))
+        port, health = free_port(), free_port()
+        env = {**os.environ, "PYTHONPATH": str(source), "LOG_LEVEL": "error"}
+        command = [
+            sys.executable,
+            "-m",
+            "abeja_runtime",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--healthcheck-port",
+            str(health),
+            "--workers",
+            str(args.workers),
+        ]
+        server = subprocess.Popen(
+            command, cwd=HANDLER_DIR, env=env, stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            wait_ready(health)
+            stop = threading.Event()
+            counts: dict[str, int] = {}
+            lock = threading.Lock()
+            clients = [
+                threading.Thread(target=load, args=(port, stop, counts, lock))
+                for _ in range(args.connections)
+            ]
+            for client in clients:
+                client.start()
+            crashes = 0
+            began = time.monotonic()
+            while time.monotonic() - began < args.seconds:
+                time.sleep(1.0)  # the fault rate of the scenario, not a synchronisation
+                crash(port)
+                crashes += 1
+            stop.set()
+            for client in clients:
+                client.join(30)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+    failures = sum(n for key, n in counts.items() if key != "ok")
+    label = args.runtime_ref or "working tree"
+    print(
+        f"{label}: {counts.get('ok', 0)} answered, {failures} failed "
+        f"({failures / crashes:.1f} per crash, {crashes} crashes); {dict(sorted(counts.items()))}"
+    )
+
+
+if __name__ == "__main__":
+    main()
