@@ -1,4 +1,4 @@
-"""A real haproxy in front of runtime containers, and a bounded load client, for the replica tests.
+"""A real haproxy in front of runtime containers, for the replica tests.
 
 haproxy (Debian's package) runs on the host with one server slot per host port pair; slots with
 nothing behind them are simply DOWN, as an empty endpoint would be. It health-checks each slot's
@@ -9,18 +9,13 @@ balancer in front of several pods would be configured to.
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
 import shutil
 import socket
 import subprocess
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HAPROXY", "Balancer", "LoadClient", "Slot", "free_port"]
+__all__ = ["HAPROXY", "Balancer", "Slot", "free_port"]
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
@@ -111,79 +106,3 @@ backend replicas
                 self.process.wait(10)
         if self.process.stderr is not None:
             self.process.stderr.close()
-
-
-@dataclass
-class Tally:
-    answered: int = 0
-    failures: list[str] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
-
-    def p99(self) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[int(len(ordered) * 0.99)] if ordered else 0.0
-
-
-class LoadClient:
-    """``connections`` keep-alive clients POSTing to ``port`` until :meth:`stop`, bounded.
-
-    Each request is a small JSON body that the replica echoes; anything but a 200 with that echo
-    is a failure, kept with its reason. ``tally()`` starts a fresh count (a phase).
-    """
-
-    def __init__(self, port: int, connections: int = 6, max_seconds: float = 300.0) -> None:
-        self._port = port
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._tally = Tally()
-        self._deadline = time.monotonic() + max_seconds
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(connections)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def tally(self) -> Tally:
-        """The counts since the previous call, and a fresh count from now."""
-        with self._lock:
-            done, self._tally = self._tally, Tally()
-        return done
-
-    def stop(self) -> Tally:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
-        return self.tally()
-
-    def _run(self, index: int) -> None:
-        connection: http.client.HTTPConnection | None = None
-        sent = 0
-        while not self._stop.is_set() and time.monotonic() < self._deadline:
-            if connection is None:
-                connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=30)
-            body = json.dumps({"client": index, "n": sent}).encode()
-            began = time.monotonic()
-            try:
-                connection.request("POST", "/?ms=5", body, {"Content-Type": "application/json"})
-                answer = connection.getresponse()
-                data = answer.read()
-                ok = answer.status == 200 and json.loads(data)["echo"] == json.loads(body)
-                reason = "" if ok else f"{answer.status} {data[:200]!r}"
-                if answer.getheader("Connection", "").lower() == "close":
-                    connection.close()
-                    connection = None
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-                with contextlib.suppress(OSError):
-                    connection.close()
-                connection = None
-            elapsed = time.monotonic() - began
-            with self._lock:
-                if reason:
-                    self._tally.failures.append(reason)
-                else:
-                    self._tally.answered += 1
-                    self._tally.latencies.append(elapsed)
-            sent += 1
-        if connection is not None:
-            connection.close()

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from load import LoadClient, Tally
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
-from .balancer import HAPROXY, Balancer, LoadClient, Slot, Tally
+from .balancer import HAPROXY, Balancer, Slot
 from .helpers import http_request
 
 pytestmark = pytest.mark.docker
