@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from contextvars import ContextVar
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, cast
 
 from abeja_runtime import __version__
 
@@ -206,5 +206,6 @@ class _LineLogger(io.TextIOBase):
 
 def capture_prints() -> None:
     """Route ``print()`` and other writes to sys.stdout / sys.stderr into JSON records."""
-    sys.stdout = _LineLogger(logging.INFO, sys.__stdout__)
-    sys.stderr = _LineLogger(logging.WARNING, sys.__stderr__)
+    # The original streams exist in a worker (stdout is the log pipe); None only without one.
+    sys.stdout = _LineLogger(logging.INFO, cast(TextIO, sys.__stdout__))
+    sys.stderr = _LineLogger(logging.WARNING, cast(TextIO, sys.__stderr__))

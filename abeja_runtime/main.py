@@ -38,7 +38,7 @@ _LEVEL_ALIASES: Final = {
 }
 
 
-class ByteSize(click.ParamType):
+class ByteSize(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     """A byte count: ``1048576``, ``512KiB``, ``100MiB``, ``1GiB`` (KB, MB, GB: also 1024-based)."""
 
     name = "bytes"
@@ -51,19 +51,19 @@ class ByteSize(click.ParamType):
         if not match:
             self.fail(f"{value!r} is not a size in bytes (e.g. 1048576 or 100MiB)", param, ctx)
         number, unit = match.groups()
-        return int(number) * 1024 ** (" kmg".index(unit[0].lower()) if unit else 0)
+        return int(number) * int(1024 ** (" kmg".index(unit[0].lower()) if unit else 0))
 
 
-class LogLevel(click.Choice):
+class LogLevel(click.Choice):  # type: ignore[type-arg,unused-ignore]
     def __init__(self) -> None:
         super().__init__([*LOG_LEVELS, *_LEVEL_ALIASES], case_sensitive=False)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        level = super().convert(value, param, ctx).lower()
+        level = str(super().convert(value, param, ctx)).lower()
         return _LEVEL_ALIASES.get(level, level)
 
 
-class JsonObject(click.ParamType):
+class JsonObject(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     name = "json"
 
     def __init__(self, variable: str = "CONTEXT") -> None:

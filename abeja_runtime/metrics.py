@@ -150,7 +150,7 @@ class SupervisorMetrics:
         """Drop a dead worker's live gauges; its counters stay in the sums."""
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid)
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
     @staticmethod
     def render() -> bytes:
@@ -158,5 +158,5 @@ class SupervisorMetrics:
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)

@@ -37,7 +37,8 @@ class HttpHeaders:
         self._pairs = tuple((name.lower(), value) for name, value in pairs)
 
     def __getitem__(self, name: str) -> str | None:
-        return self.get(name)
+        value: str | None = self.get(name)
+        return value
 
     def get(self, name: str, default: Any = None) -> Any:
         wanted = name.lower()
@@ -120,7 +121,8 @@ class Content(Mapping[str, Any]):
         body = self._values["body"]
         if body is None:
             raise ValueError("no body")
-        return body.read(size)
+        data: bytes = body.read(size)
+        return data
 
     def close(self) -> None:
         body = self._values["body"]
@@ -195,7 +197,7 @@ class Request(Mapping[str, Any]):
         for name, value in self._raw_headers:
             names.setdefault(name.lower(), []).append(value)
         header_list = [{"key": key, "values": names[key]} for key in sorted(names)]
-        pairs = [(entry["key"], value) for entry in header_list for value in entry["values"]]
+        pairs = [(key, value) for key in sorted(names) for value in names[key]]
         self._values["headers"] = header_list
         self._values["http_headers"] = HttpHeaders(pairs)
 
@@ -215,14 +217,16 @@ class Request(Mapping[str, Any]):
         contents = self._values["contents"]
         if not contents:
             raise ValueError("no content")
-        return contents[0]
+        first: Content = contents[0]
+        return first
 
     def read(self, size: int = -1) -> bytes:
         """Read from the first body, so that ``json.load(request)`` works."""
         contents = self._values["contents"]
         if not contents:
             raise ValueError("no body")
-        return contents[0].read(size)
+        data: bytes = contents[0].read(size)
+        return data
 
     def close(self) -> None:
         """Close every body and remove the request's spool directory, if one was made."""

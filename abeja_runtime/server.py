@@ -315,9 +315,10 @@ async def answer_unavailable(request: web.BaseRequest) -> web.StreamResponse:
     return response
 
 
-def _call_and_encode(func: Any, request: Request, context: dict, encode: Any) -> EncodedResponse:
+def _call_and_encode(func: Any, request: Request, context: Any, encode: Any) -> EncodedResponse:
     """Runs on the handler thread: the call and the (possibly CPU-heavy) encoding together."""
-    return encode(func(request, context))
+    encoded: EncodedResponse = encode(func(request, context))
+    return encoded
 
 
 class _RequestHandler(web_protocol.RequestHandler):

@@ -135,7 +135,9 @@ def _children(place: Path) -> list[Path]:
 class _Pipeline:
     """pre_inference → onnxruntime → post_inference for one request."""
 
-    def __init__(self, numpy: Any, session: Any, module: ModuleType, metadata: dict) -> None:
+    def __init__(
+        self, numpy: Any, session: Any, module: ModuleType, metadata: dict[str, Any]
+    ) -> None:
         self._np = numpy
         self._session = session
         self._metadata = metadata
@@ -198,7 +200,9 @@ class _Pipeline:
             predictions.append(result)
         return predictions
 
-    def _call(self, func: Callable | None, name: str, value: Any, signature: Any, **kw: Any) -> Any:
+    def _call(
+        self, func: Callable[..., Any] | None, name: str, value: Any, signature: Any, **kw: Any
+    ) -> Any:
         if func is None:
             return kw.get("default", value)
         args = (value, signature) if self.legacy else (value, signature, self._metadata)
@@ -253,12 +257,12 @@ class _Pipeline:
         return json_result({"model_signature": self.describe(self.inputs), "message": _SUMMARY})
 
 
-def _function(module: ModuleType, name: str) -> Callable | None:
+def _function(module: ModuleType, name: str) -> Callable[..., Any] | None:
     func = getattr(module, name, None)
     return func if callable(func) else None
 
 
-def _arity(func: Callable) -> int:
+def _arity(func: Callable[..., Any]) -> int:
     """Positional parameters; *args counts as the new generation's three."""
     params = inspect.signature(func).parameters.values()
     if any(param.kind is param.VAR_POSITIONAL for param in params):

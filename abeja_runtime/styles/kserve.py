@@ -97,7 +97,8 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
         return LoadedHandler(server.handle, is_async=True, name=config.handler, style="kserve")
 
     def handle(request: Request, context: dict[str, Any]) -> dict[str, Any]:
-        return _finish(server.handle(request, context))
+        answer: dict[str, Any] = _finish(server.handle(request, context))
+        return answer
 
     return LoadedHandler(handle, is_async=False, name=config.handler, style="kserve")
 
@@ -105,11 +106,12 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
 def _instantiate(subject: Any, name: str) -> Any:
     if not inspect.isclass(subject):
         return subject
+    factory: Any = subject  # a user's class: its __init__ is not object's
     try:
         inspect.signature(subject).bind(name)
     except TypeError:
-        return subject()  # a class that names itself: def __init__(self)
-    return subject(name)
+        return factory()  # a class that names itself: def __init__(self)
+    return factory(name)
 
 
 def _is_async(model: Any) -> bool:

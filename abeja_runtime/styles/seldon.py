@@ -77,7 +77,7 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     """Instantiate the class (or take the instance), call ``load()``, serve it."""
     numpy = require("numpy", "seldon")
     try:
-        model = subject() if inspect.isclass(subject) else subject
+        model: Any = subject() if inspect.isclass(subject) else subject
         if callable(getattr(model, "load", None)):
             model.load()
     except Exception as exc:
@@ -184,7 +184,9 @@ class _Component:
                 raise _SeldonError(f"binData is not base64: {exc}") from exc
         raise _SeldonError(f"Invalid request data type: {message}")
 
-    def _response(self, request: Any, data: Any, meta: Any, metrics: list, tags: dict) -> dict:
+    def _response(
+        self, request: Any, data: Any, meta: Any, metrics: list[Any], tags: dict[str, Any]
+    ) -> dict[str, Any]:
         """Seldon's ``construct_response_json``."""
         response: dict[str, Any] = {}
         if isinstance(data, dict):
@@ -236,7 +238,7 @@ class _Component:
     def _tags(self) -> dict[str, Any]:
         return dict(self._optional("tags") or {})
 
-    def _metrics(self, runtime: list) -> list:
+    def _metrics(self, runtime: list[Any]) -> list[Any]:
         if not _valid_metrics(runtime):
             raise _SeldonError(
                 f"Bad metric created during request: {json.dumps(runtime, default=str)}",
@@ -341,14 +343,14 @@ def _json(value: str | bytes) -> Any:
         raise _SeldonError(f"Can't find JSON in data: {exc}") from exc
 
 
-def _unpack(result: Any) -> tuple[Any, dict, list]:
+def _unpack(result: Any) -> tuple[Any, dict[str, Any], list[Any]]:
     """A ``SeldonResponse`` carries runtime tags and metrics next to the data."""
     if type(result).__name__ == "SeldonResponse" and hasattr(result, "data"):
         return result.data, dict(result.tags or {}), list(result.metrics or [])
     return result, {}, []
 
 
-def _takes_meta(method: Callable) -> bool:
+def _takes_meta(method: Callable[..., Any]) -> bool:
     try:
         params = inspect.signature(method).parameters.values()
     except (TypeError, ValueError):
