@@ -68,6 +68,11 @@ class Deployment:
             )
 
     @property
+    def pod_concurrency(self) -> int:
+        """Requests one pod serves at once: what Knative and KServe call containerConcurrency."""
+        return self.workers * self.concurrency
+
+    @property
     def runtime_env(self) -> dict[str, str]:
         """The runtime's own settings, then the user's variables (which win)."""
         return {
@@ -104,6 +109,12 @@ def _probe(path: str, port: int | str, period: int, failures: int) -> dict[str, 
         "timeoutSeconds": 2,
         "failureThreshold": failures,
     }
+
+
+def _add_probes(container: dict[str, Any], port: int | str) -> None:
+    """Readiness on /health_check, liveness on /livez, both on the health-check port."""
+    container["readinessProbe"] = _probe("/health_check", port, period=5, failures=2)
+    container["livenessProbe"] = _probe("/livez", port, period=10, failures=3)
 
 
 def _container(d: Deployment, *, name: str, ports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -143,8 +154,7 @@ def _kubernetes(d: Deployment) -> list[dict[str, Any]]:
             {"name": "health", "containerPort": _HEALTH_PORT},
         ],
     )
-    container["readinessProbe"] = _probe("/health_check", "health", period=5, failures=2)
-    container["livenessProbe"] = _probe("/livez", "health", period=10, failures=3)
+    _add_probes(container, "health")
     sleep = f"import time; time.sleep({_PRE_STOP_SECONDS})"
     container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", sleep]}}}
     grace = _PRE_STOP_SECONDS + math.ceil(d.grace_period) + _KILL_MARGIN + 5
@@ -228,7 +238,7 @@ def _knative(d: Deployment) -> list[dict[str, Any]]:
     )
     container["readinessProbe"] = _probe("/health_check", _SERVICE_PORT, period=5, failures=2)
     spec: dict[str, Any] = {
-        "containerConcurrency": d.workers * d.concurrency,
+        "containerConcurrency": d.pod_concurrency,
         "containers": [container],
         "volumes": _tmp_volume(),
     }
@@ -258,12 +268,11 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
     container = _container(
         d, name="kserve-container", ports=[{"containerPort": _SERVICE_PORT, "protocol": "TCP"}]
     )
-    container["readinessProbe"] = _probe("/health_check", _HEALTH_PORT, period=5, failures=2)
-    container["livenessProbe"] = _probe("/livez", _HEALTH_PORT, period=10, failures=3)
+    _add_probes(container, _HEALTH_PORT)
     predictor: dict[str, Any] = {
         "minReplicas": d.replicas,
         "maxReplicas": d.max_replicas,
-        "containerConcurrency": d.workers * d.concurrency,
+        "containerConcurrency": d.pod_concurrency,
         "containers": [container],
         "volumes": _tmp_volume(),
     }
