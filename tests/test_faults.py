@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import RunningServer, ServerFactory, wait_until
 from load import LoadClient, Tally
-from test_supervisor import crash_a_worker, ready_workers, wait_for_ready_workers
+from test_supervisor import alive, crash_a_worker, ready_workers, wait_for_ready_workers
 
 CONNECTIONS = 6
 PHASE = 1.0  # seconds of load per phase: the length of a phase, not a synchronisation
@@ -89,7 +89,12 @@ def test_a_stuck_handler_thread(loaded: tuple[RunningServer, LoadClient]) -> Non
         target=server.request, args=("GET", "/?hang=30"), kwargs={"timeout": 30}, daemon=True
     )
     stuck.start()
-    wait_until(lambda: len(ready_workers(server)) >= 3, 20, "the stuck worker's replacement")
+    recycled = server.wait_for_record(
+        lambda r: r.get("message", "").endswith("whose handler is stuck"), timeout=20
+    )
+    stuck_pid = int(recycled["message"].split()[2].rstrip(","))
+    # Recovered once it has drained and exited: until then its connections get 504s.
+    wait_until(lambda: not alive(stuck_pid), 20, "the stuck worker to exit")
     during = load.tally()
     after = recovered(server, load, 3)
     report("stuck handler thread (timeout 1 s, grace 1 s)", during, after)
