@@ -89,5 +89,8 @@ class HandlerTimeout(HttpError):
     status = 504
 
     def __init__(self, timeout: float) -> None:
-        super().__init__(f"handler timed out after {timeout:g} s")
+        # Names the setting: the first thing a user with a slow model needs to know.
+        super().__init__(
+            f"handler timed out after {timeout:g} s; the limit is ABEJA_RUNTIME_TIMEOUT (--timeout)"
+        )
         self.timeout = timeout

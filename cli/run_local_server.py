@@ -17,6 +17,7 @@ from abeja_cli.errors import InputError, ServerError
 from abeja_cli.local_engine import free_port
 from abeja_cli.reload import ChangeWatcher
 from abeja_cli.session import (
+    STOP_SIGNALS,
     ModelOptions,
     exit_on_errors,
     model_options,
@@ -56,6 +57,9 @@ def run_local_server(**params: Any) -> None:
 
 def _check_port(port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the runtime binds: a port whose last connections are in TIME_WAIT (the previous
+        # run, stopped a moment ago) is free to listen on again.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -111,7 +115,7 @@ def _stop_signals() -> Iterator[threading.Event]:
             raise KeyboardInterrupt
         stop.set()
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         yield stop
     finally:

@@ -22,8 +22,11 @@ from abeja_cli.engine import Engine, LogSink, RunSpec, Server, wait_ready
 from abeja_cli.environment import model_environment
 from abeja_cli.errors import BuildError, CliError, EngineUnavailable, InputError
 
+from abeja_runtime.main import ByteSize
+
 __all__ = [
     "DEVICE_TYPES",
+    "STOP_SIGNALS",
     "ModelOptions",
     "exit_on_errors",
     "model_options",
@@ -64,6 +67,11 @@ class ModelOptions:
             env_file=Path(env_file) if env_file is not None else None,
             organization_id=params["organization_id"],
         )
+        # The runtime limits a user meets first, as options; -e still works for every other one.
+        if params.get("timeout") is not None:
+            env["ABEJA_RUNTIME_TIMEOUT"] = f"{params['timeout']:g}"
+        if params.get("max_body_size") is not None:
+            env["ABEJA_RUNTIME_MAX_BODY_SIZE"] = str(params["max_body_size"])
         if params["v1"]:
             # The anchor's --v1 ran the 18.10 runtime; ours serves that handler style itself.
             env.setdefault("ABEJA_RUNTIME_STYLE", "abeja-v1")
@@ -170,6 +178,20 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         "PATH, HOME, locale, TMPDIR, the Python environment and -e/--env-file reach it, as in "
         "a container).",
     ),
+    "timeout": click.option(
+        "--timeout",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Seconds the handler may take before the request gets 504 (0: no limit); sets "
+        "ABEJA_RUNTIME_TIMEOUT.  [default: 60]",
+    ),
+    "max_body_size": click.option(
+        "--max-body-size",
+        type=ByteSize(),
+        default=None,
+        help="Largest request body, e.g. 500MiB (413 above; 0: no limit); sets "
+        "ABEJA_RUNTIME_MAX_BODY_SIZE.  [default: 100MiB]",
+    ),
     "startup_timeout": click.option(
         "--startup-timeout",
         type=click.FloatRange(min=1),
@@ -236,9 +258,15 @@ def start_server(
         yield engine, server
 
 
+#: Signals that end a command like Ctrl+C: SIGTERM (kill, a supervisor) and SIGHUP (the
+#: terminal was closed), so that the model server is stopped and removed on each of them.
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl+C, so ``with`` blocks clean up (remove the container) on both."""
+    """Treat SIGTERM and SIGHUP like Ctrl+C, so ``with`` blocks clean up (remove the
+    container, stop the local runtime) on all of them."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -246,11 +274,12 @@ def terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: object) -> NoReturn:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def exit_on_errors(console: Console, body: Callable[[], int]) -> NoReturn:

@@ -24,7 +24,12 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
-__all__ = ["wait_until"]  # the tests import it from here
+__all__ = ["TIMED_OUT_AFTER_1_S", "wait_until"]  # the tests import them from here
+
+#: The 504 body of a request to a runtime started with ``--timeout 1``.
+TIMED_OUT_AFTER_1_S = {
+    "status": "handler timed out after 1 s; the limit is ABEJA_RUNTIME_TIMEOUT (--timeout)"
+}
 
 HANDLERS = Path(__file__).parent / "handlers"
 START_TIMEOUT = 20.0

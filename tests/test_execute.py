@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import Response, RunningServer, ServerFactory, wait_until
+from conftest import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory, wait_until
 
 SYNC, ASYNC = "main:handler", "main:async_handler"
 BOTH_KINDS = pytest.mark.parametrize("handler", [SYNC, ASYNC], ids=["sync", "async"])
@@ -134,7 +134,7 @@ def test_timeout_answers_504_at_once_and_the_server_stays_up(start, handler):
     answer, elapsed = timed(lambda: server.request("GET", "/?tag=slow&sleep=3", timeout=10))
 
     assert answer.status == 504
-    assert answer.json() == {"status": "handler timed out after 1 s"}
+    assert answer.json() == TIMED_OUT_AFTER_1_S
     assert answer.headers["Content-Type"] == "application/json"
     assert 0.9 <= elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
     # A sync handler holds its slot until it returns: let it, so the next call is not queued.
@@ -162,7 +162,7 @@ def test_timed_out_async_handler_frees_its_slot_at_once(start):
     answer, elapsed = timed(lambda: server.request("GET", "/?tag=next", timeout=10))
 
     assert timed_out.status == 504
-    assert timed_out.json() == {"status": "handler timed out after 1 s"}
+    assert timed_out.json() == TIMED_OUT_AFTER_1_S
     assert answer.status == 200
     assert elapsed < 3.0, f"the next call waited {elapsed:.2f} s for the slot"
     cancelled = wait_for_event(server, "slow", "cancelled")  # not left running in the background

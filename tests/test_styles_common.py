@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import TIMED_OUT_AFTER_1_S, wait_until
 from test_styles_cortex import build_model
 
 EXIT_TIMEOUT = 20.0
@@ -137,7 +137,7 @@ def test_the_abeja_runtime_applies_to_every_style(make_server, tmp_path, style):
 
     slow = server.post_json(body(3), path=path)
     assert slow.status == 504
-    assert slow.json() == {"status": "handler timed out after 1 s"}
+    assert slow.json() == TIMED_OUT_AFTER_1_S
     assert server.health() == 200
 
 

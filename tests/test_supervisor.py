@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Response, RunningServer, ServerFactory, wait_until
+from conftest import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory, wait_until
 
 READY = re.compile(r"worker (\d+) is ready")
 
@@ -139,7 +139,7 @@ def test_a_stuck_handler_gets_504_at_once_and_its_worker_recycled(start):
     elapsed = time.monotonic() - began
 
     assert stuck.status == 504
-    assert stuck.json() == {"status": "handler timed out after 1 s"}
+    assert stuck.json() == TIMED_OUT_AFTER_1_S
     assert elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
     noticed = server.wait_for_record(lambda r: "stops taking requests" in r.get("message", ""))
     assert noticed["log_level"] == "error"

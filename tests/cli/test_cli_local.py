@@ -278,6 +278,17 @@ def test_the_shell_environment_stays_out_unless_inherited(
     assert ("AWS_SECRET_ACCESS_KEY" in seen) is inherit
 
 
+def test_runtime_limits_as_options(abeja: Abeja, project: Project) -> None:
+    cwd = project("tax")
+    refused = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json",
+                        "--max-body-size", "10", "-q")  # fmt: skip
+    assert refused.returncode == 1, str(refused)
+    assert json.loads(refused.stdout)["status"] == "request body too large (limit 10 bytes)"
+    seen = run_local(abeja, project("responder"), "-h", "main:environ", "-q",
+                     "--input", "request.json", "--timeout", "5")  # fmt: skip
+    assert "ABEJA_RUNTIME_TIMEOUT" in seen.text.split(), str(seen)
+
+
 # -- failures -------------------------------------------------------------------------------
 
 

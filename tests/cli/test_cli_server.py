@@ -4,6 +4,7 @@ SIGINT/SIGTERM with exit 0, and ``--reload``."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import signal
 from collections.abc import Callable
@@ -21,7 +22,9 @@ def handler(request, context):
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_serves_until_signal(start_abeja: Start, project: Callable[[str], Path], sig: int) -> None:
     cli = start_abeja(
         "model", "run-local-server", "--engine", "local", "-h", "main:handler",
@@ -51,17 +54,29 @@ def test_serves_until_signal(start_abeja: Start, project: Callable[[str], Path],
         http_request(endpoint + "/health_check", timeout=5)
 
 
-def test_fixed_port(start_abeja: Start, project: Callable[[str], Path]) -> None:
+def test_stop_and_start_again_on_the_same_port(
+    start_abeja: Start, project: Callable[[str], Path]
+) -> None:
+    """The port's last connections are in TIME_WAIT after a stop; a second run starts at once."""
     from abeja_cli.local_engine import free_port
 
     port = free_port()
-    cli = start_abeja(
-        "model", "run-local-server", "--engine", "local", "-h", "main:handler", "-p", str(port),
-        cwd=project("tax"),
-    )  # fmt: skip
-    assert cli.endpoint() == f"http://127.0.0.1:{port}"
-    cli.send(signal.SIGTERM)
-    assert cli.wait(60) == 0
+    cwd = project("tax")
+    for run in (1, 2):
+        cli = start_abeja(
+            "model", "run-local-server", "--engine", "local", "-h", "main:handler",
+            "-p", str(port), cwd=cwd,
+        )  # fmt: skip
+        endpoint = cli.endpoint()
+        assert endpoint == f"http://127.0.0.1:{port}", f"run {run}: {cli.output()}"
+        # A keep-alive connection left open: the server closes it when it stops, so that end
+        # of it stays in TIME_WAIT on the port.
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        kept.request("POST", "/", b'{"total_without_tax": 1}')
+        assert kept.getresponse().read() == b'{"total": 1.08}'
+        cli.send(signal.SIGINT)
+        assert cli.wait(60) == 0, f"run {run}: {cli.output()}"
+        kept.close()
 
 
 def test_reload_picks_up_a_changed_handler(start_abeja: Start, tmp_path: Path) -> None:
