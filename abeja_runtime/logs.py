@@ -106,12 +106,16 @@ class AccessLog:
         self._static = static_fields or {}
         self._pending: list[str] = []
 
-    def record(self, method: str, status: int, received: float, responded: float) -> None:
+    def record(
+        self, method: str, path: str, status: int, received: float, responded: float
+    ) -> None:
+        """``path`` is the URL path without the query (which may carry what logs must not)."""
         if not access_logger.isEnabledFor(logging.INFO):
             return
         data: dict[str, Any] = {
             "log_type": "access_log",
             "http_method": method,
+            "http_path": path,
             "http_status": status,
             "elapsed_microsecs": int((responded - received) * 1_000_000),
             "request_timestamp": format_timestamp(received, "microseconds"),

@@ -153,7 +153,7 @@ class HttpServer:
             self._state.request_done()
             status = response.status if response is not None else 500
             responded = time.time()
-            self._access_log.record(request.method, status, received, responded)
+            self._access_log.record(request.method, request.path, status, received, responded)
             self._metrics.observe(status, responded - received)
             request_id_var.reset(request_token)
             requester_id_var.reset(requester_token)

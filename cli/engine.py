@@ -112,7 +112,9 @@ def format_log_line(line: str) -> str:
     if record.get("log_type") == "access_log":
         elapsed = record.get("elapsed_microsecs")
         took = f" ({elapsed / 1000:.1f} ms)" if isinstance(elapsed, int | float) else ""
-        return f"access: {record.get('http_method', '?')} {record.get('http_status', '?')}{took}"
+        method, status = record.get("http_method", "?"), record.get("http_status", "?")
+        path = record.get("http_path")
+        return f"access: {method} {path + ' ' if path else ''}{status}{took}"
     message = record.get("message")
     if not isinstance(message, str):
         return line

@@ -52,6 +52,8 @@ class ModelOptions:
     startup_timeout: float
     project: Path
     inherit_env: bool = False
+    #: -i was given on the command line (the local engine says that it does not use it).
+    image_given: bool = False
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ModelOptions:
@@ -87,6 +89,7 @@ class ModelOptions:
             no_cache=params["no_cache"],
             startup_timeout=params.get("startup_timeout", 120.0),
             inherit_env=params.get("inherit_env", False),
+            image_given=_given_on_command_line("image"),
             project=Path.cwd().resolve(),
         )
 
@@ -219,6 +222,12 @@ def model_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., A
     return decorate
 
 
+def _given_on_command_line(name: str) -> bool:
+    context = click.get_current_context(silent=True)
+    source = context.get_parameter_source(name) if context is not None else None
+    return source is click.core.ParameterSource.COMMANDLINE
+
+
 def select_engine(choice: str | None, console: Console) -> Engine:
     """The engine to use; Docker by default, the local one when Docker is not reachable."""
     from abeja_cli.local_engine import LocalEngine
@@ -249,6 +258,11 @@ def start_server(
 ) -> Iterator[tuple[Engine, Server]]:
     """Choose the engine, build, start, wait until ready; stopped and removed on exit."""
     engine = select_engine(options.engine, console)
+    if engine.name == "local" and options.image_given:
+        console.notice(
+            f"-i {options.image} is not used by the local engine: the model runs in this "
+            f"Python ({sys.executable}); use --engine docker to run it on that image"
+        )
     spec = options.spec(host_port=host_port)
     engine.prepare(spec)
     console.info("setting up local server")

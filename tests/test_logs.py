@@ -96,12 +96,14 @@ def test_one_access_record_per_request(make_server, folder):
     ids = [f"access-{folder}-{n}" for n in range(3)]
     for request_id in ids:
         echo(server, "hi", "careful", {REQUEST_ID: request_id})
-    failed = server.request("DELETE", "/", b"not json", {REQUEST_ID: "access-failed"})
+    failed = server.request(
+        "DELETE", "/items/7?token=secret", b"not json", {REQUEST_ID: "access-failed"}
+    )
     assert failed.status == 500
 
-    expected = [(request_id, "POST", 200) for request_id in ids]
-    expected.append(("access-failed", "DELETE", 500))
-    for request_id, method, status in expected:
+    expected = [(request_id, "POST", "/", 200) for request_id in ids]
+    expected.append(("access-failed", "DELETE", "/items/7", 500))  # the query is not logged
+    for request_id, method, path, status in expected:
         server.wait_for_record(
             lambda r, request_id=request_id: (
                 r.get("request_id") == request_id and r.get("log_type") == "access_log"
@@ -111,6 +113,7 @@ def test_one_access_record_per_request(make_server, folder):
         assert len(records) == 1, records
         record = records[0]
         assert record["http_method"] == method
+        assert record["http_path"] == path
         assert record["http_status"] == status
         assert record["log_level"] == "info"
         assert isinstance(record["elapsed_microsecs"], int)

@@ -51,7 +51,7 @@ def test_tax_sample(run: Callable[..., Result], docker_projects: Projects) -> No
     result = run(cwd, "-h", "main:handler", "--input", "request.json")
     assert result.returncode == 0, str(result)
     assert result.text == '{\n    "total": 108.0\n}\n'
-    assert "access: POST 200" in result.stderr
+    assert "access: POST / 200" in result.stderr
     bad = run(cwd, "-h", "main:handler", "--input", "bad_request.json", "-q")
     assert bad.returncode == 1, str(bad)
     assert json.loads(bad.stdout) == {"message": "total_without_tax is need"}

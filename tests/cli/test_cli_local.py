@@ -35,7 +35,7 @@ def test_tax_sample(abeja: Abeja, project: Project) -> None:
     assert result.returncode == 0, str(result)
     assert result.text == '{\n    "total": 108.0\n}\n'
     assert "[info] sending request to model: POST / request.json (application/json" in result.stderr
-    assert "access: POST 200" in result.stderr  # the model's log is shown (on stderr)
+    assert "access: POST / 200" in result.stderr  # the model's log is shown (on stderr)
 
     bad = run_local(abeja, cwd, "-h", "main:handler", "--input", "bad_request.json", "-q")
     assert bad.returncode == 1, str(bad)
@@ -287,6 +287,17 @@ def test_runtime_limits_as_options(abeja: Abeja, project: Project) -> None:
     seen = run_local(abeja, project("responder"), "-h", "main:environ", "-q",
                      "--input", "request.json", "--timeout", "5")  # fmt: skip
     assert "ABEJA_RUNTIME_TIMEOUT" in seen.text.split(), str(seen)
+
+
+def test_a_base_image_the_local_engine_ignores_is_named(abeja: Abeja, project: Project) -> None:
+    cwd = project("tax")
+    given = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json",
+                      "-i", "python:3.12-slim")  # fmt: skip
+    default = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json")
+    assert given.returncode == default.returncode == 0, str(given)
+    notice = "[info] -i python:3.12-slim is not used by the local engine"
+    assert notice in given.stderr
+    assert "is not used by the local engine" not in default.stderr
 
 
 # -- failures -------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def test_serves_until_signal(start_abeja: Start, project: Callable[[str], Path],
     assert http_request(endpoint, b"{}")[0] == 400
     status, body = http_request(endpoint + "/health_check")
     assert (status, json.loads(body)) == (200, {"status": "ok"})
-    cli.wait_for(r"access: POST 400")  # the model's log is followed while serving
+    cli.wait_for(r"access: POST / 400")  # the model's log is followed while serving
 
     cli.send(sig)
     assert cli.wait(60) == 0, cli.output()

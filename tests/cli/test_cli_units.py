@@ -70,9 +70,13 @@ def test_output_file_gets_the_raw_body(tmp_path: Path) -> None:
         ('{"log_level": "info", "message": "worker 7 is ready"}', "worker 7 is ready"),
         ('{"log_level": "error", "message": "boom"}', "ERROR: boom"),
         (
-            '{"log_type": "access_log", "http_method": "POST", "http_status": 200, '
-            '"elapsed_microsecs": 1500}',
-            "access: POST 200 (1.5 ms)",
+            '{"log_type": "access_log", "http_method": "POST", "http_path": "/predict", '
+            '"http_status": 200, "elapsed_microsecs": 1500}',
+            "access: POST /predict 200 (1.5 ms)",
+        ),
+        (  # a runtime older than the path field
+            '{"log_type": "access_log", "http_method": "POST", "http_status": 200}',
+            "access: POST 200",
         ),
         ("plain print output", "plain print output"),
         ('{"no_message": 1}', '{"no_message": 1}'),
