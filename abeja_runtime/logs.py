@@ -17,9 +17,12 @@ import json
 import logging
 import logging.config
 import sys
+import sysconfig
 import threading
 import time
+import types
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, Final, TextIO, cast
 
 from abeja_runtime import __version__
@@ -32,6 +35,7 @@ __all__ = [
     "format_timestamp",
     "request_id_var",
     "requester_id_var",
+    "user_exc_info",
 ]
 
 request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
@@ -135,6 +139,23 @@ class AccessLog:
     def _flush(self) -> None:
         lines, self._pending = self._pending, []
         access_logger.info("\n".join(lines), extra={"preformatted": True})
+
+
+_RUNTIME_DIR: Final = str(Path(__file__).resolve().parent)
+_STDLIB_DIR: Final = sysconfig.get_paths()["stdlib"]
+
+
+def user_exc_info(
+    exc: BaseException,
+) -> tuple[type[BaseException], BaseException, types.TracebackType | None]:
+    """``exc_info`` for an error raised in the user's code, its traceback starting at the
+    user's first frame: the runtime's and the standard library's frames above it (the
+    executor, the thread hand-off) say nothing to the handler's author. An error with no user
+    frame keeps its whole traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith((_RUNTIME_DIR, _STDLIB_DIR)):
+        tb = tb.tb_next
+    return type(exc), exc, tb if tb is not None else exc.__traceback__
 
 
 def configure_logging(level: str, static_fields: dict[str, str] | None = None) -> None:

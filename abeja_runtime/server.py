@@ -41,7 +41,7 @@ from abeja_runtime.errors import (
 )
 from abeja_runtime.execute import Execution, Executor
 from abeja_runtime.loader import LoadedHandler
-from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var
+from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var, user_exc_info
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.request import Request
@@ -195,8 +195,12 @@ class HttpServer:
             return self._http_error(exc)
         except HandlerResultError as exc:
             _log.error("the handler's return value breaks the contract: %s", exc)
-        except Exception:
-            _log.exception("unexpected error occurred in the handler %s", handler.name)
+        except Exception as exc:
+            _log.error(
+                "unexpected error occurred in the handler %s",
+                handler.name,
+                exc_info=user_exc_info(exc),
+            )
         finally:
             user_request.close()
         return _error_response(500, "unexpected error occurred")

@@ -189,3 +189,16 @@ def test_log_level_warning_hides_info_records(spawn, flags, env):
     assert stop(server) == 0
     info = [r for r in server.records() if r.get("log_level") in {"info", "debug"}]
     assert info == [], info
+
+
+def test_a_handler_traceback_starts_at_the_users_frame(make_server):
+    server = make_server("lg_echo")
+    failed = server.request("POST", "/", b"not json", {"Content-Type": "application/json"})
+    assert failed.status == 500
+    record = server.wait_for_record(
+        lambda r: r.get("message", "").startswith("unexpected error occurred in the handler")
+    )
+    frames = [line for line in record["traceback"].splitlines() if line.startswith("  File ")]
+    assert frames[0].startswith(f'  File "{HANDLERS / "lg_echo" / "main.py"}"'), frames
+    assert not any("abeja_runtime" in frame for frame in frames), frames
+    assert record["traceback"].rstrip().splitlines()[-1].startswith("json.decoder.JSONDecodeError")
