@@ -15,7 +15,7 @@ from typing import Any, Final
 import click
 from abeja_cli.console import Console
 from abeja_cli.errors import InputError
-from abeja_cli.session import ModelOptions, exit_on_errors, model_options
+from abeja_cli.session import ModelCommand, ModelOptions, exit_on_errors, model_options
 
 __all__ = ["build", "check_handler_file", "check_image_tag"]
 
@@ -53,7 +53,7 @@ def check_handler_file(handler: str, project: Path) -> None:
         )
 
 
-@click.command("build")
+@click.command("build", cls=ModelCommand)
 @model_options("handler", "image", "environment", "env_file", "organization_id", "no_cache", "v1")
 @click.option(
     "-t",

@@ -14,6 +14,7 @@ from abeja_cli.errors import InputError
 from abeja_cli.inputs import METHODS, build_request
 from abeja_cli.output import write_response
 from abeja_cli.session import (
+    ModelCommand,
     ModelOptions,
     exit_on_errors,
     model_options,
@@ -24,7 +25,7 @@ from abeja_cli.session import (
 __all__ = ["run_local"]
 
 
-@click.command("run-local")
+@click.command("run-local", cls=ModelCommand)
 @model_options()
 @click.option(
     "--input",

@@ -18,6 +18,7 @@ from abeja_cli.local_engine import free_port
 from abeja_cli.reload import ChangeWatcher
 from abeja_cli.session import (
     STOP_SIGNALS,
+    ModelCommand,
     ModelOptions,
     exit_on_errors,
     model_options,
@@ -31,7 +32,7 @@ __all__ = ["run_local_server"]
 _TICK: Final = 0.3
 
 
-@click.command("run-local-server")
+@click.command("run-local-server", cls=ModelCommand)
 @model_options()
 @click.option(
     "-p",
@@ -98,11 +99,23 @@ def _banner(options: ModelOptions, engine: Engine, server: Server) -> None:
         f" Handler :  {options.handler}",
         f" Image :    {options.image if engine.name == 'docker' else '(none: local engine)'}",
         f" Engine :   {server.description}",
+        f" Try :      {_curl_example(options.project, server.url)}",
         "you can now access this http api!",
         "press Ctrl + C to stop",
         " ------------------------ ",
     ]
     click.echo(click.style("\n".join(lines), fg="green", bold=True))
+
+
+def _curl_example(project: Path, url: str) -> str:
+    """A command that sends the project's own request file, or a JSON body, to the server."""
+    from abeja_cli.inputs import guess_content_type
+
+    for candidate in sorted(project.glob("request*")):
+        if candidate.is_file():
+            kind = guess_content_type(candidate.name)
+            return f"curl -s {url} -H 'Content-Type: {kind}' --data-binary @{candidate.name}"
+    return f"curl -s {url} -H 'Content-Type: application/json' -d '{{}}'"
 
 
 @contextmanager

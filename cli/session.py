@@ -27,6 +27,7 @@ from abeja_runtime.main import ByteSize
 __all__ = [
     "DEVICE_TYPES",
     "STOP_SIGNALS",
+    "ModelCommand",
     "ModelOptions",
     "exit_on_errors",
     "model_options",
@@ -104,6 +105,24 @@ class ModelOptions:
             no_cache=self.no_cache,
             inherit_env=self.inherit_env,
         )
+
+
+class ModelCommand(click.Command):
+    """A model command: ``-h`` is the handler, as on ABEJA's CLI, so ``-h`` alone gets a
+    pointer to ``--help`` instead of click's bare "requires an argument"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadOptionUsage as exc:
+            if exc.option_name not in ("-h", "--handler"):
+                raise
+            raise click.BadOptionUsage(
+                exc.option_name,
+                f"{exc.option_name} needs the handler, as MODULE:FUNCTION (e.g. -h main:handler); "
+                "-h is not help here: for help use --help",
+                ctx,
+            ) from None
 
 
 #: Every option of the model commands, by parameter name, in the order ``--help`` lists them.

@@ -69,6 +69,15 @@ def test_click_usage_errors_exit_2(abeja: Callable[..., Result], tmp_path: Path)
     assert "'tpu' is not one of 'x86_cpu', 'x86_gpu', 'jetson_tx2', 'raspberry3'" in device.stderr
 
 
+@pytest.mark.parametrize("command", ["run-local", "run-local-server", "build"])
+def test_h_alone_points_at_help(abeja: Callable[..., Result], tmp_path: Path, command: str) -> None:
+    """-h is the handler, as on ABEJA's CLI; a user who meant help is told where it is."""
+    alone = abeja("model", command, "-h", cwd=tmp_path)
+    assert alone.returncode == 2
+    assert "-h needs the handler, as MODULE:FUNCTION" in alone.stderr
+    assert "for help use --help" in alone.stderr
+
+
 def test_anchor_option_spellings_are_accepted(
     abeja: Callable[..., Result], project: Callable[[str], Path]
 ) -> None:
