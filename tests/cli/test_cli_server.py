@@ -39,6 +39,8 @@ def test_serves_until_signal(start_abeja: Start, project: Callable[[str], Path],
         " Handler :  main:handler",
         "you can now access this http api!",
         "press Ctrl + C to stop",
+        f" Try :      curl -s {endpoint} -H 'Content-Type: application/json' "
+        "--data-binary @request.json",
     ):
         assert expected in banner
     assert http_request(endpoint, b'{"total_without_tax": 200}') == (200, b'{"total": 216.0}')
