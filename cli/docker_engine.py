@@ -7,9 +7,11 @@ on every way out of :meth:`DockerEngine.serve`: success, error, failed start, Ct
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
     from docker.models.images import Image
 
-__all__ = ["DockerEngine", "DockerServer", "docker_host"]
+__all__ = ["DockerEngine", "DockerServer", "connect_docker", "docker_host"]
 
 #: Seconds a stopping container gets to finish in-flight requests before it is killed.
 _GRACE: Final = 10
@@ -112,17 +114,7 @@ class DockerEngine:
     @classmethod
     def connect(cls, console: Console) -> DockerEngine:
         """Connect and ping; :class:`EngineUnavailable` with a one-line reason otherwise."""
-        import docker
-        from docker.errors import DockerException
-
-        try:
-            client = docker.from_env(timeout=30)
-            client.ping()
-        except DockerException as exc:
-            raise EngineUnavailable(
-                f"Docker is not reachable at {docker_host()} ({_short(exc)})",
-                hint="start Docker, or use --engine local to run without it",
-            ) from None
+        client = connect_docker(timeout=30)
         engine = cls(client, console)
         try:
             engine.source = find_runtime_source()
@@ -205,6 +197,38 @@ class DockerEngine:
             user=user,
             **options,
         )
+
+
+def connect_docker(timeout: float) -> docker.DockerClient:
+    """A client of the engine at ``docker_host()`` that answered a ping.
+
+    Raises :class:`EngineUnavailable` otherwise. docker-py leaves the socket of a failed
+    attempt (its API version probe) to the garbage collector, which would report it as a
+    ResourceWarning at some later point; it is collected here, quietly, instead.
+    """
+    import docker
+    from docker.errors import DockerException
+
+    client = None
+    reason = ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            client = docker.from_env(timeout=int(timeout))
+            client.ping()
+        except DockerException as exc:
+            reason = _short(exc)
+        if reason:
+            if client is not None:
+                client.close()
+            gc.collect()
+    if reason:
+        raise EngineUnavailable(
+            f"Docker is not reachable at {docker_host()} ({reason})",
+            hint="start Docker, or use --engine local to run without it",
+        )
+    assert client is not None
+    return client
 
 
 def _short(exc: BaseException) -> str:

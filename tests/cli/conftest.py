@@ -88,14 +88,13 @@ def _unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
-    import docker
-    from docker.errors import DockerException
+    from abeja_cli.docker_engine import connect_docker
+    from abeja_cli.errors import EngineUnavailable
 
     try:
-        client = docker.from_env(timeout=60)
-        client.ping()
-    except DockerException as exc:
-        _unavailable(f"no Docker engine is reachable ({str(exc)[:120]})")
+        client = connect_docker(timeout=60)
+    except EngineUnavailable as exc:
+        _unavailable(exc.reason)
     yield client
     client.close()
 

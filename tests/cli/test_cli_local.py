@@ -114,11 +114,16 @@ OUR_SAMPLES = ("tax", "image_flip", "multipart_form", "numpy_classifier", "csv_t
 
 @pytest.mark.parametrize("name", OUR_SAMPLES)
 def test_sample_has_a_readme_line_and_a_request(name: str) -> None:
+    """A newcomer's three commands: run-local, run-local-server and curl, on files that exist."""
     sample = SAMPLES / name
-    readme = (sample / "README.md").read_text("utf-8").strip()
-    assert readme.startswith("`abeja model run-local ") and "-h main:handler" in readme
-    words = [w.split("@")[-1].strip("`") for w in readme.split("`")[1].split()]
-    assert any((sample / word).is_file() for word in words if "." in word), readme
+    lines = (sample / "README.md").read_text("utf-8").splitlines()
+    run = next(line for line in lines if line.startswith("abeja model run-local "))
+    assert "-h main:handler" in run
+    assert any(line.startswith("abeja model run-local-server -h main:handler") for line in lines)
+    curl = next(line for line in lines if line.startswith("curl "))
+    for command in (run, curl):
+        words = [w.split("@")[-1] for w in command.split() if "@" in w or "." in w]
+        assert any((sample / word).is_file() for word in words), command
 
 
 # -- output ---------------------------------------------------------------------------------
