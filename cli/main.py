@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 from abeja_cli.build import build
+from abeja_cli.clean import clean
 from abeja_cli.manifests import manifests
 from abeja_cli.run_local import run_local
 from abeja_cli.run_local_server import run_local_server
@@ -29,3 +30,4 @@ model.add_command(run_local)
 model.add_command(run_local_server)
 model.add_command(build)
 model.add_command(manifests)
+model.add_command(clean)
