@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import secrets
+import socket
 import time
 import warnings
 from collections.abc import Iterator
@@ -146,6 +147,7 @@ class DockerEngine:
         if self._image is None:
             self.prepare(spec)
         assert self._image is not None
+        self._remove_orphans()
         # Named up front, so that a Ctrl+C landing while Docker creates it still finds it.
         name = f"abeja-local-{secrets.token_hex(6)}"
         try:
@@ -166,6 +168,22 @@ class DockerEngine:
             with suppress(NotFound):
                 self.client.api.remove_container(name, force=True)
 
+    def _remove_orphans(self) -> None:
+        """Remove containers of ours whose CLI, on this machine, was killed before it could."""
+        from docker.errors import APIError
+
+        host = socket.gethostname()
+        filters = {"label": [f"{LABEL_PREFIX}.kind=container", f"{LABEL_PREFIX}.cli-host={host}"]}
+        for container in self.client.containers.list(all=True, filters=filters):
+            pid = container.labels.get(f"{LABEL_PREFIX}.cli-pid", "")
+            if not pid.isdigit() or _process_exists(int(pid)):
+                continue
+            with suppress(APIError):
+                container.remove(force=True)
+                self._console.notice(
+                    f"removed container {container.name}, left by an earlier run that was killed"
+                )
+
     def _create(self, spec: RunSpec, name: str) -> Container:
         from docker.types import Mount
 
@@ -182,6 +200,9 @@ class DockerEngine:
         labels = {
             f"{LABEL_PREFIX}.kind": "container",
             f"{LABEL_PREFIX}.project": str(spec.project),
+            # Who started it: a later run removes it if that CLI is gone (killed, SIGKILL).
+            f"{LABEL_PREFIX}.cli-host": socket.gethostname(),
+            f"{LABEL_PREFIX}.cli-pid": str(os.getpid()),
             **spec.labels,
         }
         host = ("127.0.0.1", spec.host_port) if spec.host_port else ("127.0.0.1",)
@@ -229,6 +250,16 @@ def connect_docker(timeout: float) -> docker.DockerClient:
         )
     assert client is not None
     return client
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
 
 
 def _short(exc: BaseException) -> str:

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Final
 
@@ -79,6 +79,8 @@ class LocalServer(Server):
                 # Its own session: a Ctrl+C in the terminal reaches only the CLI, which then
                 # stops the runtime in order (the runtime must not die half-way on its own).
                 start_new_session=True,
+                # But a CLI killed outright (kill -9, a crashed terminal) takes it along.
+                preexec_fn=_end_with_parent(),
             )
         except OSError as exc:
             raise ServerError(f"cannot start {sys.executable}: {exc}") from None
@@ -127,6 +129,22 @@ class LocalServer(Server):
         proc, self._proc = self._proc, None
         if proc is not None:
             self.kill(proc)
+
+
+def _end_with_parent() -> Callable[[], None] | None:
+    """For ``preexec_fn``: SIGTERM the child when the CLI dies, however it dies (Linux).
+
+    ``prctl`` is looked up here, in the parent: the child, between fork and exec, must not
+    import anything (another thread may hold the import lock). Elsewhere nothing is set; the
+    CLI still stops the runtime on every way out that it sees.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 class LocalEngine:

@@ -352,3 +352,28 @@ def test_awkward_project_path(
         assert "[info] using the cached image" in again.stderr, str(again)
     finally:
         remove_project_images(docker_client, tmp_path)
+
+
+def test_a_container_left_by_a_killed_cli_is_removed_by_the_next_run(
+    start_abeja: Callable[..., CliProcess],
+    run: Callable[..., Result],
+    docker_projects: Projects,
+    docker_client: Any,
+    base_image: str,
+) -> None:
+    cwd = docker_projects("tax")
+    cli = start_abeja(
+        "model", "run-local-server", "-i", base_image, "--engine", "docker",
+        "-h", "main:handler", cwd=cwd,
+    )  # fmt: skip
+    cli.endpoint()
+    (left,) = ours(docker_client, cwd)
+    cli.send(signal.SIGKILL)
+    cli.wait(30)
+    assert [c.id for c in ours(docker_client, cwd)] == [left.id]  # the orphan
+
+    result = run(cwd, "-h", "main:handler", "--input", "request.json")
+    assert result.returncode == 0, str(result)
+    assert f"[info] removed container {left.name}, left by an earlier run that was killed" in (
+        result.stderr
+    )

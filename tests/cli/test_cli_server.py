@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from .helpers import CliProcess, http_request
 
@@ -129,3 +130,24 @@ def test_a_crashing_worker_does_not_end_the_server(start_abeja: Start, tmp_path:
     assert cli.process.poll() is None
     cli.send(signal.SIGTERM)
     assert cli.wait(60) == 0
+
+
+def test_a_killed_cli_takes_its_local_runtime_along(
+    start_abeja: Start, project: Callable[[str], Path]
+) -> None:
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:handler", cwd=project("tax")
+    )
+    endpoint = cli.endpoint()
+    assert http_request(endpoint + "/health_check")[0] == 200
+    cli.send(signal.SIGKILL)  # no chance to clean up: the kernel has to
+    cli.wait(30)
+
+    def gone() -> bool:
+        try:
+            http_request(endpoint + "/health_check", timeout=2)
+        except OSError:
+            return True
+        return False
+
+    wait_until(gone, 30, "the runtime of the killed CLI to stop")
