@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 from abeja_cli.build import build
 from abeja_cli.clean import clean
+from abeja_cli.init import init
 from abeja_cli.manifests import manifests
 from abeja_cli.run_local import run_local
 from abeja_cli.run_local_server import run_local_server
@@ -31,3 +32,4 @@ model.add_command(run_local_server)
 model.add_command(build)
 model.add_command(manifests)
 model.add_command(clean)
+model.add_command(init)

@@ -1,0 +1,144 @@
+"""``abeja model init``: a working project to start from, in the current folder or a new one.
+
+Each template (``cli/templates/<name>/``) is a ``main.py``, its ``requirements.txt`` and a request
+file; this module adds a README with the three commands a newcomer needs (run-local,
+run-local-server, curl) and a ``.dockerignore``. Existing files are never overwritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import click
+from abeja_cli.console import Console
+from abeja_cli.errors import InputError
+from abeja_cli.session import DEFAULT_IMAGE, exit_on_errors
+
+__all__ = ["TEMPLATES", "init"]
+
+_TEMPLATES_DIR: Final = Path(__file__).resolve().parent / "templates"
+
+
+@dataclass(frozen=True)
+class Template:
+    title: str
+    request: str  # the request file in the template
+    run_input: str  # run-local's input options
+    curl_body: str  # curl's options after the URL
+
+    def readme(self, name: str) -> str:
+        return f"""# {name}
+
+{self.title} Made by `abeja model init`; `main.py` is yours to change.
+
+Send it one request:
+
+```sh
+abeja model run-local -h main:handler -i {DEFAULT_IMAGE} {self.run_input}
+```
+
+Serve it until Ctrl+C, and send requests with curl:
+
+```sh
+abeja model run-local-server -h main:handler -i {DEFAULT_IMAGE} -p 8080
+curl -s localhost:8080 {self.curl_body}
+```
+
+Packages the model needs go in `requirements.txt`; trained files in
+`abejainc_training_result/` (read through `ABEJA_TRAINING_RESULT_DIR`). Without Docker, add
+`--engine local` (install `requirements.txt` in this Python first). For production:
+`abeja model build -h main:handler -t {name}:1`.
+"""
+
+
+TEMPLATES: Final = {
+    "json": Template(
+        "A model that answers JSON with JSON.",
+        "request.json",
+        "--input request.json",
+        "-H 'Content-Type: application/json' --data-binary @request.json",
+    ),
+    "image": Template(
+        "A model that takes an image and answers an image (with Pillow).",
+        "request.jpg",
+        "--input request.jpg --output answer.jpg",
+        "-H 'Content-Type: image/jpeg' --data-binary @request.jpg -o answer.jpg",
+    ),
+    "multipart": Template(
+        "A model that takes a multipart form (fields and a file) and answers JSON.",
+        "request.txt",
+        "--input title=notes --input document=@request.txt",
+        "-F title=notes -F document=@request.txt",
+    ),
+    "csv": Template(
+        "A model that takes a CSV table and answers JSON.",
+        "request.csv",
+        "--input request.csv",
+        "-H 'Content-Type: text/csv' --data-binary @request.csv",
+    ),
+    "numpy": Template(
+        "A numpy model (a linear layer) that answers JSON rows of numbers.",
+        "request.json",
+        "--input request.json",
+        "-H 'Content-Type: application/json' --data-binary @request.json",
+    ),
+}
+
+_DOCKERIGNORE: Final = """\
+# Kept out of the model's image (abeja model run-local / build).
+.git
+.venv
+venv
+__pycache__
+*.pyc
+.pytest_cache
+answer.*
+"""
+
+
+@click.command("init")
+@click.argument("directory", type=click.Path(file_okay=False), default=".")
+@click.option(
+    "--template",
+    "-t",
+    type=click.Choice(sorted(TEMPLATES)),
+    default="json",
+    show_default=True,
+    help="What the model takes and answers.",
+)
+def init(directory: str, template: str) -> None:
+    """Start a project: main.py, requirements.txt, a request, a README, .dockerignore.
+
+    \b
+    abeja model init my-model --template image && cd my-model
+    abeja model run-local -h main:handler -i python:3.11-slim --input request.jpg
+    """
+    console = Console()
+    exit_on_errors(console, lambda: _init(console, Path(directory), template))
+
+
+def _init(console: Console, target: Path, name: str) -> int:
+    template = TEMPLATES[name]
+    source = _TEMPLATES_DIR / name
+    files = {path.name: path.read_bytes() for path in sorted(source.iterdir()) if path.is_file()}
+    project = target.resolve().name or "model"
+    files["README.md"] = template.readme(project).encode()
+    files[".dockerignore"] = _DOCKERIGNORE.encode()
+    existing = sorted(file for file in files if (target / file).exists())
+    if existing:
+        raise InputError(
+            f"{target} already has {', '.join(existing)}; choose an empty folder "
+            "(abeja model init NEW_FOLDER) or move them away"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    for file, data in files.items():
+        (target / file).write_bytes(data)
+    console.notice(f"created a {name} project in {target.resolve()}: {', '.join(sorted(files))}")
+    where = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
+    console.notice(
+        f"try it: {where}abeja model run-local -h main:handler -i {DEFAULT_IMAGE} "
+        f"{template.run_input}"
+    )
+    return 0
