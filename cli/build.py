@@ -54,7 +54,9 @@ def check_handler_file(handler: str, project: Path) -> None:
 
 
 @click.command("build", cls=ModelCommand)
-@model_options("handler", "image", "environment", "env_file", "organization_id", "no_cache", "v1")
+@model_options(
+    "handler", "image", "environment", "env_file", "organization_id", "no_cache", "v1", "verbose"
+)
 @click.option(
     "-t",
     "--tag",
@@ -72,7 +74,7 @@ def build(**params: Any) -> None:
     abeja model build -h main:handler -i python:3.11-slim -t mymodel:1
     docker run --read-only --tmpfs /tmp -p 5000:5000 -p 5001:5001 mymodel:1
     """
-    console = Console(quiet=params["quiet"])
+    console = Console(quiet=params["quiet"], verbose=params["verbose"])
     exit_on_errors(console, lambda: _build(params, console))
 
 
@@ -86,7 +88,7 @@ def _build(params: dict[str, Any], console: Console) -> int:
     engine = DockerEngine.connect(console)
     assert engine.source is not None
     console.info(f"preparing image : {options.image}")
-    builder = ImageBuilder(engine.client, engine.source, info=console.info, log=console.log)
+    builder = ImageBuilder(engine.client, engine.source, info=console.info, log=console.detail)
     image = builder.production_image(
         options.project, options.image, tag=tag, env=options.env, no_cache=options.no_cache
     )

@@ -21,8 +21,12 @@ class Console:
     A lock keeps lines whole when the log-follower thread and the main thread print at once.
     """
 
-    def __init__(self, *, quiet: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, *, quiet: bool = False, verbose: bool = False, stream: TextIO | None = None
+    ) -> None:
         self.quiet = quiet
+        #: Show the full build output as it comes (else only one line per build phase).
+        self.verbose = verbose and not quiet
         self._stream = stream
         self._lock = threading.Lock()
 
@@ -55,6 +59,11 @@ class Console:
     def log(self, line: str) -> None:
         """A line of build output or of the model's log (hidden by ``-q``)."""
         if not self.quiet:
+            self._write(line)
+
+    def detail(self, line: str) -> None:
+        """A line of build output: shown only with ``-v``."""
+        if self.verbose:
             self._write(line)
 
     def block(self, title: str, text: str) -> None:

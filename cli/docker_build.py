@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -26,6 +27,40 @@ __all__ = ["ImageBuilder"]
 
 #: The classic builder's line naming the image a step produced (`` ---> 1a2b3c4d5e6f``).
 _LAYER_RE: Final = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+#: The classic builder's step header (``Step 3/5 : RUN ...``).
+_STEP_RE: Final = re.compile(r"^Step \d+/\d+ : (\S+) ?(.*)$")
+
+
+class _Phases:
+    """One ``[info]`` line per build phase, with how long it took, as each phase ends.
+
+    The full output goes to the builder's ``log`` (shown with ``-v``); these lines are what a
+    user sees of a build otherwise: base image, runtime wheels, runtime image, requirements,
+    project.
+    """
+
+    def __init__(self, info: Callable[[str], None]) -> None:
+        self._info = info
+        self._current: str | None = None
+        self._started = 0.0
+
+    def start(self, name: str) -> None:
+        self.end()
+        self._current, self._started = name, time.monotonic()
+
+    def abandon(self) -> None:
+        """The phase failed: its error says so, not a time."""
+        self._current = None
+
+    def end(self) -> None:
+        if self._current is not None:
+            self._info(f"{self._current} ({time.monotonic() - self._started:.1f} s)")
+            self._current = None
+
+    def step(self, instruction: str, argument: str) -> None:
+        """A Dockerfile step began: copying the project ends the requirements' phase."""
+        if instruction == "COPY" and argument.startswith("project/"):
+            self.start("added the project")
 
 
 class ImageBuilder:
@@ -43,6 +78,7 @@ class ImageBuilder:
         self._source = source
         self._info = info
         self._log = log
+        self._phases = _Phases(info)
 
     # -- base image ----------------------------------------------------------------------
 
@@ -57,9 +93,13 @@ class ImageBuilder:
             pass
         repository, tag = parse_repository_tag(base_image)
         self._info(f"base image {base_image} is not present locally; pulling it")
+        self._phases.start(f"pulled the base image {base_image}")
         try:
-            return str(self._client.images.pull(repository, tag=tag or "latest").id)
+            pulled = str(self._client.images.pull(repository, tag=tag or "latest").id)
+            self._phases.end()
+            return pulled
         except APIError as exc:
+            self._phases.abandon()
             raise BuildError(
                 f"base image {base_image} is not present locally and could not be pulled "
                 f"({_explain(exc)}); pull or build it first, or choose another with -i"
@@ -78,7 +118,9 @@ class ImageBuilder:
         found = None if no_cache else self._find(key.digest)
         if found is not None:
             return found, key
+        self._phases.start("runtime wheels ready")
         wheels = images.runtime_wheels(self._source, self._log)
+        self._phases.start("built the runtime image")
         self._info(f"building the runtime image {key.tag} (abeja-runtime {key.runtime_version})")
         with images.runtime_context(self._source, wheels, key.labels()) as context:
             image = self._build(
@@ -106,6 +148,7 @@ class ImageBuilder:
             self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
             return found
         self._info(f"building the image {key.tag} for {project}")
+        self._phases.start("installed the project's requirements.txt")
         with images.project_context(self._source, project, key.labels()) as context:
             image = self._build(
                 context,
@@ -139,6 +182,7 @@ class ImageBuilder:
             f"{LABEL_PREFIX}.handler": env.get("HANDLER", ""),
         }
         self._info(f"building the production image {tag}")
+        self._phases.start(f"built the production image {tag}")
         with images.production_context(self._source, env, labels) as context:
             return self._build(
                 context,
@@ -201,12 +245,15 @@ class ImageBuilder:
             )
             image_id = self._consume(stream, log, layers)
         except APIError as exc:
+            self._phases.abandon()
             self._remove_failed_layers(layers)
             raise BuildError(f"building {what} failed: {_explain(exc)}", log="".join(log)) from None
         if isinstance(image_id, BuildError):
+            self._phases.abandon()
             self._remove_failed_layers(layers)
             image_id.log = "".join(log)
             raise image_id
+        self._phases.end()
         return self._client.images.get(image_id or tag)
 
     def _consume(
@@ -221,6 +268,9 @@ class ImageBuilder:
                 for line in lines:
                     log.append(line + "\n")
                     self._log(line)
+                    step = _STEP_RE.match(line)
+                    if step:
+                        self._phases.step(step.group(1).upper(), step.group(2))
                     layer = _LAYER_RE.match(line)
                     if layer:
                         layers.append(layer.group(1))

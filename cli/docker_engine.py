@@ -136,7 +136,7 @@ class DockerEngine:
             self.client,
             self.source or find_runtime_source(),
             info=self._console.info,
-            log=self._console.log,
+            log=self._console.detail,
         )
         self._image = builder.project_image(spec.project, spec.image, no_cache=spec.no_cache)
 

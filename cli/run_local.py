@@ -66,7 +66,7 @@ def run_local(**params: Any) -> None:
     \b
     abeja model run-local -h main:handler -i python:3.11-slim --input request.json
     """
-    console = Console(quiet=params["quiet"])
+    console = Console(quiet=params["quiet"], verbose=params["verbose"])
     exit_on_errors(console, lambda: _run(params, console))
 
 

@@ -52,7 +52,7 @@ def run_local_server(**params: Any) -> None:
     \b
     abeja model run-local-server -h main:handler -i python:3.11-slim -p 8080
     """
-    console = Console()
+    console = Console(verbose=params["verbose"])
     exit_on_errors(console, lambda: _run(params, console))
 
 

@@ -214,6 +214,12 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         help="Largest request body, e.g. 500MiB (413 above; 0: no limit); sets "
         "ABEJA_RUNTIME_MAX_BODY_SIZE.  [default: 100MiB]",
     ),
+    "verbose": click.option(
+        "-v",
+        "--verbose",
+        is_flag=True,
+        help="Show the whole build output (pip's included), not one line per build phase.",
+    ),
     "startup_timeout": click.option(
         "--startup-timeout",
         type=click.FloatRange(min=1),
@@ -321,7 +327,10 @@ def exit_on_errors(console: Console, body: Callable[[], int]) -> NoReturn:
         code = body()
     except CliError as exc:
         console.error(exc.message)
-        if exc.log and console.quiet:  # not shown live with -q: show it now
+        # Shown now if it was not shown live: a build's output only with -v, the model's log
+        # unless -q.
+        shown_live = console.verbose if isinstance(exc, BuildError) else not console.quiet
+        if exc.log and not shown_live:
             title = "Build Log" if isinstance(exc, BuildError) else "Local Server Error"
             console.block(title, exc.log)
         code = exc.exit_code

@@ -7,6 +7,7 @@ image is built once per session. After every test no container of ours may be le
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -224,7 +225,12 @@ def test_image_cache(
     first = run(cwd, *args)
     assert first.returncode == 0, str(first)
     assert "[info] building the image abeja-local/tax-" in first.stderr
-    assert "Step 1/" in first.stderr  # build progress is shown
+    # One line per phase with its time; the build's own output only with -v.
+    assert re.search(
+        r"\[info\] installed the project's requirements.txt \(\d+\.\d s\)", first.stderr
+    )
+    assert re.search(r"\[info\] added the project \(\d+\.\d s\)", first.stderr), first.stderr
+    assert "Step 1/" not in first.stderr
     built = project_image(docker_client, cwd)
     labels = docker_client.images.get(built).labels
     assert labels[f"{LABEL}.project"] == str(cwd)
@@ -242,8 +248,9 @@ def test_image_cache(
     assert quiet.stderr == ""
 
     (cwd / "requirements.txt").write_text("click  # changed\n")
-    changed = run(cwd, *args)
+    changed = run(cwd, *args, "-v")
     assert "[info] building the image" in changed.stderr, changed
+    assert "Step 1/" in changed.stderr  # -v: the whole build output
     rebuilt = project_image(docker_client, cwd)  # exactly one: the stale one was removed
     assert rebuilt != built
 
@@ -268,6 +275,8 @@ def test_failing_build_shows_pip_error(
     started = time.monotonic()
     result = run(cwd, "-h", "main:handler", "--input", "request.json")
     assert result.returncode == 1, str(result)
+    # The build's output was not shown live (no -v): it comes after the error line.
+    assert " ------ Build Log ------ " in result.stderr
     assert "No matching distribution found for abeja-no-such-package==1.0" in result.stderr
     assert result.error_lines() == [
         "[error] pip could not install the project's requirements.txt (see its error in the "
