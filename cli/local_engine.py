@@ -1,8 +1,9 @@
 """The local engine: ``abeja-runtime`` as a subprocess of the current Python, no Docker.
 
-For a fast edit-run loop and for machines without Docker. The model runs with the packages of
-this Python environment (``requirements.txt`` is not installed), with the project folder as
-its working directory, listening on 127.0.0.1 only.
+For a fast edit-run loop and for machines without Docker. The model runs with this Python, or,
+when the project has a ``requirements.txt`` or ``Pipfile``, in a virtual environment with them
+installed (``venvs.py``), with the project folder as its working directory, listening on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from abeja_cli.console import Console
 from abeja_cli.engine import LogSink, RunSpec, Server, pump_lines, start_daemon
 from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
+from abeja_cli.venvs import project_python
 
 __all__ = ["LocalEngine", "LocalServer", "free_port"]
 
@@ -39,18 +41,19 @@ def free_port() -> int:
 class LocalServer(Server):
     """One ``python -m abeja_runtime`` process; restartable on the same ports."""
 
-    def __init__(self, spec: RunSpec, sink: LogSink) -> None:
+    def __init__(self, spec: RunSpec, sink: LogSink, python: str = sys.executable) -> None:
         self._spec = spec
         self._sink = sink
+        self._python = python
         self.port = spec.host_port or free_port()
         self._health_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.description = f"local engine ({sys.executable})"
+        self.description = f"local engine ({python})"
         self._proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         return [
-            sys.executable,
+            self._python,
             "-m",
             "abeja_runtime",
             "--handler",
@@ -154,6 +157,7 @@ class LocalEngine:
 
     def __init__(self, console: Console) -> None:
         self._console = console
+        self._python: str | None = None
 
     def prepare(self, spec: RunSpec) -> None:
         self._console.info(f"using the local engine : {sys.executable}")
@@ -162,15 +166,13 @@ class LocalEngine:
                 f"the abeja-runtime package is not installed in {sys.executable}; install it "
                 "there (pip install abeja-runtime) or use the Docker engine"
             )
-        if (spec.project / "requirements.txt").is_file():
-            self._console.info(
-                "local engine: requirements.txt is not installed; the model uses the packages "
-                f"of {sys.executable}"
-            )
+        self._python = project_python(spec.project, self._console)
 
     @contextmanager
     def serve(self, spec: RunSpec, sink: LogSink) -> Iterator[Server]:
-        server = LocalServer(spec, sink)
+        if self._python is None:
+            self.prepare(spec)
+        server = LocalServer(spec, sink, self._python or sys.executable)
         try:
             server.start()
             yield server

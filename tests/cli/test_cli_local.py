@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -303,6 +304,60 @@ def test_a_base_image_the_local_engine_ignores_is_named(abeja: Abeja, project: P
     notice = "[info] -i python:3.12-slim is not used by the local engine"
     assert notice in given.stderr
     assert "is not used by the local engine" not in default.stderr
+
+
+REQUIRING = """\
+import importlib.metadata
+
+import tinydb  # not installed in the test environment: only the project's requirements have it
+
+
+def handler(request, context):
+    return {"content_type": "application/json",
+            "content": {"tinydb": importlib.metadata.version("tinydb")}}
+"""
+
+
+@pytest.mark.parametrize("declared_in", ["requirements.txt", "Pipfile"])
+def test_the_projects_requirements_run_in_a_cached_environment(
+    abeja: Abeja, tmp_path: Path, declared_in: str
+) -> None:
+    assert importlib.util.find_spec("tinydb") is None, "the test needs tinydb to be absent here"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text(REQUIRING)
+    (project / "request.json").write_text("{}")
+    if declared_in == "requirements.txt":
+        (project / "requirements.txt").write_text("tinydb==4.8.0\n")
+    else:
+        (project / "Pipfile").write_text('[packages]\ntinydb = "==4.8.0"\n')
+    env = cli_env(ABEJA_RUNTIME_CACHE=str(tmp_path / "cache"))
+    args = ("-h", "main:handler", "--input", "request.json")
+
+    first = run_local(abeja, project, *args, env=env)
+    assert first.returncode == 0, str(first)
+    assert json.loads(first.stdout) == {"tinydb": "4.8.0"}
+    assert "[info] installing the project's requirements into " in first.stderr
+    again = run_local(abeja, project, *args, env=env)
+    assert again.returncode == 0, str(again)
+    assert "[info] using the environment with the project's requirements" in again.stderr
+    assert importlib.util.find_spec("tinydb") is None  # this Python was left alone
+
+
+def test_requirements_that_cannot_be_installed_are_one_error(abeja: Abeja, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text(REQUIRING)
+    (project / "request.json").write_text("{}")
+    (project / "requirements.txt").write_text("--no-index\nabeja-no-such-package==1.0\n")
+    env = cli_env(ABEJA_RUNTIME_CACHE=str(tmp_path / "cache"))
+    result = run_local(abeja, project, "-h", "main:handler", "--input", "request.json", env=env)
+    assert result.returncode == 1, str(result)
+    assert result.error_lines()[0].startswith(
+        "[error] installing the project's requirements failed"
+    )
+    assert "abeja-no-such-package" in result.stderr  # pip's own words follow
+    assert not any((tmp_path / "cache" / "venvs").glob("[!.]*")), "a broken environment was kept"
 
 
 # -- failures -------------------------------------------------------------------------------
