@@ -25,6 +25,7 @@ from abeja_cli.session import (
     start_server,
     terminate_as_interrupt,
 )
+from abeja_cli.try_page import TryPage
 
 __all__ = ["run_local_server"]
 
@@ -82,16 +83,30 @@ def _run(params: dict[str, Any], console: Console) -> int:
         # Watchers and signal handlers come before the banner: whoever reads it may edit a
         # file or press Ctrl+C at once.
         watchers = _Watchers(options.project) if params["reload"] else None
-        with _stop_signals() as stop:
-            _banner(options, engine, server)
-            _serve(options, console, sink, server, stop, watchers)
+        page = TryPage(server.url, example=_example_json(options.project))
+        page.start()
+        try:
+            with _stop_signals() as stop:
+                _banner(options, engine, server, page.url)
+                _serve(options, console, sink, server, stop, watchers)
+        finally:
+            page.stop()
         console.info("stopping the model server")
         server.stop()
     console.info("the model server was stopped and removed")
     return 0
 
 
-def _banner(options: ModelOptions, engine: Engine, server: Server) -> None:
+def _example_json(project: Path) -> str:
+    """The project's request.json, as the try-it page's first JSON body."""
+    request = project / "request.json"
+    try:
+        return request.read_text("utf-8") if request.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _banner(options: ModelOptions, engine: Engine, server: Server, page: str) -> None:
     lines = [
         " ----- Local Server ----- ",
         " Started successfully!",
@@ -100,6 +115,7 @@ def _banner(options: ModelOptions, engine: Engine, server: Server) -> None:
         f" Image :    {options.image if engine.name == 'docker' else '(none: local engine)'}",
         f" Engine :   {server.description}",
         f" Try :      {_curl_example(options.project, server.url)}",
+        f" Try it :   {page}  (a page to send requests and see the answers)",
         "you can now access this http api!",
         "press Ctrl + C to stop",
         " ------------------------ ",
