@@ -1,8 +1,9 @@
 """``abeja model manifests``: documents valid for the engine that applies them, offline.
 
 * Kubernetes kinds: kubernetes-validate (the OpenAPI schema of Kubernetes 1.30), strict.
-* KServe: the kserve SDK's generated models (the same Go types the InferenceService CRD is
-  generated from), walked strictly: an unknown field or a wrong type fails.
+* KServe: ``schemas/kserve-inferenceservice.json`` (written from the InferenceService CRD,
+  source named in it), the kserve SDK's generated models (the Go types the CRD is generated
+  from) walked strictly, and the predictor's containers as a Kubernetes PodSpec.
 * Knative: ``schemas/knative-service.json`` (written from the Service CRD, source named in it)
   for Knative's fields, and the pod template as a Kubernetes PodSpec.
 """
@@ -118,8 +119,13 @@ def test_kserve_inference_service_is_valid(tmp_path: Path) -> None:
     result, documents = manifests("--image", "my_model:1", "--target", "kserve", cwd=tmp_path)
     assert result.returncode == 0, str(result)
     (service,) = documents
+    import jsonschema
+
+    jsonschema.validate(service, json.loads((SCHEMAS / "kserve-inferenceservice.json").read_text()))
     validate_sdk_model(service, "V1beta1InferenceService")
     predictor = service["spec"]["predictor"]
+    pod = {key: value for key, value in predictor.items() if key in ("containers", "volumes")}
+    validate_kubernetes({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod})
     assert predictor["containers"][0]["image"] == "my_model:1"
     assert predictor["containerConcurrency"] == 1
     assert predictor["timeout"] == 60
@@ -137,6 +143,12 @@ def test_the_validators_can_fail(tmp_path: Path) -> None:
     inference["spec"]["predictor"]["containers"][0]["imag"] = "typo"
     with pytest.raises(AssertionError, match="has no field"):
         validate_sdk_model(inference, "V1beta1InferenceService")
+    import jsonschema
+
+    inference["spec"]["predictor"]["timeout"] = "sixty"
+    schema = json.loads((SCHEMAS / "kserve-inferenceservice.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(inference, schema)
 
 
 @pytest.mark.parametrize(
