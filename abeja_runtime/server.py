@@ -20,7 +20,6 @@ import functools
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,11 +70,6 @@ _JSON: Final = "application/json"
 #: before the connection is closed: enough for a client to notice its answer, far from a body.
 _REFUSED_BODY_READ: Final = 1024 * 1024
 _REFUSED_BODY_WAIT: Final = 1.0
-
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout
-else:  # pragma: no cover - Python 3.10
-    from async_timeout import timeout as _timeout
 
 
 @dataclass
@@ -217,11 +211,11 @@ class HttpServer:
         response.force_close()
         await response.prepare(request)
         await response.write_eof()
-        taken = 0
-        with contextlib.suppress(Exception):
-            async with _timeout(_REFUSED_BODY_WAIT):
-                while taken < _REFUSED_BODY_READ and (chunk := await request.content.readany()):
-                    taken += len(chunk)
+        # The client may stop, reset, or send a broken chunk: all mean "done" here.
+        with contextlib.suppress(
+            asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
+        ):
+            await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
         request.protocol.force_close()
         return response
 
@@ -276,6 +270,13 @@ class HttpServer:
             return response
         await response.write_eof()
         return response
+
+
+async def _discard(request: web.BaseRequest, limit: int) -> None:
+    """Read and drop up to ``limit`` bytes of the request's body."""
+    taken = 0
+    while taken < limit and (chunk := await request.content.readany()):
+        taken += len(chunk)
 
 
 def _health_response(ready: bool) -> web.Response:
