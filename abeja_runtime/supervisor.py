@@ -120,7 +120,7 @@ class _WorkerProcess:
         child_end.close()
         self.pid: int = self.process.pid or 0
         self.state = "starting"  # → ready → stopping (drained, killed, or shut down)
-        self.started = self.last_beat = time.monotonic()
+        self.last_beat = time.monotonic()
         self.reported_silent = False
 
     def serving(self, now: float) -> bool:
@@ -144,7 +144,8 @@ class _Supervisor:
         self._deaths_before_ready = 0
         self._respawns: set[asyncio.TimerHandle] = set()
         self._fallback: asyncio.AbstractServer | None = None
-        self._fallback_starting = False
+        #: While the fallback server is being started (the loop keeps tasks only weakly).
+        self._fallback_task: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
 
     async def run(self) -> int:
@@ -182,35 +183,31 @@ class _Supervisor:
 
     # -- readiness ---------------------------------------------------------------------------
 
-    def _is_ready(self) -> bool:
-        if self._draining or self._fallback is not None:
-            return False
+    def _a_worker_serves(self) -> bool:
         now = time.monotonic()
-        return any(worker.serving(now) for worker in self._workers)
+        return not self._draining and any(worker.serving(now) for worker in self._workers)
+
+    def _is_ready(self) -> bool:
+        return self._fallback is None and self._a_worker_serves()
 
     def _refresh(self) -> None:
         """Answer the service port ourselves exactly while no worker is ready."""
-        now = time.monotonic()
-        wanted = not self._draining and not any(w.serving(now) for w in self._workers)
-        if not wanted:
+        if self._draining or self._a_worker_serves():
             self._fallback_off()
-        elif self._fallback is None and not self._fallback_starting:
-            self._fallback_starting = True
-            asyncio.get_running_loop().create_task(self._fallback_on())
+        elif self._fallback is None and self._fallback_task is None:
+            self._fallback_task = asyncio.get_running_loop().create_task(self._fallback_on())
 
     async def _fallback_on(self) -> None:
-        if self._draining:  # the service socket is closed already
-            self._fallback_starting = False
-            return
-        # A duplicate of the shared socket: closing it stops only our accepting.
-        sock = socket.socket(fileno=os.dup(self._service_socket.fileno()))
         try:
-            server = await asyncio.get_running_loop().create_server(
+            if self._draining:  # the service socket is closed already
+                return
+            # A duplicate of the shared socket: closing it stops only our accepting.
+            sock = socket.socket(fileno=os.dup(self._service_socket.fileno()))
+            self._fallback = await asyncio.get_running_loop().create_server(
                 self._fallback_server, sock=sock
             )
         finally:
-            self._fallback_starting = False
-        self._fallback = server
+            self._fallback_task = None
         self._refresh()  # a worker may have become ready meanwhile
 
     def _fallback_off(self) -> None:

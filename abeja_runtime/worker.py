@@ -33,7 +33,7 @@ from abeja_runtime.logs import capture_prints, configure_logging
 from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.server import HttpServer, ServingState, make_web_server
 
-__all__ = ["HEARTBEAT_INTERVAL", "run_worker"]
+__all__ = ["run_worker"]
 
 _log = logging.getLogger("abeja_runtime")
 #: How long a thread may hold the GIL while another waits for it. The default 5 ms lets the event
@@ -42,8 +42,9 @@ _log = logging.getLogger("abeja_runtime")
 #: 1 ms: p99 6.5 ms and 15-20 % more requests/s. Shorter intervals gained nothing more.
 _GIL_SWITCH_INTERVAL: Final = 0.001
 _ORPHAN_CHECK_INTERVAL: Final = 0.5
-#: Seconds between heartbeats; the supervisor's judgements are multiples of this.
-HEARTBEAT_INTERVAL: Final = 0.5
+#: Seconds between heartbeats; the supervisor's judgements (supervisor._UNRESPONSIVE_AFTER,
+#: timeout + grace) are several of these.
+_HEARTBEAT_INTERVAL: Final = 0.5
 
 
 def run_worker(config: Config, service_socket: socket.socket, pipe: Connection) -> None:
@@ -114,7 +115,7 @@ class _Worker:
                 self._pipe.send(("heartbeat", executor.oldest_call_age()))
             except OSError:  # the supervisor is gone; the orphan watch ends this process
                 return
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            await asyncio.sleep(_HEARTBEAT_INTERVAL)
 
     async def _drain(self, site: web.BaseSite) -> None:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""
