@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 __all__ = [
     "CONTENT_TYPE",
@@ -92,14 +95,14 @@ class WorkerMetrics:
             registry=None,
         )
         # labels() looks the child up on every call; the handful of codes are cached here.
-        self._by_code: dict[int, object] = {}
+        self._by_code: dict[int, Counter] = {}
 
     def observe(self, status: int, seconds: float) -> None:
         """One answered request."""
         counter = self._by_code.get(status)
         if counter is None:
             counter = self._by_code[status] = self._requests.labels(code=str(status))
-        counter.inc()  # type: ignore[attr-defined]
+        counter.inc()
         self._duration.observe(seconds)
         if status == 504:
             self._timeouts.inc()

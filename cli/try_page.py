@@ -20,7 +20,7 @@ from typing import Final
 
 __all__ = ["TryPage"]
 
-_PAGE: Final = (Path(__file__).resolve().parent / "try_page.html").read_text("utf-8")
+_PAGE_FILE: Final = Path(__file__).resolve().parent / "try_page.html"
 #: Headers that describe one hop, not the answer: not passed back to the page.
 _HOP: Final = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 _TIMEOUT: Final = 300.0
@@ -30,7 +30,7 @@ class TryPage:
     """The page's server, on 127.0.0.1, in a daemon thread; ``url`` once started."""
 
     def __init__(self, model_url: str, example: str = "") -> None:
-        page = _PAGE.replace("__EXAMPLE__", json.dumps(example))
+        page = _PAGE_FILE.read_text("utf-8").replace("__EXAMPLE__", json.dumps(example))
         target = urllib.parse.urlsplit(model_url)
         handler = type(
             "_Handler",
