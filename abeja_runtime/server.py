@@ -139,20 +139,20 @@ class HttpServer:
         self._state.in_flight += 1
         response: web.StreamResponse | None = None
         try:
-            response = await self._serve(request, request_id)
+            response = await self._serve(request, request_id, received)
             if not response.prepared:  # else _head ran before it was sent
-                self._head(response, request_id)
+                self._head(request, response, request_id, received)
             return response
         finally:
             self._state.request_done()
-            status = response.status if response is not None else 500
-            responded = time.time()
-            self._access_log.record(request.method, request.path, status, received, responded)
-            self._metrics.observe(status, responded - received)
+            if response is None:  # only an unexpected error of the runtime's own gets here
+                self._account(request, 500, received)
             request_id_var.reset(request_token)
             requester_id_var.reset(requester_token)
 
-    async def _serve(self, request: web.BaseRequest, request_id: str) -> web.StreamResponse:
+    async def _serve(
+        self, request: web.BaseRequest, request_id: str, received: float
+    ) -> web.StreamResponse:
         try:
             handler = self._state.handler
             # While draining, a request that arrives on a connection this worker already has is
@@ -175,14 +175,14 @@ class HttpServer:
             )
         except PayloadTooLarge as exc:
             response = self._http_error(exc)
-            self._head(response, request_id)
+            self._head(request, response, request_id, received)
             return await self._refuse_body(request, response)
         except HttpError as exc:
             return self._http_error(exc)
         try:
             execution = await self._execute(handler, user_request)
             try:
-                return await self._send(request, execution, request_id)
+                return await self._send(request, execution, request_id, received)
             finally:
                 execution.close()  # lets the handler thread take its next call
         except HttpError as exc:
@@ -235,26 +235,40 @@ class HttpServer:
             call = functools.partial(_call_and_encode, handler.func, request, context, self._encode)
         return await self._executor.execute(call, is_async=handler.is_async, encode=self._encode)
 
-    def _head(self, response: web.StreamResponse, request_id: str) -> None:
-        """What every handler response carries; runs before its head is sent."""
+    def _head(
+        self,
+        request: web.BaseRequest,
+        response: web.StreamResponse,
+        request_id: str,
+        received: float,
+    ) -> None:
+        """Runs once per response, before its head is sent: what every response carries, and
+        its accounting. Counting before the first byte leaves means a client never holds an
+        answer that a scrape (or a crash of this worker right after) does not count."""
         response.headers[REQUEST_ID_HEADER] = request_id
         if self._state.draining:
             response.force_close()
+        self._account(request, response.status, received)
+
+    def _account(self, request: web.BaseRequest, status: int, received: float) -> None:
+        responded = time.time()
+        self._access_log.record(request.method, request.path, status, received, responded)
+        self._metrics.observe(status, responded - received)
 
     async def _send(
-        self, request: web.BaseRequest, execution: Execution, request_id: str
+        self, request: web.BaseRequest, execution: Execution, request_id: str, received: float
     ) -> web.StreamResponse:
         """Write the response to the socket before returning, so that once ``execution`` is
         closed a crash of the worker (the next call's ``os._exit``) cannot lose it."""
         encoded: EncodedResponse = execution.response
         if execution.stream is None:
             answer = web.Response(status=encoded.status, body=encoded.body, headers=encoded.headers)
-            self._head(answer, request_id)
+            self._head(request, answer, request_id, received)
             await answer.prepare(request)
             await answer.write_eof()
             return answer
         response = web.StreamResponse(status=encoded.status, headers=encoded.headers)
-        self._head(response, request_id)
+        self._head(request, response, request_id, received)
         response.enable_chunked_encoding()
         await response.prepare(request)
         try:
