@@ -79,6 +79,8 @@ class ServingState:
     handler: LoadedHandler | None = None
     draining: bool = False
     in_flight: int = 0
+    #: Connections to close after their next response, as the supervisor asked (rebalancing).
+    shed: int = 0
     idle_waiters: list[Any] = field(default_factory=list)
 
     @property
@@ -246,7 +248,11 @@ class HttpServer:
         its accounting. Counting before the first byte leaves means a client never holds an
         answer that a scrape (or a crash of this worker right after) does not count."""
         response.headers[REQUEST_ID_HEADER] = request_id
-        if self._state.draining:
+        state = self._state
+        if state.draining:
+            response.force_close()
+        elif state.shed and request.keep_alive:
+            state.shed -= 1
             response.force_close()
         self._account(request, response.status, received)
 

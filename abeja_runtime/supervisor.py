@@ -5,7 +5,10 @@ worker, so readiness, liveness and ``/metrics`` answer whatever one worker does.
 is an asyncio loop that reacts to four things:
 
 * worker messages on a pipe: ``ready``, ``load_failed``, and a ``heartbeat`` twice a second
-  with the age of the worker's oldest handler call;
+  with the age of the worker's oldest handler call and its open connections; a worker holding
+  well over its share of the connections (the survivor of a crash, once the replacement is
+  ready) is told to close that many after their next response, so that a crash costs the
+  clients of one worker's share, not of all the connections;
 * worker exits: a worker that dies at any time after the service was first ready is replaced,
   with a growing back-off while replacements keep dying before they are ready; one that cannot
   load the handler at the very first start stops the service (exit 1), as on the anchor;
@@ -54,6 +57,11 @@ _BACKLOG: Final = 2048
 #: enough for an ``async def`` handler that computes for a second without awaiting.
 _UNRESPONSIVE_AFTER: Final = 3.0
 _TICK: Final = 0.25
+#: A worker is told to shed connections only when it holds more than its fair share plus this
+#: many (or a fifth of the share, if more): small imbalances are not worth reconnecting for.
+_SHED_SLACK: Final = 1
+#: After a worker was told to shed, its counts are left alone this long while clients reconnect.
+_SHED_SETTLE: Final = 1.0
 #: Back-off before the next replacement while replacements keep dying before they are ready:
 #: the first is immediate, then 0.5 s doubling up to this.
 _MAX_BACKOFF: Final = 30.0
@@ -112,7 +120,7 @@ class _WorkerProcess:
     """A worker process, the pipe it reports on, and what the supervisor knows of it."""
 
     def __init__(self, config: Config, service_socket: socket.socket) -> None:
-        self.pipe, child_end = _mp.Pipe(duplex=False)
+        self.pipe, child_end = _mp.Pipe(duplex=True)
         self.process: BaseProcess = _mp.Process(
             target=_worker_main, args=(config, service_socket, child_end), name="abeja-worker"
         )
@@ -122,9 +130,16 @@ class _WorkerProcess:
         self.state = "starting"  # → ready → stopping (drained, killed, or shut down)
         self.last_beat = time.monotonic()
         self.reported_silent = False
+        self.connections = 0  # as of the last heartbeat
+        self.shed_settles_at = 0.0
 
     def serving(self, now: float) -> bool:
         return self.state == "ready" and now - self.last_beat < _UNRESPONSIVE_AFTER
+
+    def tell(self, message: tuple[object, ...]) -> None:
+        """A message to the worker; one whose pipe is gone is being replaced anyway."""
+        with contextlib.suppress(OSError):
+            self.pipe.send(message)
 
     def send_signal(self, signum: int) -> None:
         if self.process.is_alive():
@@ -237,7 +252,7 @@ class _Supervisor:
             if worker.reported_silent:
                 worker.reported_silent = False
                 _log.info("worker %s answers again", worker.pid)
-            age = message[1]
+            _, age, worker.connections = message
             limit = self._config.stuck_after
             if worker.state == "ready" and limit is not None and age is not None and age > limit:
                 self._recycle_stuck(worker)
@@ -248,6 +263,8 @@ class _Supervisor:
                 self._ever_ready = True
                 self._deaths_before_ready = 0
                 _log.info("worker %s is ready", worker.pid)
+        if kind in ("heartbeat", "ready"):
+            self._rebalance()
         elif kind == "load_failed":
             _, text, details = message
             fields = {"traceback": details.rstrip()} if details else {}
@@ -258,6 +275,26 @@ class _Supervisor:
                 self._exit_code = 1
                 self._begin_shutdown()
         self._refresh()
+
+    def _rebalance(self) -> None:
+        """Ask workers holding well over their share of the connections to close the excess.
+
+        Connections stay with the worker that accepted them, so after a crash every client that
+        reconnects lands on a survivor, and the next crash of that survivor would cost them all.
+        Closed after a response (``Connection: close``), a connection loses nothing; its client
+        reconnects, most likely to the idle worker, which wins the race to accept.
+        """
+        now = time.monotonic()
+        serving = [worker for worker in self._workers if worker.serving(now)]
+        if len(serving) < 2:
+            return
+        share = -(-sum(worker.connections for worker in serving) // len(serving))
+        for worker in serving:
+            excess = worker.connections - share
+            if excess > max(_SHED_SLACK, share // 5) and now >= worker.shed_settles_at:
+                worker.tell(("shed", excess))
+                worker.shed_settles_at = now + _SHED_SETTLE
+                worker.connections = share  # until its next heartbeat says otherwise
 
     def _close_pipe(self, worker: _WorkerProcess) -> None:
         if not worker.pipe.closed:

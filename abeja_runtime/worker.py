@@ -4,7 +4,9 @@ A worker takes no connection before its handler is loaded: until some worker is 
 supervisor answers the service port itself (503), so a loading worker never refuses traffic
 that a ready one could serve. The import runs on the first slot's thread, the thread that will
 call the handler. Messages to the supervisor go through a pipe: ``ready``, ``load_failed``, and
-a ``heartbeat`` twice a second carrying how long the oldest handler call has been running. The
+a ``heartbeat`` twice a second carrying how long the oldest handler call has been running and
+how many connections the worker holds; the supervisor may answer ``shed`` (close that many
+connections after their next response) when this worker holds more than its share. The
 heartbeat comes from the event loop, so its silence tells the supervisor that the loop is
 blocked (an ``async def`` handler that never awaits); the age tells it that a handler thread is
 stuck. Both decisions are the supervisor's, taken from outside this process.
@@ -100,22 +102,37 @@ class _Worker:
             return 1
         site = web.SockSite(runner, self._socket)
         await site.start()
+        loop.add_reader(self._pipe.fileno(), self._on_supervisor_message)
         self._pipe.send(("ready",))
-        self._heartbeat = asyncio.create_task(self._beat(executor, metrics))
+        self._heartbeat = asyncio.create_task(self._beat(executor, metrics, runner))
         await self._stop.wait()
         await self._drain(site)
         await runner.cleanup()
         executor.stop_threads()
         return 0
 
-    async def _beat(self, executor: Executor, metrics: WorkerMetrics) -> None:
+    async def _beat(
+        self, executor: Executor, metrics: WorkerMetrics, runner: web.ServerRunner
+    ) -> None:
+        server = runner.server
+        assert server is not None  # set up before the first beat
         while True:
             metrics.sample(self._state.in_flight, executor.queued)
             try:
-                self._pipe.send(("heartbeat", executor.oldest_call_age()))
+                message = ("heartbeat", executor.oldest_call_age(), len(server.connections))
+                self._pipe.send(message)
             except OSError:  # the supervisor is gone; the orphan watch ends this process
                 return
             await asyncio.sleep(_HEARTBEAT_INTERVAL)
+
+    def _on_supervisor_message(self) -> None:
+        try:
+            message = self._pipe.recv()
+        except (EOFError, OSError):  # the supervisor is gone; the orphan watch ends this process
+            asyncio.get_running_loop().remove_reader(self._pipe.fileno())
+            return
+        if message[0] == "shed":
+            self._state.shed = message[1]
 
     async def _drain(self, site: web.BaseSite) -> None:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""

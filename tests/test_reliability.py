@@ -7,6 +7,8 @@ processes and sockets, and checks what the fault may and may not cost.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
@@ -162,3 +164,36 @@ def test_a_finished_response_survives_a_crash_right_after(make_server):
     (answer,) = first
     assert isinstance(answer, Response) and answer.status == 200, answer
     server.wait_healthy(15)
+
+
+def test_a_worker_holding_every_connection_sheds_its_excess_once_another_is_ready(
+    make_server, marker
+):
+    """Connections stay with the worker that accepted them: without rebalancing, the clients
+    that reconnected to a crash's survivor would all be lost at its next crash."""
+    server = make_server("rl_slow_replacements", "--workers", "2", env={**marker, "RL_SLOW": "2"})
+    (first,) = ready_workers(server)  # the second is still loading
+    clients = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=10) for _ in range(8)]
+    try:
+        served_by = [ask(client) for client in clients]
+        assert served_by == [first] * 8
+        (second,) = set(wait_for_ready_workers(server, 2)) - {first}
+
+        def spread() -> bool:
+            served_by[:] = [ask(client) for client in clients]
+            return served_by.count(second) >= 3
+
+        wait_until(spread, 15, "connections moved to the second worker")
+    finally:
+        for client in clients:
+            client.close()
+
+
+def ask(client: http.client.HTTPConnection) -> int:
+    """One request on a keep-alive connection (reopened if the server closed it): the pid."""
+    client.request("GET", "/")
+    answer = client.getresponse()
+    body = answer.read()
+    assert answer.status == 200, body
+    pid: int = json.loads(body)["pid"]
+    return pid
