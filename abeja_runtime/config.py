@@ -11,6 +11,7 @@ import json
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Config",
     "PlatformIds",
     "parse_context",
+    "resolve_training_result_dir",
 ]
 
 MiB: Final = 1024 * 1024
@@ -187,3 +189,12 @@ def parse_context(text: str | None, name: str = "CONTEXT") -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+#: Where ``ABEJA_TRAINING_RESULT_DIR`` points when it is empty (the anchor's name).
+_DEFAULT_TRAINING_RESULT_DIR: Final = "abejainc_training_result"
+
+
+def resolve_training_result_dir(workdir: Path, value: str) -> Path:
+    """Absolute as given; relative to the working dir; empty → ``abejainc_training_result``."""
+    return workdir / (value or _DEFAULT_TRAINING_RESULT_DIR)

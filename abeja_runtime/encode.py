@@ -19,7 +19,7 @@ import io
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
@@ -28,11 +28,12 @@ import multipart
 
 from abeja_runtime.errors import HandlerResultError
 
-__all__ = ["EncodedResponse", "encode_result", "json_dumps"]
+__all__ = ["EncodedResponse", "encode_result", "encoded_reply", "json_dumps", "status_reply"]
 
 _log = logging.getLogger("abeja_runtime")
 
 DEFAULT_CONTENT_TYPE: Final = "text/plain"
+_JSON: Final = "application/json"
 #: Headers that describe the message framing; a handler's metadata cannot override them.
 _PROTECTED_HEADERS: Final = frozenset(
     {"content-type", "content-length", "connection", "transfer-encoding"}
@@ -44,16 +45,51 @@ _BYTES_LIKE: Final = (bytes, bytearray, memoryview)
 #: streamed response never holds much memory.
 _FILE_CHUNK: Final = 64 * 1024
 
-Body = bytes | Iterator[bytes]
+#: In memory; streamed as it is produced (on a handler thread); or streamed to the loop.
+Body = bytes | Iterator[bytes] | AsyncIterator[bytes]
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedResponse:
-    """What the server sends: ``body`` is bytes, or an iterator for a streamed response."""
+    """What the server sends: ``body`` is bytes, or an iterator for a streamed response.
+
+    The one shape of every answer: the handler's result once encoded, a style's own answer, and
+    every error the runtime gives itself (:func:`status_reply`).
+    """
 
     status: int
     headers: tuple[tuple[str, str], ...]
     body: Body
+
+    def with_headers(self, extra: tuple[tuple[str, str], ...]) -> EncodedResponse:
+        """The same response with ``extra`` headers, which win over those of the same name."""
+        if not extra:
+            return self
+        names = {name.lower() for name, _ in extra}
+        kept = tuple(header for header in self.headers if header[0].lower() not in names)
+        return EncodedResponse(self.status, kept + extra, self.body)
+
+
+def status_reply(
+    status: int, message: str, headers: Iterable[tuple[str, str]] = ()
+) -> EncodedResponse:
+    """The one shape of every error the runtime answers itself: ``{"status": message}`` JSON."""
+    body = json.dumps({"status": message}).encode()
+    return EncodedResponse(status, (("Content-Type", _JSON), *headers), body)
+
+
+def encoded_reply(
+    body: str | bytes,
+    *,
+    content_type: str,
+    status: int = 200,
+    metadata: Mapping[str, object] | None = None,
+) -> EncodedResponse:
+    """An answer whose body is encoded already (a style's own JSON or text), without the ABEJA
+    content rules; its status and headers are checked as a handler's are."""
+    charset = _media_type(content_type)[1]
+    data = body.encode(charset) if isinstance(body, str) else body
+    return EncodedResponse(_status(status), _headers(content_type, metadata, ()), data)
 
 
 def _json_default(value: object) -> Any:
@@ -84,8 +120,11 @@ def encode_result(
     """Check the handler's result against the contract and encode it.
 
     ``extra_headers`` (runtime version, ``X-Abeja-*``) are added last and win over metadata.
-    Raises :class:`HandlerResultError` with a message for the handler's author.
+    A style adapter's answer (an :class:`EncodedResponse`) only gets them. Raises
+    :class:`HandlerResultError` with a message for the handler's author.
     """
+    if isinstance(result, EncodedResponse):
+        return result.with_headers(tuple(extra_headers))
     if not isinstance(result, Mapping):
         raise HandlerResultError(
             f"the handler returned {_describe(result)}, but it must return a dict such as "

@@ -20,41 +20,21 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
-from abeja_runtime.config import MODULE_ONLY_STYLES, Config
+from abeja_runtime import styles
+from abeja_runtime.config import MODULE_ONLY_STYLES, Config, resolve_training_result_dir
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.handler import LoadedHandler
 
-__all__ = [
-    "LoadedHandler",
-    "install_dependencies",
-    "load_handler",
-    "prepare_workdir",
-    "resolve_training_result_dir",
-]
+__all__ = ["install_dependencies", "load_handler", "prepare_workdir"]
 
 _MARKER: Final = ".abeja"
 #: The anchor finds a ``.abeja`` directory whose parent is at most this deep below the start.
 _MARKER_MAX_DEPTH: Final = 3
-_DEFAULT_TRAINING_RESULT_DIR: Final = "abejainc_training_result"
 _log = logging.getLogger("abeja_runtime")
-
-
-@dataclass(frozen=True)
-class LoadedHandler:
-    """The handler, and whether it must be awaited (decided once, at load time).
-
-    ``func`` is always an ABEJA-style ``handler(request, context)``: handlers of other styles
-    arrive here wrapped by their adapter, and ``style`` says which one.
-    """
-
-    func: Any
-    is_async: bool
-    name: str
-    style: str = "abeja"
 
 
 def prepare_workdir(user_model_root: str, training_result_dir: str) -> Path:
@@ -66,11 +46,6 @@ def prepare_workdir(user_model_root: str, training_result_dir: str) -> Path:
         resolve_training_result_dir(workdir, training_result_dir)
     )
     return workdir
-
-
-def resolve_training_result_dir(workdir: Path, value: str) -> Path:
-    """Absolute as given; relative to the working dir; empty → ``abejainc_training_result``."""
-    return workdir / (value or _DEFAULT_TRAINING_RESULT_DIR)
 
 
 def _find_marker_parent(start: Path) -> Path:
@@ -125,8 +100,6 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
     ``spec`` is ``module:attribute``, or a module alone where the style allows it (a Cortex
     request-handler file, a Seldon ``MyModel`` module). The choice is logged once per worker.
     """
-    from abeja_runtime import styles  # it imports LoadedHandler from here
-
     config = config if config is not None else Config(handler=spec)
     module_name, attribute = _parse_spec(spec, config.style)
     if str(workdir) not in sys.path:

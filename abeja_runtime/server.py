@@ -39,7 +39,7 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.execute import Execution, Executor
-from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var, user_exc_info
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import WorkerMetrics

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.handler import LoadedHandler
 
 __all__ = ["Choice", "Target", "adapt", "choose"]
 

@@ -1,8 +1,8 @@
 """What every adapter needs: result dicts, bodies, headers, optional imports.
 
-Adapters answer with ABEJA result dicts whose ``content`` is already-encoded text, so that the
-runtime's own serialisation rules (a list becomes JSON Lines) never reshape another platform's
-JSON document.
+Adapters answer with encoded responses (:func:`json_result`, :func:`text_result`), not ABEJA
+result dicts: the runtime's own serialisation rules (a list becomes JSON Lines) never reshape
+another platform's JSON document, and no answer is built twice.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Final
 
-from abeja_runtime.encode import json_dumps
+from abeja_runtime.encode import EncodedResponse, encoded_reply, json_dumps
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.request import Request
 
@@ -38,20 +38,25 @@ class BodyNotJson(ValueError):
 
 
 def json_result(
-    value: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+    value: Any,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+    content_type: str = JSON,
+) -> EncodedResponse:
     """One JSON document (numpy values included), whatever the value's type."""
-    return {
-        "status_code": status,
-        "content_type": JSON,
-        "content": json_dumps(value),
-        "metadata": dict(headers or {}),
-    }
+    return encoded_reply(
+        json_dumps(value), content_type=content_type, status=status, metadata=headers
+    )
 
 
-def text_result(text: str | bytes, status: int = 200, content_type: str = _TEXT) -> dict[str, Any]:
-    """A body that is sent as it is (str as UTF-8)."""
-    return {"status_code": status, "content_type": content_type, "content": text}
+def text_result(
+    text: str | bytes,
+    status: int = 200,
+    content_type: str = _TEXT,
+    headers: Mapping[str, str] | None = None,
+) -> EncodedResponse:
+    """A body that is sent as it is (str in the content type's charset)."""
+    return encoded_reply(text, content_type=content_type, status=status, metadata=headers)
 
 
 def read_body(request: Request) -> bytes:

@@ -27,9 +27,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
-from abeja_runtime.config import Config
+from abeja_runtime.config import Config, resolve_training_result_dir
+from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.loader import LoadedHandler, resolve_training_result_dir
+from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import (
     BodyNotJson,
@@ -159,7 +160,7 @@ class _Pipeline:
         #: The first generation: (sample, metadata) and a {"samples": [...]} payload.
         self.legacy = arities == {2}
 
-    def handle(self, request: Request, context: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         if request["http_method"] == "GET":
             return self._describe_endpoint(request)
         try:
@@ -249,7 +250,7 @@ class _Pipeline:
             for node in nodes
         }
 
-    def _describe_endpoint(self, request: Request) -> dict[str, Any]:
+    def _describe_endpoint(self, request: Request) -> EncodedResponse:
         if request.path == "/healthz":
             return json_result({"ok": True})
         if self.legacy and request.path.endswith("/signature"):

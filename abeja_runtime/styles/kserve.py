@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from abeja_runtime.config import Config
+from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import (
+    JSON,
     BodyNotJson,
     header_dict,
     json_result,
@@ -96,8 +98,8 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     if _is_async(model):
         return LoadedHandler(server.handle, is_async=True, name=config.handler, style="kserve")
 
-    def handle(request: Request, context: dict[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = _finish(server.handle(request, context))
+    def handle(request: Request, context: dict[str, Any]) -> EncodedResponse:
+        answer: EncodedResponse = _finish(server.handle(request, context))
         return answer
 
     return LoadedHandler(handle, is_async=False, name=config.handler, style="kserve")
@@ -148,14 +150,14 @@ class _Server:
         self._datamodels = datamodels
         self._errors = require("kserve.errors", "kserve")
 
-    async def handle(self, request: Request, context: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         method, path = request["http_method"], request.path
         try:
             return await self._route(method, path, request)
         except Exception as exc:
             return self._error(exc)
 
-    async def _route(self, method: str, path: str, request: Request) -> dict[str, Any]:
+    async def _route(self, method: str, path: str, request: Request) -> EncodedResponse:
         fixed = {
             "/": self._live_root,
             "/v2": self._server_metadata,
@@ -189,31 +191,29 @@ class _Server:
         return json_result(*_NOT_FOUND)
 
     @staticmethod
-    def _only(method: str, allowed: str) -> dict[str, Any] | None:
+    def _only(method: str, allowed: str) -> EncodedResponse | None:
         if method == allowed:
             return None
-        result = json_result({"detail": "Method Not Allowed"}, 405)
-        result["metadata"] = {"Allow": allowed}
-        return result
+        return json_result({"detail": "Method Not Allowed"}, 405, headers={"Allow": allowed})
 
-    async def _live_root(self) -> dict[str, Any]:
+    async def _live_root(self) -> EncodedResponse:
         return json_result(await self._dataplane.live())
 
-    async def _live(self) -> dict[str, Any]:
+    async def _live(self) -> EncodedResponse:
         live = (await self._dataplane.live())["status"] == "alive"
         if not live:
             raise self._errors.ServerNotLive()
         return json_result({"live": live})
 
-    async def _ready(self) -> dict[str, Any]:
+    async def _ready(self) -> EncodedResponse:
         if not await self._dataplane.ready():
             raise self._errors.ServerNotReady()
         return json_result({"ready": True})
 
-    async def _models(self) -> dict[str, Any]:
+    async def _models(self) -> EncodedResponse:
         return json_result({"models": list(self._dataplane.model_registry.get_models())})
 
-    async def _server_metadata(self) -> dict[str, Any]:
+    async def _server_metadata(self) -> EncodedResponse:
         return json_result(
             {
                 "name": "kserve",
@@ -222,17 +222,17 @@ class _Server:
             }
         )
 
-    async def _model_ready(self, name: str) -> dict[str, Any]:
+    async def _model_ready(self, name: str) -> EncodedResponse:
         if not await self._dataplane.model_ready(name):
             raise self._errors.ModelNotReady(name)
         return json_result({"name": name, "ready": True})
 
-    async def _model_metadata(self, name: str) -> dict[str, Any]:
+    async def _model_metadata(self, name: str) -> EncodedResponse:
         found = await self._dataplane.model_metadata(name)
         response = self._datamodels.ModelMetadataResponse.model_validate(found)
         return json_result(response.model_dump(mode="json"))
 
-    async def _run_local(self, request: Request) -> dict[str, Any]:
+    async def _run_local(self, request: Request) -> EncodedResponse:
         """``abeja model run-local`` posts to ``/``: pick the protocol from the body."""
         body = read_body(request)  # a request body can be read once
         try:
@@ -244,7 +244,7 @@ class _Server:
 
     async def _infer(
         self, name: str, request: Request, body: bytes, *, v2: bool = False, explain: bool = False
-    ) -> dict[str, Any]:
+    ) -> EncodedResponse:
         dataplane = self._dataplane
         if not await dataplane.model_ready(name, True):
             raise self._errors.ModelNotReady(name)
@@ -270,16 +270,11 @@ class _Server:
         extra = {key: str(value) for key, value in extra.items()}
         if isinstance(response, bytes | str):
             default = "application/octet-stream" if isinstance(response, bytes) else "text/plain"
-            result = text_result(response, content_type=content_type or default)
-            result["metadata"] = extra
-            return result
+            return text_result(response, content_type=content_type or default, headers=extra)
         if v2:
             validated = self._datamodels.InferenceResponse.model_validate(response)
             response = validated.model_dump(mode="json")
-        result = json_result(response, headers=extra)
-        if content_type:
-            result["content_type"] = content_type
-        return result
+        return json_result(response, headers=extra, content_type=content_type or JSON)
 
     def _decode_v2(self, name: str, body: bytes, headers: dict[str, str]) -> Any:
         if _BINARY_HEADER in headers:
@@ -294,7 +289,7 @@ class _Server:
         )
         return request
 
-    def _error(self, exc: Exception) -> dict[str, Any]:
+    def _error(self, exc: Exception) -> EncodedResponse:
         """KServe's exception handlers: the same status codes and ``{"error": ...}`` bodies."""
         errors = self._errors
         status = 500

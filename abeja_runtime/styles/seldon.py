@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from abeja_runtime.config import Config
+from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
 
@@ -101,7 +102,7 @@ class _Component:
         self._model = model
         self._metadata = self._init_metadata()
 
-    def handle(self, request: Request, context: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
         if route is None:
             return json_result(_SeldonError(f"not found: {request.path}").to_dict(), 404)
@@ -297,7 +298,7 @@ class _Component:
             return None
         return metadata
 
-    def _error(self, exc: Exception) -> dict[str, Any]:
+    def _error(self, exc: Exception) -> EncodedResponse:
         if callable(getattr(exc, "to_dict", None)) and isinstance(
             getattr(exc, "status_code", None), int
         ):

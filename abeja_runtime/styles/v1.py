@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from abeja_runtime.config import Config
-from abeja_runtime.encode import json_dumps
-from abeja_runtime.loader import LoadedHandler
+from abeja_runtime.encode import EncodedResponse, encoded_reply, json_dumps, status_reply
+from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import JSON, media_type, require
 
@@ -47,7 +47,7 @@ def adapt(func: Callable[..., Any], *, config: Config, workdir: Path) -> LoadedH
     decode = _Decoder(numpy, image)
     if inspect.isasyncgenfunction(func) or inspect.iscoroutinefunction(func):
 
-        async def async_handler(request: Request, context: dict[str, Any]) -> dict[str, Any]:
+        async def async_handler(request: Request, context: dict[str, Any]) -> EncodedResponse:
             try:
                 inputs = decode.all(request)
             except _UndecodableBody as exc:
@@ -61,7 +61,7 @@ def adapt(func: Callable[..., Any], *, config: Config, workdir: Path) -> LoadedH
 
         return LoadedHandler(async_handler, is_async=True, name=config.handler, style="abeja-v1")
 
-    def handler(request: Request, context: dict[str, Any]) -> dict[str, Any]:
+    def handler(request: Request, context: dict[str, Any]) -> EncodedResponse:
         try:
             inputs = decode.all(request)
         except _UndecodableBody as exc:
@@ -103,11 +103,10 @@ class _Decoder:
         return body
 
 
-def _answer(results: Iterable[Any]) -> dict[str, Any]:
+def _answer(results: Iterable[Any]) -> EncodedResponse:
     """One result → one JSON document; several → JSON Lines; none → an empty body."""
-    lines = [json_dumps(result) for result in results]
-    return {"status_code": 200, "content_type": JSON, "content": "\n".join(lines) or None}
+    return encoded_reply("\n".join(json_dumps(result) for result in results), content_type=JSON)
 
 
-def _bad_request(message: str) -> dict[str, Any]:
-    return {"status_code": 400, "content_type": JSON, "content": json_dumps({"status": message})}
+def _bad_request(message: str) -> EncodedResponse:
+    return status_reply(400, message)
