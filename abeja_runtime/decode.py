@@ -73,9 +73,15 @@ async def decode_request(
     body: AsyncIterator[bytes],
     limits: BodyLimits,
     request_id: str = "",
+    content_length: int | None = None,
 ) -> Request:
-    """Build the handler's request; raise ``HttpError`` subclasses for anything malformed."""
+    """Build the handler's request; raise ``HttpError`` subclasses for anything malformed.
+
+    The method and the declared ``content_length`` are checked before a byte of the body is
+    read (``body`` is iterated only for methods that carry one).
+    """
     check_method(method)
+    check_declared_length(content_length, limits)
     kept = [(name, value) for name, value in headers if name.lower() not in _STRIPPED_HEADERS]
     content_type = _header(kept, "content-type")
     path = _unquote(raw_path, "URL path") if "%" in raw_path else raw_path

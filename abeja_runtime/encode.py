@@ -28,7 +28,14 @@ import multipart
 
 from abeja_runtime.errors import HandlerResultError
 
-__all__ = ["EncodedResponse", "encode_result", "encoded_reply", "json_dumps", "status_reply"]
+__all__ = [
+    "EncodedResponse",
+    "encode_result",
+    "encoded_reply",
+    "json_dumps",
+    "status_body",
+    "status_reply",
+]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -74,8 +81,12 @@ def status_reply(
     status: int, message: str, headers: Iterable[tuple[str, str]] = ()
 ) -> EncodedResponse:
     """The one shape of every error the runtime answers itself: ``{"status": message}`` JSON."""
-    body = json.dumps({"status": message}).encode()
-    return EncodedResponse(status, (("Content-Type", _JSON), *headers), body)
+    return EncodedResponse(status, (("Content-Type", _JSON), *headers), status_body(message))
+
+
+def status_body(message: str) -> bytes:
+    """The body of :func:`status_reply`, for the few answers written as raw bytes."""
+    return json.dumps({"status": message}).encode()
 
 
 def encoded_reply(

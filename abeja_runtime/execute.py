@@ -1,18 +1,21 @@
-"""Running handler calls: handler threads, a bounded queue, the deadline, streamed bodies.
+"""Handler threads: calls run off the event loop, and their results come back in batches.
 
-Sync handlers run on ``concurrency`` dedicated threads that take jobs from one
-``queue.SimpleQueue`` and answer the event loop with ``call_soon_threadsafe``; contract A1 measured
-this hand-off as the fastest. Jobs wait in that queue, not on the loop, so a thread starts the
-next call the moment it finishes one. A job is the whole call: the handler, the encoding of its
-result and, for streamed content, the iteration of the generator or file, whose chunks go to the
-loop with backpressure. So user code never interleaves with another call, and with the default
-concurrency of 1 every call runs on the thread that imported the handler module.
+Sync handlers run on dedicated threads that take jobs from one ``queue.SimpleQueue`` and answer
+the event loop with ``call_soon_threadsafe``; contract A1 measured this hand-off as the fastest.
+Jobs wait in that queue, not on the loop, so a thread starts the next call the moment it may.
 
-A sync thread cannot be stopped: when the deadline passes, the client gets 504 at once, but the
-job keeps its place (and counts against the queue) until the thread really returns.
-``oldest_call_age`` lets the supervisor notice a handler stuck for good and recycle its worker.
-Async handlers are awaited on the loop, at most ``concurrency`` at once; their results are
-encoded on a handler thread.
+A job is a whole call that returns ``(value, chunks)``. ``chunks`` (an iterator of bytes, or
+None) is iterated on the same thread once ``value`` has gone to the loop, a few chunks ahead of
+the socket at most. So user code never interleaves with another call, and with one thread every
+call runs on the thread that imported the handler module. This module knows nothing of HTTP,
+of encoding or of admission: the request lifecycle (``lifecycle.py``) decides what a call is,
+how many may wait, and when one is too late.
+
+A call's result is an :class:`Outcome`. The thread takes its next job only once the outcome is
+released (its response is with the socket), so that a crash in the next call (``os._exit``, a
+segfault) cannot take a finished response down with the worker. A thread cannot be stopped: a
+call that outlives its deadline keeps its thread until it returns, and ``oldest_call_age`` lets
+the supervisor notice one stuck for good.
 """
 
 from __future__ import annotations
@@ -20,55 +23,23 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import queue
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final
 
-from abeja_runtime.encode import EncodedResponse
-from abeja_runtime.errors import HandlerTimeout, ServiceBusy
+__all__ = ["Call", "Executor", "Outcome", "claim"]
 
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout
-else:  # pragma: no cover - Python 3.10
-    from async_timeout import timeout as _timeout
-
-__all__ = ["Execution", "Executor"]
+#: What a handler thread runs: it returns a value, and chunks to stream after it (or None).
+Call = Callable[[], tuple[Any, Iterator[bytes] | None]]
 
 #: Chunks a streamed body may run ahead of the socket: enough to keep the thread busy while the
 #: loop writes, small enough that a slow client does not make the worker buffer the stream.
 _STREAM_CREDITS: Final = 4
 _END: Final = object()
-#: A bound on how long a handler thread waits for the loop to send its last response before it
+#: A bound on how long a handler thread waits for its last outcome to be released before it
 #: takes the next call; only a lost hand-off would ever make it wait this long.
 _RELEASE_WAIT: Final = 5.0
-
-
-class _Job:
-    """One call for a handler thread; its result or error goes to ``future`` on the loop."""
-
-    __slots__ = ("call", "context", "future", "on_done", "released", "stream")
-
-    def __init__(
-        self,
-        call: Callable[[], Any],
-        future: asyncio.Future[Any],
-        on_done: Callable[[], None] | None,
-    ) -> None:
-        self.call = call
-        self.context = contextvars.copy_context()  # the request id follows the call
-        self.future = future
-        #: Runs on the loop when the thread is done with the job, streamed body included.
-        self.on_done = on_done
-        self.stream: _Stream | None = None
-        #: Set once the job's response is with the socket (or will never be sent); the thread
-        #: waits for it before its next call. None for work that answers no request.
-        self.released: threading.Event | None = threading.Event() if on_done else None
-
-    def release(self) -> None:
-        if self.released is not None:
-            self.released.set()
 
 
 class _Stream:
@@ -109,132 +80,95 @@ class _Stream:
         self._credits.release()
 
 
-class Execution:
-    """A finished call: the encoded head, and the streamed body if there is one.
+class _Job:
+    """One call for a handler thread; its outcome or error goes to ``future`` on the loop."""
 
-    ``close()`` once the response has been handed to the socket (or abandoned): only then does
-    the handler thread start its next call.
-    """
+    __slots__ = ("call", "context", "future", "on_done", "released", "stream")
 
-    __slots__ = ("_job", "response", "stream")
+    def __init__(
+        self,
+        call: Callable[[], Any],
+        future: asyncio.Future[Any],
+        on_done: Callable[[], None] | None,
+    ) -> None:
+        self.call = call
+        self.context = contextvars.copy_context()  # the request id follows the call
+        self.future = future
+        #: Runs on the loop once the thread is done with the job, streamed chunks included.
+        #: None for work that answers no request (loading the handler): no outcome, no gate.
+        self.on_done = on_done
+        self.stream: _Stream | None = None
+        self.released: threading.Event | None = threading.Event() if on_done else None
 
-    def __init__(self, response: EncodedResponse, job: _Job) -> None:
-        self.response = response
-        self.stream = job.stream
-        self._job = job
-
-    def close(self) -> None:
+    def release(self) -> None:
         if self.stream is not None:
             self.stream.abandon()
+        if self.released is not None:
+            self.released.set()
+
+
+class Outcome:
+    """A finished call: its value, its chunks as they reach the loop, and ``release()``.
+
+    ``release()`` once the response has been handed to the socket (or abandoned): only then
+    does the handler thread start its next call.
+    """
+
+    __slots__ = ("_job", "chunks", "value")
+
+    def __init__(self, value: Any, job: _Job) -> None:
+        self.value = value
+        self.chunks: AsyncIterator[bytes] | None = (
+            job.stream.__aiter__() if job.stream is not None else None
+        )
+        self._job = job
+
+    def release(self) -> None:
         self._job.release()
 
 
 class Executor:
-    """Admits calls: ``concurrency`` run, at most ``max_queue`` more wait, the rest get 503."""
+    """``threads`` handler threads fed from one queue."""
 
-    def __init__(self, *, concurrency: int, max_queue: int, timeout: float) -> None:
+    def __init__(self, *, threads: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._concurrency = concurrency
-        self._capacity = concurrency + max_queue
-        self._pending = 0  # admitted calls whose thread work has not finished
-        self._async_slots = asyncio.Semaphore(concurrency)
-        self._timeout = timeout
         self._busy_since: dict[int, float] = {}
         # Results travel to the loop in batches: one wake-up of the loop per burst, not per call.
         self._results: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._results_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._work, name=f"abeja-handler-{i}", daemon=True)
-            for i in range(concurrency)
+            for i in range(threads)
         ]
         for thread in self._threads:
             thread.start()
 
+    def submit(self, call: Call, on_done: Callable[[], None]) -> asyncio.Future[Outcome]:
+        """Queue a call; ``on_done`` runs on the loop once its thread is done with it."""
+        future: asyncio.Future[Outcome] = self._loop.create_future()
+        self._jobs.put(_Job(call, future, on_done))
+        return future
+
     def run_on_thread(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """Run ``fn`` on a handler thread outside admission (loading the handler module)."""
+        """Run ``fn`` on a handler thread, e.g. to import the handler module there."""
         future = self._loop.create_future()
         self._jobs.put(_Job(lambda: fn(*args), future, on_done=None))
         return future
 
     def oldest_call_age(self) -> float | None:
-        """Seconds the longest-running handler call has been running; None when idle."""
+        """Seconds the longest-running call has been running; None when idle."""
         started = min(self._busy_since.values(), default=None)
         return None if started is None else time.monotonic() - started
-
-    @property
-    def queued(self) -> int:
-        """Admitted calls waiting for a handler slot."""
-        return max(0, self._pending - self._concurrency)
 
     def stop_threads(self) -> None:
         for _ in self._threads:
             self._jobs.put(None)
 
-    async def execute(
-        self,
-        call: Callable[[], Any],
-        *,
-        is_async: bool,
-        encode: Callable[[Any], EncodedResponse],
-    ) -> Execution:
-        """Run a call within the deadline.
-
-        For a sync handler ``call`` returns the encoded response and runs on a handler thread;
-        for an async one it returns the coroutine, awaited here, and the result is encoded on a
-        handler thread.
-        """
-        if self._pending >= self._capacity:
-            raise ServiceBusy()
-        deadline = _timeout(self._timeout or None)
-        self._pending += 1
-        try:
-            async with deadline:
-                if not is_async:
-                    return await _claim(self._submit(call, self._release_sync))
-                return await self._execute_async(call, encode)
-        except asyncio.TimeoutError:  # not the builtin one before Python 3.11
-            if _expired(deadline):
-                raise HandlerTimeout(self._timeout) from None
-            raise
-
-    async def _execute_async(
-        self, call: Callable[[], Any], encode: Callable[[Any], EncodedResponse]
-    ) -> Execution:
-        handed_over = False
-        try:
-            await self._async_slots.acquire()
-            try:
-                result = await call()
-                # From here the job owns the slot: it holds it while a body is streamed.
-                future = self._submit(lambda: encode(result), self._release_async)
-                handed_over = True
-            finally:
-                if not handed_over:
-                    self._async_slots.release()
-            return await _claim(future)
-        finally:
-            if not handed_over:
-                self._pending -= 1
-
-    def _release_sync(self) -> None:
-        self._pending -= 1
-
-    def _release_async(self) -> None:
-        self._pending -= 1
-        self._async_slots.release()
-
-    def _submit(
-        self, call: Callable[[], Any], on_done: Callable[[], None]
-    ) -> asyncio.Future[Execution]:
-        future: asyncio.Future[Execution] = self._loop.create_future()
-        self._jobs.put(_Job(call, future, on_done))
-        return future
-
     def _work(self) -> None:
         ident = threading.get_ident()
         while (job := self._jobs.get()) is not None:
-            if job.future.cancelled():  # timed out while it waited: never started
+            if job.future.cancelled():  # given up while it waited: never started
                 self._post(self._finish, job, None, None)
                 continue
             self._busy_since[ident] = time.monotonic()
@@ -242,8 +176,6 @@ class Executor:
                 self._run(job)
             finally:
                 del self._busy_since[ident]
-            # The next call waits until this one's response is with the socket, so that a crash
-            # in it (os._exit, a segfault) cannot take an answered request down with the worker.
             if job.released is not None:
                 job.released.wait(_RELEASE_WAIT)
 
@@ -253,13 +185,17 @@ class Executor:
         except BaseException as exc:  # handed to the awaiting request, never lost
             self._post(self._finish, job, None, exc)
             return
-        if isinstance(result, EncodedResponse) and isinstance(result.body, Iterator):
-            job.stream = _Stream(self._loop)
-            self._post(self._finish_head, job, result)
-            job.context.run(job.stream.produce, result.body)
-            self._post(self._finish, job, None, None)
-        else:
+        if job.on_done is None:
             self._post(self._finish, job, result, None)
+            return
+        value, chunks = result
+        if chunks is None:
+            self._post(self._finish, job, Outcome(value, job), None)
+            return
+        job.stream = _Stream(self._loop)
+        self._post(self._finish_head, job, Outcome(value, job))
+        job.context.run(job.stream.produce, chunks)
+        self._post(self._finish, job, None, None)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         with self._results_lock:
@@ -274,41 +210,32 @@ class Executor:
         for callback, args in results:
             callback(*args)
 
-    def _finish_head(self, job: _Job, response: EncodedResponse) -> None:
+    def _finish_head(self, job: _Job, outcome: Outcome) -> None:
         if job.future.cancelled():
-            assert job.stream is not None
-            job.stream.abandon()  # the deadline passed just now; nobody will read the body
-            job.release()
+            job.release()  # the deadline passed just now; nobody will read the chunks
         else:
-            job.future.set_result(Execution(response, job))
+            job.future.set_result(outcome)
 
     def _finish(self, job: _Job, result: Any, exc: BaseException | None) -> None:
         if job.on_done is not None:
             job.on_done()
-        if job.future.done():  # a streamed body ended, or the call timed out or was dropped
+        if job.future.done():  # streamed chunks ended, or the call was given up
             if job.future.cancelled():
                 job.release()
             return
         if exc is not None:
             job.future.set_exception(exc)
             job.release()
-        elif isinstance(result, EncodedResponse):
-            job.future.set_result(Execution(result, job))
         else:
             job.future.set_result(result)
 
 
-async def _claim(future: asyncio.Future[Execution]) -> Execution:
-    """Await a call's result; one delivered to a caller that gave up meanwhile (timeout,
-    client gone) is closed here, so that its handler thread is not kept waiting."""
+async def claim(future: asyncio.Future[Outcome]) -> Outcome:
+    """Await a call's outcome; one delivered to a caller that gave up meanwhile (deadline,
+    client gone) is released here, so that its handler thread is not kept waiting."""
     try:
         return await future
     except BaseException:
         if future.done() and not future.cancelled() and future.exception() is None:
-            future.result().close()
+            future.result().release()
         raise
-
-
-def _expired(deadline: Any) -> bool:
-    expired = deadline.expired
-    return bool(expired() if callable(expired) else expired)

@@ -1,10 +1,10 @@
-"""The HTTP layer: aiohttp's low-level server, health checks, and the one error → response map.
+"""The HTTP layer: aiohttp's low-level server, health checks, and the lifecycle's exchanges.
 
-This is the only module that imports aiohttp. It turns an aiohttp request into the parts that
-``decode.py`` understands, hands the call to the executor, and writes the encoded response (from
-memory, or streamed chunk by chunk). Every known error becomes ``{"status": message}`` JSON with
-its status code here, and only here; anything unexpected becomes ``500 unexpected error occurred``
-plus one log line for the handler's author.
+This is the only module that imports aiohttp. A worker's :class:`HttpServer` answers its own
+``/health_check`` and hands every other request to the request lifecycle (``lifecycle.py``)
+as an :class:`_AiohttpExchange`, which reads the body and writes the lifecycle's replies (from
+memory, or streamed chunk by chunk). Malformed HTTP and slow request heads are answered here, in
+the same ``{"status": message}`` JSON as every other error.
 
 Two small servers run in the supervisor, not in workers, so that they answer whatever a worker
 does: :class:`ControlServer` on the health-check port (readiness, liveness, metrics), and
@@ -15,35 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import functools
-import json
 import logging
-import os
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web, web_protocol
 
-from abeja_runtime import __version__
 from abeja_runtime.config import Config
-from abeja_runtime.decode import BodyLimits, check_declared_length, check_method, decode_request
-from abeja_runtime.encode import EncodedResponse, encode_result
-from abeja_runtime.errors import (
-    HandlerResultError,
-    HttpError,
-    PayloadTooLarge,
-    ServiceBusy,
-    ServiceUnavailable,
-)
-from abeja_runtime.execute import Execution, Executor
-from abeja_runtime.handler import LoadedHandler
-from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var, user_exc_info
+from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from abeja_runtime.metrics import WorkerMetrics
-from abeja_runtime.request import Request
+
+if TYPE_CHECKING:  # the supervisor imports this module, and needs none of the lifecycle
+    from abeja_runtime.lifecycle import Lifecycle, ServingState
 
 __all__ = [
     "HEALTH_PATH",
@@ -51,7 +34,6 @@ __all__ = [
     "METRICS_PATH",
     "ControlServer",
     "HttpServer",
-    "ServingState",
     "answer_unavailable",
     "make_web_server",
 ]
@@ -62,234 +44,130 @@ HEALTH_PATH: Final = "/health_check"
 #: Liveness for kubelets: 200 while the supervisor answers at all (readiness is HEALTH_PATH).
 LIVENESS_PATH: Final = "/livez"
 METRICS_PATH: Final = "/metrics"
-RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
-REQUEST_ID_HEADER: Final = "x-abeja-request-id"
-REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
-_JSON: Final = "application/json"
 #: After a 413, how much more of the refused body is read (and thrown away), and for how long,
 #: before the connection is closed: enough for a client to notice its answer, far from a body.
 _REFUSED_BODY_READ: Final = 1024 * 1024
 _REFUSED_BODY_WAIT: Final = 1.0
+_HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
 
 
-@dataclass
-class ServingState:
-    """What the health check reports, and the count that graceful shutdown waits on."""
-
-    handler: LoadedHandler | None = None
-    draining: bool = False
-    in_flight: int = 0
-    #: Connections to close after their next response, as the supervisor asked (rebalancing).
-    shed: int = 0
-    idle_waiters: list[Any] = field(default_factory=list)
-
-    @property
-    def ready(self) -> bool:
-        return self.handler is not None and not self.draining
-
-    def request_done(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight:
-            for waiter in self.idle_waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-            self.idle_waiters.clear()
-
-
-def _error_response(
-    status: int, message: str, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    """The one shape of every error the runtime answers itself: ``{"status": message}`` JSON."""
-    return web.Response(
-        status=status,
-        body=json.dumps({"status": message}).encode(),
-        headers={"Content-Type": _JSON, **(headers or {})},
-    )
-
-
-_HEALTHY: Final = json.dumps({"status": "ok"}).encode()
+def _web_response(reply: EncodedResponse) -> web.Response:
+    """An in-memory reply as an aiohttp response."""
+    assert isinstance(reply.body, bytes), "streamed replies are written by _AiohttpExchange"
+    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
 
 
 class HttpServer:
-    """Serves the handler on the service port, and that worker's own ``/health_check``."""
+    """A worker's service port: its own ``/health_check``, every other path a request."""
 
-    def __init__(
-        self, config: Config, executor: Executor, state: ServingState, metrics: WorkerMetrics
-    ) -> None:
-        self._config = config
-        self._executor = executor
+    def __init__(self, lifecycle: Lifecycle, state: ServingState) -> None:
+        self._lifecycle = lifecycle
         self._state = state
-        self._metrics = metrics
-        self._limits = BodyLimits(
-            max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
-        )
-        self._extra_headers = (
-            (RUNTIME_VERSION_HEADER, __version__),
-            *config.platform.response_headers(),
-        )
-        self._encode = functools.partial(encode_result, extra_headers=self._extra_headers)
-        self._access_log = AccessLog(config.platform.log_fields())
 
     async def service(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The service port: any path runs the handler, except ``/health_check``."""
         if request.path == HEALTH_PATH:
             return _health_response(self._state.ready)
-        received = time.time()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
-        request_token = request_id_var.set(request_id)
-        requester_token = requester_id_var.set(request.headers.get(REQUESTER_ID_HEADER))
-        self._state.in_flight += 1
-        response: web.StreamResponse | None = None
-        try:
-            response = await self._serve(request, request_id, received)
-            if not response.prepared:  # else _head ran before it was sent
-                self._head(request, response, request_id, received)
-            return response
-        finally:
-            self._state.request_done()
-            if response is None:  # only an unexpected error of the runtime's own gets here
-                self._account(request, 500, received)
-            request_id_var.reset(request_token)
-            requester_id_var.reset(requester_token)
+        exchange = _AiohttpExchange(request)
+        await self._lifecycle.serve(exchange)
+        assert exchange.response is not None, "every path of the lifecycle sends a reply"
+        return exchange.response
 
-    async def _serve(
-        self, request: web.BaseRequest, request_id: str, received: float
-    ) -> web.StreamResponse:
+
+class _AiohttpExchange:
+    """An aiohttp request as the lifecycle's ``Exchange``, and the response sent for it."""
+
+    __slots__ = (
+        "_request",
+        "content_length",
+        "keep_alive",
+        "method",
+        "path",
+        "raw_path",
+        "raw_query",
+        "response",
+    )
+
+    def __init__(self, request: web.BaseRequest) -> None:
+        self._request = request
+        self.method = request.method
+        self.path = request.path
+        url = request.rel_url
+        self.raw_path = url.raw_path
+        self.raw_query = url.raw_query_string
+        self.content_length = request.content_length
+        self.keep_alive = request.keep_alive
+        self.response: web.StreamResponse | None = None
+
+    def header(self, name: str) -> str | None:
+        return self._request.headers.get(name)
+
+    def headers(self) -> Iterable[tuple[str, str]]:
+        return self._request.headers.items()
+
+    def body(self) -> AsyncIterator[bytes]:
+        request = self._request
+        if request.headers.get("Expect", "").lower() == "100-continue":
+            return self._continue_then(request.content.iter_any())
+        return request.content.iter_any()
+
+    async def _continue_then(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        await self._request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        async for chunk in chunks:
+            yield chunk
+
+    async def send(self, reply: EncodedResponse, *, close: bool) -> None:
+        body = reply.body
         try:
-            handler = self._state.handler
-            # While draining, a request that arrives on a connection this worker already has is
-            # still served (and the connection closed after it): a load balancer may have sent
-            # it before it saw readiness go 503. New connections are no longer accepted.
-            if handler is None:
-                raise ServiceUnavailable()
-            check_method(request.method)
-            check_declared_length(request.content_length, self._limits)
-            if request.headers.get("Expect", "").lower() == "100-continue":
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            user_request = await decode_request(
-                method=request.method,
-                raw_path=request.rel_url.raw_path,
-                raw_query=request.rel_url.raw_query_string,
-                headers=request.headers.items(),
-                body=request.content.iter_any(),
-                limits=self._limits,
-                request_id=request_id,
-            )
-        except PayloadTooLarge as exc:
-            response = self._http_error(exc)
-            self._head(request, response, request_id, received)
-            return await self._refuse_body(request, response)
-        except HttpError as exc:
-            return self._http_error(exc)
+            if isinstance(body, bytes):
+                response = self.response = _web_response(reply)
+                if close:
+                    response.force_close()
+                await response.prepare(self._request)
+                await response.write_eof()
+            else:
+                await self._stream(reply, close)
+        except ConnectionError:
+            pass  # the client went away; nothing left to tell it
+
+    async def _stream(self, reply: EncodedResponse, close: bool) -> None:
+        chunks = reply.body
+        assert isinstance(chunks, AsyncIterator), "the lifecycle streams through the loop"
+        response = self.response = web.StreamResponse(status=reply.status, headers=reply.headers)
+        if close:
+            response.force_close()
+        response.enable_chunked_encoding()
+        await response.prepare(self._request)
         try:
-            execution = await self._execute(handler, user_request)
-            try:
-                return await self._send(request, execution, request_id, received)
-            finally:
-                execution.close()  # lets the handler thread take its next call
-        except HttpError as exc:
-            return self._http_error(exc)
-        except HandlerResultError as exc:
-            _log.error("the handler's return value breaks the contract: %s", exc)
+            async for chunk in chunks:
+                await response.write(chunk)
+        except ConnectionError:
+            raise
         except Exception as exc:
-            _log.error(
-                "unexpected error occurred in the handler %s",
-                handler.name,
-                exc_info=user_exc_info(exc),
-            )
-        finally:
-            user_request.close()
-        return _error_response(500, "unexpected error occurred")
+            # Headers are out: the only honest signal left is to cut the chunked body short.
+            _log.error("the handler's streamed content failed after the response began: %s", exc)
+            if self._request.transport is not None:
+                self._request.transport.close()
+            return
+        await response.write_eof()
 
-    async def _refuse_body(
-        self, request: web.BaseRequest, response: web.Response
-    ) -> web.StreamResponse:
+    async def refuse(self, reply: EncodedResponse) -> None:
         """Answer now and stop taking in a body we refused (413).
 
         The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for
         at most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer
         rather than a reset; then the connection is closed.
         """
+        request = self._request
+        response = self.response = _web_response(reply)
         response.force_close()
-        await response.prepare(request)
-        await response.write_eof()
         # The client may stop, reset, or send a broken chunk: all mean "done" here.
         with contextlib.suppress(
             asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
         ):
+            await response.prepare(request)
+            await response.write_eof()
             await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
         request.protocol.force_close()
-        return response
-
-    def _http_error(self, exc: HttpError) -> web.Response:
-        response = _error_response(exc.status, exc.message, exc.headers)
-        if isinstance(exc, ServiceBusy):
-            self._metrics.rejected("busy")
-        elif isinstance(exc, ServiceUnavailable):
-            self._metrics.rejected("unavailable")
-        return response
-
-    async def _execute(self, handler: LoadedHandler, request: Request) -> Execution:
-        context = copy.deepcopy(self._config.context) if self._config.context else {}
-        if handler.is_async:
-            call = functools.partial(handler.func, request, context)
-        else:
-            call = functools.partial(_call_and_encode, handler.func, request, context, self._encode)
-        return await self._executor.execute(call, is_async=handler.is_async, encode=self._encode)
-
-    def _head(
-        self,
-        request: web.BaseRequest,
-        response: web.StreamResponse,
-        request_id: str,
-        received: float,
-    ) -> None:
-        """Runs once per response, before its head is sent: what every response carries, and
-        its accounting. Counting before the first byte leaves means a client never holds an
-        answer that a scrape (or a crash of this worker right after) does not count."""
-        response.headers[REQUEST_ID_HEADER] = request_id
-        state = self._state
-        if state.draining:
-            response.force_close()
-        elif state.shed and request.keep_alive:
-            state.shed -= 1
-            response.force_close()
-        self._account(request, response.status, received)
-
-    def _account(self, request: web.BaseRequest, status: int, received: float) -> None:
-        responded = time.time()
-        self._access_log.record(request.method, request.path, status, received, responded)
-        self._metrics.observe(status, responded - received)
-
-    async def _send(
-        self, request: web.BaseRequest, execution: Execution, request_id: str, received: float
-    ) -> web.StreamResponse:
-        """Write the response to the socket before returning, so that once ``execution`` is
-        closed a crash of the worker (the next call's ``os._exit``) cannot lose it."""
-        encoded: EncodedResponse = execution.response
-        if execution.stream is None:
-            answer = web.Response(status=encoded.status, body=encoded.body, headers=encoded.headers)
-            self._head(request, answer, request_id, received)
-            await answer.prepare(request)
-            await answer.write_eof()
-            return answer
-        response = web.StreamResponse(status=encoded.status, headers=encoded.headers)
-        self._head(request, response, request_id, received)
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        try:
-            async for chunk in execution.stream:
-                await response.write(chunk)
-        except ConnectionError:
-            return response  # the client went away; nothing left to tell it
-        except Exception as exc:
-            # Headers are out: the only honest signal left is to cut the chunked body short.
-            _log.error("the handler's streamed content failed after the response began: %s", exc)
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        await response.write_eof()
-        return response
 
 
 async def _discard(request: web.BaseRequest, limit: int) -> None:
@@ -300,9 +178,7 @@ async def _discard(request: web.BaseRequest, limit: int) -> None:
 
 
 def _health_response(ready: bool) -> web.Response:
-    if ready:
-        return web.Response(body=_HEALTHY, headers={"Content-Type": _JSON})
-    return _error_response(503, "service unavailable")
+    return _web_response(_HEALTHY if ready else status_reply(503, "service unavailable"))
 
 
 class ControlServer:
@@ -322,28 +198,25 @@ class ControlServer:
         if path == HEALTH_PATH:
             return _health_response(self._is_ready())
         if path == LIVENESS_PATH:
-            return web.Response(body=_HEALTHY, headers={"Content-Type": _JSON})
+            return _web_response(_HEALTHY)
         if path == METRICS_PATH:
             return web.Response(
                 body=self._render_metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE}
             )
-        return _error_response(
-            404,
-            f"not found: this port serves only {HEALTH_PATH}, {LIVENESS_PATH} and {METRICS_PATH}",
+        return _web_response(
+            status_reply(
+                404,
+                f"not found: this port serves only {HEALTH_PATH}, {LIVENESS_PATH} and "
+                f"{METRICS_PATH}",
+            )
         )
 
 
 async def answer_unavailable(request: web.BaseRequest) -> web.StreamResponse:
     """The service port while no worker is ready: every request gets 503, as on the anchor."""
-    response = _error_response(503, "service unavailable")
+    response = _web_response(status_reply(503, "service unavailable"))
     response.force_close()
     return response
-
-
-def _call_and_encode(func: Any, request: Request, context: Any, encode: Any) -> EncodedResponse:
-    """Runs on the handler thread: the call and the (possibly CPU-heavy) encoding together."""
-    encoded: EncodedResponse = encode(func(request, context))
-    return encoded
 
 
 class _RequestHandler(web_protocol.RequestHandler):
@@ -409,12 +282,12 @@ class _RequestHandler(web_protocol.RequestHandler):
             text = "unexpected error occurred"
         else:
             text = f"malformed HTTP request: {message or exc or 'bad request'}"
-        error = _error_response(response.status, text)
+        error = _web_response(status_reply(response.status, text))
         error.force_close()
         return error
 
 
-_HEAD_TIMEOUT_BODY: Final = json.dumps({"status": "request head not received in time"}).encode()
+_HEAD_TIMEOUT_BODY: Final = status_body("request head not received in time")
 _HEAD_TIMEOUT_RESPONSE: Final = (
     b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
     + f"Content-Length: {len(_HEAD_TIMEOUT_BODY)}\r\nConnection: close\r\n\r\n".encode()

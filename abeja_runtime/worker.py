@@ -30,10 +30,11 @@ from aiohttp import web
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.execute import Executor
+from abeja_runtime.lifecycle import Lifecycle, ServingState
 from abeja_runtime.loader import load_handler
 from abeja_runtime.logs import capture_prints, configure_logging
 from abeja_runtime.metrics import WorkerMetrics
-from abeja_runtime.server import HttpServer, ServingState, make_web_server
+from abeja_runtime.server import HttpServer, make_web_server
 
 __all__ = ["run_worker"]
 
@@ -69,7 +70,7 @@ class _Worker:
         self._config = config
         self._socket = service_socket
         self._pipe = pipe
-        self._state = ServingState()
+        self._state = ServingState(concurrency=config.concurrency, max_queue=config.max_queue)
         self._stop = asyncio.Event()
 
     async def serve(self) -> int:
@@ -78,11 +79,9 @@ class _Worker:
         # Kept referenced for the life of the worker; asyncio.run cancels it at the end.
         self._orphan_watch = asyncio.create_task(_exit_when_orphaned(os.getppid()))
         config = self._config
-        executor = Executor(
-            concurrency=config.concurrency, max_queue=config.max_queue, timeout=config.timeout
-        )
+        executor = Executor(threads=config.concurrency)
         metrics = WorkerMetrics()
-        http = HttpServer(config, executor, self._state, metrics)
+        http = HttpServer(Lifecycle(config, executor, self._state, metrics), self._state)
         # In-flight requests get the grace period in _drain; cleanup only closes what is left.
         runner = web.ServerRunner(
             make_web_server(http.service, config), handle_signals=False, shutdown_timeout=1
@@ -117,7 +116,7 @@ class _Worker:
         server = runner.server
         assert server is not None  # set up before the first beat
         while True:
-            metrics.sample(self._state.in_flight, executor.queued)
+            metrics.sample(self._state.in_flight, self._state.queued)
             try:
                 message = ("heartbeat", executor.oldest_call_age(), len(server.connections))
                 self._pipe.send(message)

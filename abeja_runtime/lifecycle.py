@@ -1,0 +1,322 @@
+"""The life of one request, from the first check to the last byte, in the order it happens.
+
+:meth:`Lifecycle.serve` reads top to bottom:
+
+1. **available**: while no handler is loaded (or it is gone), ``503 service unavailable``;
+2. **decoded**: method, size limits and body become the handler's ``Request`` (``405``,
+   ``413``, ``400`` on the way); multipart parts are spooled to disk as they arrive;
+3. **admitted**: at most ``concurrency`` calls run and ``max_queue`` more wait; the rest get
+   ``503 service busy``;
+4. **called within the deadline** (``504`` when it passes): a ``def`` handler on a handler
+   thread together with the encoding of its result, an ``async def`` handler on the loop with
+   its result encoded on a handler thread;
+5. **sent**: counted (metrics, access log) before its first byte, then written; only then may
+   the handler thread take its next call.
+
+Every error on the way becomes a reply through :meth:`Lifecycle._error_reply`, the one error →
+response ladder. Everything the lifecycle counts (in flight, admitted, draining, connections to
+shed) is in :class:`ServingState`. HTTP itself (aiohttp, sockets, ``100 Continue``, closing a
+connection) stays behind the :class:`Exchange` that ``server.py`` implements, and running calls
+on threads behind the :class:`~abeja_runtime.execute.Executor`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from abeja_runtime import __version__
+from abeja_runtime.config import Config
+from abeja_runtime.decode import BodyLimits, decode_request
+from abeja_runtime.encode import EncodedResponse, encode_result, status_reply
+from abeja_runtime.errors import (
+    HandlerResultError,
+    HandlerTimeout,
+    HttpError,
+    PayloadTooLarge,
+    ServiceBusy,
+    ServiceUnavailable,
+)
+from abeja_runtime.execute import Executor, Outcome, claim
+from abeja_runtime.handler import LoadedHandler
+from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var, user_exc_info
+from abeja_runtime.metrics import WorkerMetrics
+from abeja_runtime.request import Request
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # pragma: no cover - Python 3.10
+    from async_timeout import timeout as _timeout
+
+__all__ = ["REQUEST_ID_HEADER", "Exchange", "Lifecycle", "ServingState"]
+
+_log = logging.getLogger("abeja_runtime")
+
+RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
+REQUEST_ID_HEADER: Final = "x-abeja-request-id"
+REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
+
+
+class Exchange(Protocol):
+    """One HTTP request and its answer, as the server library presents them."""
+
+    method: str
+    path: str  # decoded, for the access log
+    raw_path: str
+    raw_query: str
+    content_length: int | None
+    keep_alive: bool
+
+    def header(self, name: str) -> str | None: ...
+
+    def headers(self) -> Iterable[tuple[str, str]]: ...
+
+    def body(self) -> AsyncIterator[bytes]:
+        """The body's chunks; asks the client for it first (``100 Continue``) if it waits."""
+        ...
+
+    async def send(self, reply: EncodedResponse, *, close: bool) -> None:
+        """Write the whole reply (streamed bodies chunk by chunk); a client gone is no error."""
+
+    async def refuse(self, reply: EncodedResponse) -> None:
+        """Answer at once, read a bounded rest of the body that is refused, then close."""
+
+
+@dataclass
+class ServingState:
+    """Everything about a worker that requests change or read, in one place.
+
+    ``in_flight`` counts HTTP requests being answered (a graceful drain waits for it to reach
+    0); ``admitted`` counts handler calls running or waiting for a thread (admission bounds it
+    by ``concurrency + max_queue``; a call that outlived its deadline still counts until its
+    thread returns).
+    """
+
+    concurrency: int
+    max_queue: int
+    handler: LoadedHandler | None = None
+    draining: bool = False
+    in_flight: int = 0
+    admitted: int = 0
+    #: Connections to close after their next response, as the supervisor asked (rebalancing).
+    shed: int = 0
+    idle_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.handler is not None and not self.draining
+
+    @property
+    def queued(self) -> int:
+        """Admitted calls waiting for a handler thread."""
+        return max(0, self.admitted - self.concurrency)
+
+    def serving_handler(self) -> LoadedHandler:
+        """The handler to call. While draining, a request that arrives on a connection the
+        worker already has is still served (a load balancer may have sent it before it saw
+        readiness go 503); only new connections are no longer accepted."""
+        if self.handler is None:
+            raise ServiceUnavailable()
+        return self.handler
+
+    def admit(self) -> None:
+        if self.admitted >= self.concurrency + self.max_queue:
+            raise ServiceBusy()
+        self.admitted += 1
+
+    def call_done(self) -> None:
+        self.admitted -= 1
+
+    def closes_connection(self, keep_alive: bool) -> bool:
+        """Whether this response ends its connection: while draining, or to shed it."""
+        if self.draining:
+            return True
+        if self.shed and keep_alive:
+            self.shed -= 1
+            return True
+        return False
+
+    def request_done(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            for waiter in self.idle_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.idle_waiters.clear()
+
+
+class Lifecycle:
+    """Serves each request of one worker; see the module docstring for the steps."""
+
+    def __init__(
+        self, config: Config, executor: Executor, state: ServingState, metrics: WorkerMetrics
+    ) -> None:
+        self._config = config
+        self._executor = executor
+        self._state = state
+        self._metrics = metrics
+        self._limits = BodyLimits(
+            max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
+        )
+        self._timeout = config.timeout
+        self._async_slots = asyncio.Semaphore(config.concurrency)
+        extra_headers = ((RUNTIME_VERSION_HEADER, __version__), *config.platform.response_headers())
+        self._encode = functools.partial(encode_result, extra_headers=extra_headers)
+        self._access_log = AccessLog(config.platform.log_fields())
+
+    async def serve(self, exchange: Exchange) -> None:
+        received = time.time()
+        request_id = exchange.header(REQUEST_ID_HEADER) or os.urandom(16).hex()
+        request_token = request_id_var.set(request_id)
+        requester_token = requester_id_var.set(exchange.header(REQUESTER_ID_HEADER))
+        self._state.in_flight += 1
+        try:
+            await self._serve(exchange, request_id, received)
+        finally:
+            self._state.request_done()
+            request_id_var.reset(request_token)
+            requester_id_var.reset(requester_token)
+
+    async def _serve(self, exchange: Exchange, request_id: str, received: float) -> None:
+        tag = (REQUEST_ID_HEADER, request_id)
+        try:
+            handler = self._state.serving_handler()
+            request = await decode_request(
+                method=exchange.method,
+                raw_path=exchange.raw_path,
+                raw_query=exchange.raw_query,
+                headers=exchange.headers(),
+                content_length=exchange.content_length,
+                body=exchange.body(),
+                limits=self._limits,
+                request_id=request_id,
+            )
+        except PayloadTooLarge as exc:
+            reply = self._error_reply(exc)
+            self._account(exchange, reply.status, received)
+            await exchange.refuse(reply.with_headers((tag,)))
+            return
+        except HttpError as exc:
+            await self._send(exchange, self._error_reply(exc).with_headers((tag,)), received)
+            return
+        try:
+            try:
+                outcome = await self._call(handler, request)
+            except Exception as exc:
+                reply = self._error_reply(exc, handler)
+                await self._send(exchange, reply.with_headers((tag,)), received)
+                return
+            try:
+                reply = outcome.value
+                if outcome.chunks is not None:
+                    reply = EncodedResponse(reply.status, reply.headers, outcome.chunks)
+                await self._send(exchange, reply.with_headers((tag,)), received)
+            finally:
+                outcome.release()  # the handler thread may take its next call
+        finally:
+            request.close()
+
+    async def _call(self, handler: LoadedHandler, request: Request) -> Outcome:
+        """Admission and the deadline around one handler call."""
+        context = copy.deepcopy(self._config.context) if self._config.context else {}
+        self._state.admit()
+        deadline = _timeout(self._timeout or None)
+        try:
+            async with deadline:
+                if handler.is_async:
+                    return await self._call_async(handler, request, context)
+                call = functools.partial(
+                    _call_and_encode, handler.func, request, context, self._encode
+                )
+                return await claim(self._executor.submit(call, self._state.call_done))
+        except asyncio.TimeoutError:  # not the builtin one before Python 3.11
+            if _expired(deadline):
+                raise HandlerTimeout(self._timeout) from None
+            raise
+
+    async def _call_async(self, handler: LoadedHandler, request: Request, context: Any) -> Outcome:
+        """Awaited on the loop, at most ``concurrency`` at once; the slot is held until the
+        result is encoded (and streamed) on a handler thread."""
+        slots = self._async_slots
+        handed_over = False
+        try:
+            await slots.acquire()
+            try:
+                result = await handler.func(request, context)
+                encode = functools.partial(_encode, self._encode, result)
+                future = self._executor.submit(encode, self._async_call_done)
+                handed_over = True
+            finally:
+                if not handed_over:
+                    slots.release()
+            return await claim(future)
+        finally:
+            if not handed_over:
+                self._state.call_done()
+
+    def _async_call_done(self) -> None:
+        self._state.call_done()
+        self._async_slots.release()
+
+    def _error_reply(self, exc: Exception, handler: LoadedHandler | None = None) -> EncodedResponse:
+        """The one error → response ladder: what the client is told, and what is logged."""
+        if isinstance(exc, HttpError):
+            if isinstance(exc, ServiceBusy):
+                self._metrics.rejected("busy")
+            elif isinstance(exc, ServiceUnavailable):
+                self._metrics.rejected("unavailable")
+            return status_reply(exc.status, exc.message, exc.headers.items())
+        if isinstance(exc, HandlerResultError):
+            _log.error("the handler's return value breaks the contract: %s", exc)
+        else:
+            _log.error(
+                "unexpected error occurred in the handler %s",
+                handler.name if handler is not None else "",
+                exc_info=user_exc_info(exc),
+            )
+        return status_reply(500, "unexpected error occurred")
+
+    async def _send(self, exchange: Exchange, reply: EncodedResponse, received: float) -> None:
+        close = self._state.closes_connection(exchange.keep_alive)
+        self._account(exchange, reply.status, received)
+        await exchange.send(reply, close=close)
+
+    def _account(self, exchange: Exchange, status: int, received: float) -> None:
+        """Counted before the first byte leaves, so that a client never holds an answer that a
+        scrape (or a crash of this worker right after it) does not count."""
+        responded = time.time()
+        self._access_log.record(exchange.method, exchange.path, status, received, responded)
+        self._metrics.observe(status, responded - received)
+
+
+_Split = tuple[EncodedResponse, Iterator[bytes] | None]
+
+
+def _split(reply: EncodedResponse) -> _Split:
+    """The reply, and the chunks its thread must produce when its body is streamed."""
+    body = reply.body
+    return (reply, body) if isinstance(body, Iterator) else (reply, None)
+
+
+def _call_and_encode(
+    func: Callable[..., Any], request: Request, context: Any, encode: Callable[[Any], Any]
+) -> _Split:
+    """Runs on the handler thread: the call and the (possibly CPU-heavy) encoding together."""
+    return _split(encode(func(request, context)))
+
+
+def _encode(encode: Callable[[Any], EncodedResponse], result: Any) -> _Split:
+    return _split(encode(result))
+
+
+def _expired(deadline: Any) -> bool:
+    expired = deadline.expired
+    return bool(expired() if callable(expired) else expired)
