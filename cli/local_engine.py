@@ -8,22 +8,22 @@ installed (``venvs.py``), with the project folder as its working directory, list
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO, Final
+from typing import Final
 
 from abeja_cli.console import Console
-from abeja_cli.engine import LogSink, RunSpec, Server, pump_lines, start_daemon
+from abeja_cli.engine import LogSink, RunSpec, Server
 from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
 from abeja_cli.venvs import project_python
+
+from abeja_runtime.launch import RuntimeProcess, runtime_command
 
 __all__ = ["LocalEngine", "LocalServer", "free_port"]
 
@@ -49,13 +49,10 @@ class LocalServer(Server):
         self._health_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.description = f"local engine ({python})"
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._runtime: RuntimeProcess | None = None
 
     def command(self) -> list[str]:
-        return [
-            self._python,
-            "-m",
-            "abeja_runtime",
+        return runtime_command(
             "--handler",
             self._spec.handler,
             "--host",
@@ -64,7 +61,8 @@ class LocalServer(Server):
             str(self.port),
             "--healthcheck-port",
             str(self._health_port),
-        ]
+            python=self._python,
+        )
 
     def start(self) -> None:
         env = local_environment(os.environ, self._spec.env, inherit=self._spec.inherit_env)
@@ -72,56 +70,26 @@ class LocalServer(Server):
         for name in ("PORT", "HEALTHCHECK_PORT"):
             env.pop(name, None)
         try:
-            proc = subprocess.Popen(
+            self._runtime = RuntimeProcess(
                 self.command(),
                 cwd=self._spec.project,
                 env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                # Its own session: a Ctrl+C in the terminal reaches only the CLI, which then
-                # stops the runtime in order (the runtime must not die half-way on its own).
-                start_new_session=True,
-                # But a CLI killed outright (kill -9, a crashed terminal) takes it along.
+                on_line=self._sink,
+                # A CLI killed outright (kill -9, a crashed terminal) takes the runtime along.
                 preexec_fn=_end_with_parent(),
             )
         except OSError as exc:
-            raise ServerError(f"cannot start {sys.executable}: {exc}") from None
-        self._proc = proc
-        stream: IO[bytes] = proc.stdout  # type: ignore[assignment]
-
-        def pump() -> None:
-            # Only this thread touches the pipe: closing it from another thread would block
-            # until a pending read returns.
-            with stream:
-                pump_lines(iter(stream.readline, b""), self._sink)
-
-        self.log_thread = start_daemon(pump, "runtime-log")
+            raise ServerError(f"cannot start {self._python}: {exc}") from None
+        self._runtime.port, self._runtime.healthcheck_port = self.port, self._health_port
+        self.log_thread = self._runtime.reader
 
     def exit_code(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
+        return None if self._runtime is None else self._runtime.exit_code()
 
     def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(_GRACE)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            self.kill(proc)
-
-    @staticmethod
-    def kill(proc: subprocess.Popen[bytes]) -> None:
-        """Kill the runtime and everything it started (its worker processes share its group)."""
-        if hasattr(os, "killpg"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        elif proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.stop(_GRACE)
 
     def restart(self) -> None:
         self.stop()
@@ -129,9 +97,9 @@ class LocalServer(Server):
 
     def discard(self) -> None:
         """Kill at once whatever still runs (also after a Ctrl+C during a graceful stop)."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            self.kill(proc)
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.kill()
 
 
 def _end_with_parent() -> Callable[[], None] | None:

@@ -1,9 +1,10 @@
 """Fixtures that start the real runtime as a subprocess on 127.0.0.1 and stop it afterwards.
 
-``make_server(handler_dir, *flags, env=...)`` runs ``python -m abeja_runtime`` in a copy-free way
-(the handler folder is the working directory), binds ports 0 so that no two servers collide, reads
-the real ports from the start-up log record, and waits (bounded) until ``/health_check`` says 200.
-Every server it started is stopped after the test, with SIGTERM and then SIGKILL.
+``make_server(handler_dir, *flags, env=...)`` runs ``python -m abeja_runtime`` through
+``abeja_runtime.launch`` (as the CLI's local engine and the benchmarks do) in a copy-free way (the
+handler folder is the working directory), binds ports 0 so that no two servers collide, reads the
+real ports from the start-up log record, and waits (bounded) until ``/health_check`` says 200.
+Every server it started is stopped after the test, with SIGTERM and then SIGKILL of its group.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from waiting import wait_until
+
+from abeja_runtime.launch import NotHealthy, RuntimeProcess, runtime_command
 
 __all__ = ["TIMED_OUT_AFTER_1_S", "wait_until"]  # the tests import them from here
 
@@ -45,23 +47,29 @@ class Response:
         return json.loads(self.body)
 
 
-@dataclass
 class RunningServer:
-    """A runtime subprocess and what it logged."""
+    """A runtime subprocess, started through ``abeja_runtime.launch``, and what it logged."""
 
-    process: subprocess.Popen[bytes]
-    lines: list[str] = field(default_factory=list)
-    port: int = 0
-    healthcheck_port: int = 0
-    reader: threading.Thread | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, runtime: RuntimeProcess, lines: list[str], lock: threading.Lock) -> None:
+        self.runtime = runtime
+        self.lines = lines
+        self._lock = lock
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout:
-            for raw in self.process.stdout:
-                with self._lock:
-                    self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.runtime.popen
+
+    @property
+    def port(self) -> int:
+        return self.runtime.port
+
+    @property
+    def healthcheck_port(self) -> int:
+        return self.runtime.healthcheck_port
+
+    @property
+    def reader(self) -> threading.Thread:
+        return self.runtime.reader
 
     def records(self) -> list[dict[str, Any]]:
         """Every JSON log record so far; non-JSON lines are kept as ``{"raw": line}``."""
@@ -109,13 +117,15 @@ class RunningServer:
             return 0
 
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
-        wait_until(lambda: self.health() == 200, timeout, "/health_check to answer 200")
+        try:
+            self.runtime.wait_healthy(timeout)
+        except NotHealthy as exc:
+            raise AssertionError(f"{exc}: {self.lines}") from None
 
     def wait_exit(self, timeout: float = 20.0) -> int:
         """Wait for a runtime that stops by itself, and for its last log line to be read."""
         code = self.process.wait(timeout)
-        if self.reader is not None:
-            self.reader.join(timeout)
+        self.reader.join(timeout)
         return code
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
@@ -129,8 +139,7 @@ class RunningServer:
             self.process.wait(10)
             raise AssertionError(f"the runtime did not stop within {timeout} s of {sig}") from None
         finally:
-            if self.reader is not None:
-                self.reader.join(10)  # EOF once the supervisor and its workers are gone
+            self.reader.join(10)  # EOF once the supervisor and its workers are gone
 
 
 def runtime_env(**extra: str) -> dict[str, str]:
@@ -154,40 +163,42 @@ class ServerFactory:
         env: dict[str, str] | None = None,
         wait: bool = True,
         cwd: Path | None = None,
+        ports: tuple[int, int] | None = None,
     ) -> RunningServer:
+        """``ports``: the ports ``flags`` or ``env`` set, for a runtime that logs no start-up
+        record; by default ports 0 are passed and the record says which were bound."""
         directory = HANDLERS / handler_dir if isinstance(handler_dir, str) else handler_dir
-        command = [sys.executable, "-m", "abeja_runtime", "--host", "127.0.0.1"]
-        command += ["--port", "0", "--healthcheck-port", "0", *flags]
-        process = subprocess.Popen(
-            command,
+        args = ["--host", "127.0.0.1"]
+        if ports is None:
+            args += ["--port", "0", "--healthcheck-port", "0"]
+        lines: list[str] = []
+        lock = threading.Lock()
+
+        def keep(line: str) -> None:
+            with lock:
+                lines.append(line)
+
+        runtime = RuntimeProcess(
+            runtime_command(*args, *flags),
             cwd=cwd or directory,
             env=runtime_env(TMPDIR=str(self._tmp_dir), **(env or {})),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            on_line=keep,
         )
-        server = RunningServer(process)
+        if ports is not None:
+            runtime.port, runtime.healthcheck_port = ports
+        server = RunningServer(runtime, lines, lock)
         self._started.append(server)
-        server.reader = threading.Thread(target=server._read, daemon=True)
-        server.reader.start()
-
-        def ports_logged() -> dict[str, Any] | bool:
-            found = next((r for r in server.records() if "port" in r), None)
-            return found or process.poll() is not None
-
-        found = wait_until(ports_logged, START_TIMEOUT, "the start-up log record")
-        if isinstance(found, dict):
-            server.port, server.healthcheck_port = found["port"], found["healthcheck_port"]
         if wait:
-            if not server.port:
-                raise AssertionError(f"the runtime exited: {server.lines}")
             server.wait_healthy()
+        else:
+            runtime.wait_for_ports(START_TIMEOUT)
         return server
 
     def stop_all(self) -> None:
         for server in self._started:
             with contextlib.suppress(AssertionError):  # killed after 15 s; reported by tests
                 server.stop(timeout=15)
+            server.runtime.kill()  # and whatever of its process group is left
 
 
 @pytest.fixture

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import sys
-import threading
 
 import pytest
-from conftest import HANDLERS, RunningServer, runtime_env
+from conftest import HANDLERS, RunningServer
 
 #: ``2026-11-21T18:14:14.672+00:00`` (records) and ``...14.672123+00:00`` (access timestamps).
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
@@ -26,41 +23,21 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def spawn(tmp_path):
+def spawn(make_server):
     """Start a runtime on fixed free ports, for settings that hide the start-up record that
     conftest's factory reads the ports from."""
-    started: list[RunningServer] = []
 
     def start(folder: str, *flags: str, env: dict[str, str]) -> RunningServer:
-        port, healthcheck_port = free_port(), free_port()
-        command = [sys.executable, "-m", "abeja_runtime", "--host", "127.0.0.1"]
-        command += ["--port", str(port), "--healthcheck-port", str(healthcheck_port), *flags]
-        process = subprocess.Popen(
-            command,
-            cwd=HANDLERS / folder,
-            env=runtime_env(TMPDIR=str(tmp_path), **env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        server = RunningServer(process, port=port, healthcheck_port=healthcheck_port)
-        started.append(server)
-        server.reader = threading.Thread(target=server._read, daemon=True)
-        server.reader.start()
-        server.wait_healthy()
-        return server
+        ports = free_port(), free_port()
+        flags = ("--port", str(ports[0]), "--healthcheck-port", str(ports[1]), *flags)
+        return make_server(folder, *flags, env=env, ports=ports)
 
-    yield start
-    for server in started:
-        server.stop(timeout=15)
+    return start
 
 
 def stop(server: RunningServer) -> int:
     """SIGTERM, then wait for the exit and for the last log line to be read."""
-    code = server.stop()
-    assert server.reader is not None
-    server.reader.join(10)
-    return code
+    return server.stop()
 
 
 def echo(server: RunningServer, say: str, warn: str, headers: dict[str, str] | None = None):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS, TIMED_OUT_AFTER_1_S, RunningServer, runtime_env, wait_until
+from conftest import TIMED_OUT_AFTER_1_S, RunningServer, runtime_env, wait_until
 
 COMMAND_TIMEOUT = 20.0
 
@@ -326,25 +326,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_port_variables_choose_the_ports(tmp_path):
+def test_port_variables_choose_the_ports(make_server):
     port, healthcheck_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "abeja_runtime", "--host", "127.0.0.1"],
-        cwd=HANDLERS / "ld_sync",
-        env=runtime_env(
-            TMPDIR=str(tmp_path), PORT=str(port), HEALTHCHECK_PORT=str(healthcheck_port)
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
+    server = make_server(
+        "ld_sync",
+        env={"PORT": str(port), "HEALTHCHECK_PORT": str(healthcheck_port)},
+        ports=(port, healthcheck_port),
     )
-    server = RunningServer(process, port=port, healthcheck_port=healthcheck_port)
-    server.reader = threading.Thread(target=server._read, daemon=True)
-    server.reader.start()
-    try:
-        started = server.wait_for_record(lambda r: "port" in r, timeout=COMMAND_TIMEOUT)
-        assert (started["port"], started["healthcheck_port"]) == (port, healthcheck_port)
-        server.wait_healthy()
-        assert server.request("GET", "/").json() == {"kind": "sync"}
-    finally:
-        server.stop(timeout=15)
+    started = server.wait_for_record(lambda r: "port" in r, timeout=COMMAND_TIMEOUT)
+    assert (started["port"], started["healthcheck_port"]) == (port, healthcheck_port)
+    assert server.request("GET", "/").json() == {"kind": "sync"}

@@ -1,0 +1,196 @@
+"""Starting the runtime as a subprocess, and waiting until it is healthy.
+
+The one way to do it, used by ``abeja model run-local --engine local``, the tests' server
+factory and the benchmarks: a process in a session of its own (so that its workers can be
+stopped with it), its output read line by line on a thread, the ports it really bound (port 0
+lets the system pick; the start-up log record says which), a bounded wait for
+``/health_check``, and a stop that escalates from SIGTERM to SIGKILL of the whole group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Final
+
+__all__ = [
+    "NotHealthy",
+    "RuntimeProcess",
+    "health_status",
+    "runtime_command",
+    "wait_healthy",
+]
+
+#: Between two health probes while waiting: short, so that a start takes no longer than it must.
+_POLL_INTERVAL: Final = 0.05
+
+
+class NotHealthy(Exception):
+    """The server exited (``exit_code`` set) or did not say 200 in time (``last_status``)."""
+
+    def __init__(self, message: str, *, exit_code: int | None, last_status: int | None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.last_status = last_status
+
+
+def runtime_command(*args: str, python: str = sys.executable) -> list[str]:
+    """``python -m abeja_runtime ARGS``."""
+    return [python, "-m", "abeja_runtime", *args]
+
+
+def health_status(host: str, port: int, *, timeout: float = 2.0) -> int | None:
+    """The status of ``GET /health_check``, or None when nothing answers."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/health_check")
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
+def wait_healthy(
+    host: str, port: int, *, timeout: float, exit_code: Callable[[], int | None]
+) -> float:
+    """Poll ``/health_check`` until it says 200; the seconds it took.
+
+    Raises :class:`NotHealthy` as soon as ``exit_code()`` says the server stopped, or after
+    ``timeout`` seconds.
+    """
+    started = time.monotonic()
+    last: int | None = None
+    while True:
+        code = exit_code()
+        if code is not None:
+            raise NotHealthy(
+                f"the server stopped before it was ready (exit code {code})",
+                exit_code=code,
+                last_status=last,
+            )
+        last = health_status(host, port)
+        if last == 200:
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout:
+            seen = f"it answered {last}" if last is not None else "it did not answer"
+            raise NotHealthy(
+                f"the server was not ready after {timeout:g} s ({seen} on "
+                f"http://{host}:{port}/health_check)",
+                exit_code=None,
+                last_status=last,
+            )
+        time.sleep(_POLL_INTERVAL)
+
+
+class RuntimeProcess:
+    """A server started in a session of its own, with its output read on a thread.
+
+    ``on_line`` gets each line of its output (stdout and stderr together), decoded as UTF-8.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str | Path,
+        env: Mapping[str, str],
+        on_line: Callable[[str], None],
+        host: str = "127.0.0.1",
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = 0
+        self.healthcheck_port = 0
+        self._on_line = on_line
+        self._ports_seen = threading.Event()
+        self.popen = subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            # A Ctrl+C in a terminal reaches only the parent, which then stops the server in
+            # order; and the server's workers share its group, so they are stopped with it.
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+        )
+        stream: IO[bytes] = self.popen.stdout  # type: ignore[assignment]
+        self.reader = threading.Thread(
+            target=self._read, args=(stream,), name="runtime-output", daemon=True
+        )
+        self.reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        # Only this thread touches the pipe: closing it from another thread would block until
+        # a pending read returns. The pipe ends when every process of the server has exited.
+        with stream:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if not self._ports_seen.is_set():
+                    self._look_for_ports(line)
+                self._on_line(line)
+        self._ports_seen.set()  # no more lines: whoever waits for the ports stops waiting
+
+    def _look_for_ports(self, line: str) -> None:
+        """The start-up record (``{"port": ..., "healthcheck_port": ...}``) names the ports."""
+        if '"healthcheck_port"' not in line:
+            return
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            record = json.loads(line)
+            self.port, self.healthcheck_port = record["port"], record["healthcheck_port"]
+            self._ports_seen.set()
+
+    def wait_for_ports(self, timeout: float) -> bool:
+        """Wait (bounded) for the start-up record; False if the server exited without one."""
+        self._ports_seen.wait(timeout)
+        return bool(self.port)
+
+    def wait_healthy(self, timeout: float) -> float:
+        """The seconds until ``/health_check`` said 200; :class:`NotHealthy` if it did not."""
+        started = time.monotonic()
+        if not self.healthcheck_port and not self.wait_for_ports(timeout):
+            code = self.exit_code()
+            raise NotHealthy(
+                "the server logged no start-up record with its ports"
+                + (f" (it exited with code {code})" if code is not None else ""),
+                exit_code=code,
+                last_status=None,
+            )
+        left = max(0.0, timeout - (time.monotonic() - started))
+        wait_healthy(self.host, self.healthcheck_port, timeout=left, exit_code=self.exit_code)
+        return time.monotonic() - started
+
+    def stop(self, grace: float) -> int:
+        """SIGTERM, up to ``grace`` seconds to finish, then SIGKILL to the whole group."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(grace)
+        return self.kill()
+
+    def kill(self) -> int:
+        """Kill whatever of the group still runs, and reap the server."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        return self.popen.wait()
