@@ -11,10 +11,13 @@ call runs on the thread that imported the handler module. This module knows noth
 of encoding or of admission: the request lifecycle (``lifecycle.py``) decides what a call is,
 how many may wait, and when one is too late.
 
-A call's result is an :class:`Outcome`. The thread takes its next job only once the outcome is
-released (its response is with the socket), so that a crash in the next call (``os._exit``, a
-segfault) cannot take a finished response down with the worker. A thread cannot be stopped: a
-call that outlives its deadline keeps its thread until it returns, and ``oldest_call_age`` lets
+A call's result is an :class:`Outcome`. Each thread is a slot, held by a call from the moment it
+is queued until its thread is done with it *and* its outcome is released (its response is with
+the socket); calls beyond the free slots wait on the loop side. So a thread never starts a call
+while an earlier one's response is unwritten, and a crash in that call (``os._exit``, a
+segfault) cannot take a finished response down with the worker; and the hand-off of the next
+call is the wake-up the thread needs anyway, not a second one. A thread cannot be stopped: a
+call that outlives its deadline keeps its slot until it returns, and ``oldest_call_age`` lets
 the supervisor notice one stuck for good.
 """
 
@@ -22,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final
 
@@ -37,9 +42,6 @@ Call = Callable[[], tuple[Any, Iterator[bytes] | None]]
 #: loop writes, small enough that a slow client does not make the worker buffer the stream.
 _STREAM_CREDITS: Final = 4
 _END: Final = object()
-#: A bound on how long a handler thread waits for its last outcome to be released before it
-#: takes the next call; only a lost hand-off would ever make it wait this long.
-_RELEASE_WAIT: Final = 5.0
 
 
 class _Stream:
@@ -83,7 +85,7 @@ class _Stream:
 class _Job:
     """One call for a handler thread; its outcome or error goes to ``future`` on the loop."""
 
-    __slots__ = ("call", "context", "future", "on_done", "released", "stream")
+    __slots__ = ("call", "context", "future", "on_done", "ran", "released", "stream")
 
     def __init__(
         self,
@@ -94,17 +96,30 @@ class _Job:
         self.call = call
         self.context = contextvars.copy_context()  # the request id follows the call
         self.future = future
-        #: Runs on the loop once the thread is done with the job, streamed chunks included.
-        #: None for work that answers no request (loading the handler): no outcome, no gate.
+        #: Runs on the loop once the thread is done with the job and its outcome is released,
+        #: which frees its slot. None for work that answers no request (loading the handler).
         self.on_done = on_done
         self.stream: _Stream | None = None
-        self.released: threading.Event | None = threading.Event() if on_done else None
+        self.ran = False  # the thread is done with it, streamed chunks included
+        self.released = False  # its outcome was released, or there will be none
 
     def release(self) -> None:
+        """On the loop: the response is with the socket (or never will be)."""
         if self.stream is not None:
             self.stream.abandon()
-        if self.released is not None:
-            self.released.set()
+        if not self.released:
+            self.released = True
+            self._done_if_both()
+
+    def thread_done(self) -> None:
+        """On the loop: the thread has finished the call."""
+        self.ran = True
+        self._done_if_both()
+
+    def _done_if_both(self) -> None:
+        if self.ran and self.released and self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
+            on_done()
 
 
 class Outcome:
@@ -133,6 +148,8 @@ class Executor:
     def __init__(self, *, threads: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._free_slots = threads
+        self._waiting: deque[_Job] = deque()  # calls that wait for a slot
         self._busy_since: dict[int, float] = {}
         # Results travel to the loop in batches: one wake-up of the loop per burst, not per call.
         self._results: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
@@ -145,10 +162,27 @@ class Executor:
             thread.start()
 
     def submit(self, call: Call, on_done: Callable[[], None]) -> asyncio.Future[Outcome]:
-        """Queue a call; ``on_done`` runs on the loop once its thread is done with it."""
+        """Queue a call; ``on_done`` runs on the loop once its thread is done with it and its
+        outcome is released."""
         future: asyncio.Future[Outcome] = self._loop.create_future()
-        self._jobs.put(_Job(call, future, on_done))
+        job = _Job(call, future, functools.partial(self._slot_freed, on_done))
+        if self._free_slots:
+            self._free_slots -= 1
+            self._jobs.put(job)
+        else:
+            self._waiting.append(job)
         return future
+
+    def _slot_freed(self, on_done: Callable[[], None]) -> None:
+        on_done()
+        while self._waiting:
+            job = self._waiting.popleft()
+            if not job.future.cancelled():
+                self._jobs.put(job)
+                return
+            job.release()  # given up while it waited for a slot: never started
+            job.thread_done()
+        self._free_slots += 1
 
     def run_on_thread(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn`` on a handler thread, e.g. to import the handler module there."""
@@ -176,8 +210,6 @@ class Executor:
                 self._run(job)
             finally:
                 del self._busy_since[ident]
-            if job.released is not None:
-                job.released.wait(_RELEASE_WAIT)
 
     def _run(self, job: _Job) -> None:
         try:
@@ -217,8 +249,7 @@ class Executor:
             job.future.set_result(outcome)
 
     def _finish(self, job: _Job, result: Any, exc: BaseException | None) -> None:
-        if job.on_done is not None:
-            job.on_done()
+        job.thread_done()
         if job.future.done():  # streamed chunks ended, or the call was given up
             if job.future.cancelled():
                 job.release()
