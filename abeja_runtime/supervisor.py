@@ -29,14 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Final
 
 from abeja_runtime import __version__
@@ -49,7 +49,6 @@ from abeja_runtime.metrics import SupervisorMetrics, use_directory
 __all__ = ["run"]
 
 _log = logging.getLogger("abeja_runtime")
-_mp = multiprocessing.get_context("spawn")  # a clean interpreter per worker; no forked state
 #: Extra seconds past the grace period before stragglers are killed at shutdown.
 _KILL_MARGIN: Final = 5.0
 _BACKLOG: Final = 2048
@@ -109,24 +108,27 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker_main(config: Config, service_socket: socket.socket, pipe: Connection) -> None:
-    """The spawned process's target: importing the worker (and aiohttp) happens there."""
-    from abeja_runtime.worker import run_worker
-
-    run_worker(config, service_socket, pipe)
-
-
 class _WorkerProcess:
-    """A worker process, the pipe it reports on, and what the supervisor knows of it."""
+    """A worker process, the pipe it reports on, and what the supervisor knows of it.
+
+    A fresh interpreter (``python -m abeja_runtime.worker``), not a fork: no state of the
+    supervisor's is copied. Not ``multiprocessing`` either, whose spawn starts a resource
+    tracker process that nothing here needs. The worker inherits the service socket and its
+    end of a socket pair, on which the first message is its ``Config``.
+    """
 
     def __init__(self, config: Config, service_socket: socket.socket) -> None:
-        self.pipe, child_end = _mp.Pipe(duplex=True)
-        self.process: BaseProcess = _mp.Process(
-            target=_worker_main, args=(config, service_socket, child_end), name="abeja-worker"
-        )
-        self.process.start()
-        child_end.close()
-        self.pid: int = self.process.pid or 0
+        ours, theirs = socket.socketpair()
+        fds = (service_socket.fileno(), theirs.fileno())
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "abeja_runtime.worker", *map(str, fds)], pass_fds=fds
+            )
+        self.pipe = Connection(ours.detach())
+        self.pipe.send(config)
+        self.pid: int = self.process.pid
+        #: Readable once the process has exited (Linux); elsewhere the tick polls for it.
+        self.exit_fd: int | None = _pidfd(self.pid)
         self.state = "starting"  # → ready → stopping (drained, killed, or shut down)
         self.last_beat = time.monotonic()
         self.reported_silent = False
@@ -142,9 +144,24 @@ class _WorkerProcess:
             self.pipe.send(message)
 
     def send_signal(self, signum: int) -> None:
-        if self.process.is_alive():
+        if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits, where the system has them."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:  # an older kernel
+        return None
+    return fd
 
 
 class _Supervisor:
@@ -189,7 +206,7 @@ class _Supervisor:
         finally:
             ticker.cancel()
             for worker in self._workers:
-                worker.process.kill()
+                worker.kill()
             self._fallback_off()
             await runner.cleanup()
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -237,7 +254,8 @@ class _Supervisor:
         self._workers.append(worker)
         loop = asyncio.get_running_loop()
         loop.add_reader(worker.pipe.fileno(), self._on_message, worker)
-        loop.add_reader(worker.process.sentinel, self._on_exit, worker)
+        if worker.exit_fd is not None:
+            loop.add_reader(worker.exit_fd, self._on_exit, worker)
         _log.debug("started worker %s", worker.pid)
 
     def _on_message(self, worker: _WorkerProcess) -> None:
@@ -318,15 +336,15 @@ class _Supervisor:
         _log.warning("recycling worker %s, whose handler is stuck", worker.pid)
 
     def _on_exit(self, worker: _WorkerProcess) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(worker.process.sentinel)
-        worker.process.join()
+        if worker.exit_fd is not None:
+            asyncio.get_running_loop().remove_reader(worker.exit_fd)
+            os.close(worker.exit_fd)
+        code = worker.process.wait()
         while not worker.pipe.closed and worker.pipe.poll():  # e.g. load_failed, still queued
             self._on_message(worker)
         self._close_pipe(worker)
         self._workers.remove(worker)
         self._metrics.worker_gone(worker.pid)
-        code = worker.process.exitcode
         if self._draining:
             if not self._workers:
                 self._finished.set()
@@ -374,6 +392,9 @@ class _Supervisor:
             await asyncio.sleep(_TICK)
             now = time.monotonic()
             for worker in list(self._workers):
+                if worker.exit_fd is None and worker.process.poll() is not None:
+                    self._on_exit(worker)  # no pidfd on this system to tell us
+                    continue
                 if worker.state != "ready":
                     continue
                 silent = now - worker.last_beat
@@ -385,7 +406,7 @@ class _Supervisor:
                         silent,
                     )
                     worker.state = "stopping"
-                    worker.process.kill()
+                    worker.kill()
                     self._metrics.worker_restarted("blocked")
                     self._spawn()
                 elif silent > _UNRESPONSIVE_AFTER and not worker.reported_silent:
@@ -399,7 +420,7 @@ class _Supervisor:
             if self._shutdown_deadline is not None and now >= self._shutdown_deadline:
                 for worker in self._workers:
                     _log.warning("worker %s did not stop in time; killing it", worker.pid)
-                    worker.process.kill()
+                    worker.kill()
                 self._shutdown_deadline = None
             self._refresh()
 
@@ -412,7 +433,7 @@ class _Supervisor:
         else:
             _log.warning("second signal received; stopping at once")
             for worker in self._workers:
-                worker.process.kill()
+                worker.kill()
             self._exit_code = 1
 
     def _begin_shutdown(self) -> None:

@@ -50,6 +50,16 @@ _ORPHAN_CHECK_INTERVAL: Final = 0.5
 _HEARTBEAT_INTERVAL: Final = 0.5
 
 
+def main() -> None:
+    """``python -m abeja_runtime.worker SERVICE_FD PIPE_FD``, as the supervisor starts it."""
+    service_fd, pipe_fd = (int(arg) for arg in sys.argv[1:3])
+    for fd in (service_fd, pipe_fd):
+        os.set_inheritable(fd, False)  # the handler's own subprocesses get neither
+    pipe = Connection(pipe_fd)
+    config: Config = pipe.recv()
+    run_worker(config, socket.socket(fileno=service_fd), pipe)
+
+
 def run_worker(config: Config, service_socket: socket.socket, pipe: Connection) -> None:
     """Process entry point; ``os._exit`` at the end, so a stuck handler thread cannot hold it."""
     configure_logging(config.log_level, config.platform.log_fields())
@@ -154,10 +164,14 @@ async def _exit_when_orphaned(supervisor_pid: int) -> None:
     """A supervisor killed outright (SIGKILL, OOM) must not leave its workers serving.
 
     The parent pid changes when the parent dies; a check twice a second costs nothing and works
-    on every POSIX system (``parent_process().sentinel`` does not, under the spawn method).
+    on every POSIX system.
     """
     while os.getppid() == supervisor_pid:
         await asyncio.sleep(_ORPHAN_CHECK_INTERVAL)
     _log.error("the supervisor process is gone; this worker exits")
     logging.shutdown()
     os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,13 +24,10 @@ DIED = re.compile(r"worker (\d+) exited unexpectedly \((.+?)\); starting a repla
 
 
 def children(pid: int) -> set[int]:
-    """The supervisor's worker processes (its resource tracker left out)."""
+    """The supervisor's child processes: its workers, and nothing else."""
     found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"resource_tracker" not in cmdline:
-                found.add(int(child))
+        found.update(int(child) for child in (task / "children").read_text().split())
     return found
 
 

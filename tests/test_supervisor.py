@@ -69,6 +69,25 @@ def crash_a_worker(server: RunningServer) -> int | str:
         return type(exc).__name__
 
 
+def test_one_worker_means_two_processes_and_no_helper(start):
+    """No process the service does not need: no multiprocessing resource tracker, no fork
+    server; the worker is a fresh interpreter running abeja_runtime.worker."""
+    server = start("sv_pid")
+    (worker,) = wait_for_ready_workers(server, 1)
+
+    assert children_of(server.process.pid) == [worker]
+    assert children_of(worker) == []
+    assert b"abeja_runtime.worker" in Path(f"/proc/{worker}/cmdline").read_bytes()
+
+
+def children_of(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
 # --- several workers ---------------------------------------------------------------------------
 
 
