@@ -7,6 +7,7 @@ these fields; worker processes receive the same object. Nothing below the comman
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import urllib.parse
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
     "DEFAULT_SPOOL_THRESHOLD",
     "LOG_LEVELS",
+    "LOOPS",
     "MODULE_ONLY_STYLES",
     "STYLES",
     "Config",
@@ -26,6 +28,8 @@ __all__ = [
     "resolve_training_result_dir",
 ]
 
+#: The event loops a worker can run on (``--loop``).
+LOOPS: Final = ("auto", "asyncio", "uvloop")
 MiB: Final = 1024 * 1024
 #: The anchor had no limit at all; 100 MiB admits large images and small videos while still
 #: stopping a runaway client before it fills the disk.
@@ -110,6 +114,17 @@ class Config:
     keepalive_timeout: float = 75.0
     #: Seconds a client has to send a whole request line and headers (slowloris protection).
     request_head_timeout: float = 10.0
+    #: The workers' event loop: ``asyncio``, ``uvloop`` (the ``abeja-runtime[fast]`` extra), or
+    #: ``auto`` for uvloop when it is installed.
+    loop: str = "auto"
+
+    @property
+    def event_loop(self) -> str:
+        """The loop the workers run: ``auto`` resolved."""
+        if self.loop != "auto":
+            return self.loop
+        return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
     log_level: str = "info"
     #: ABEJA_USER_MODEL_ROOT: where the user's code lives (relative to the start directory).
     user_model_root: str = ""
@@ -167,6 +182,13 @@ class Config:
                 problems.append(f"{name} must not be negative, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:
             problems.append(f"log level must be one of {', '.join(LOG_LEVELS)}")
+        if self.loop not in LOOPS:
+            problems.append(f"loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
+        elif self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            problems.append(
+                "--loop uvloop needs the uvloop package, which is not installed; "
+                "pip install 'abeja-runtime[fast]' (or use --loop auto)"
+            )
         return problems
 
     @property

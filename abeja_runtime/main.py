@@ -21,6 +21,7 @@ from abeja_runtime.config import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_SPOOL_THRESHOLD,
     LOG_LEVELS,
+    LOOPS,
     STYLES,
     Config,
     PlatformIds,
@@ -239,6 +240,16 @@ _PORT = click.IntRange(0, 65535)
     default=False,
     show_default=True,
     help="Install requirements.txt (or Pipfile) at start-up, as ABEJA Platform does.",
+)
+@click.option(
+    "--loop",
+    envvar="ABEJA_RUNTIME_LOOP",
+    show_envvar=True,
+    type=click.Choice(LOOPS, case_sensitive=False),
+    default=Config.loop,
+    show_default=True,
+    help="The workers' event loop; auto picks uvloop when it is installed "
+    "(pip install 'abeja-runtime[fast]').",
 )
 @click.option(
     "--style",

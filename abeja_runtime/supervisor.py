@@ -80,7 +80,7 @@ def run(config: Config) -> int:
     port, healthcheck_port = (sock.getsockname()[1] for sock in sockets)
     _log.info(
         "abeja-runtime %s serving %s from %s on http://%s:%d (health check port %d); "
-        "workers=%d concurrency=%d timeout=%gs",
+        "workers=%d concurrency=%d timeout=%gs loop=%s",
         __version__,
         config.handler,
         workdir,
@@ -90,6 +90,7 @@ def run(config: Config) -> int:
         config.workers,
         config.concurrency,
         config.timeout,
+        config.event_loop,
         extra={"fields": {"port": port, "healthcheck_port": healthcheck_port}},
     )
     try:

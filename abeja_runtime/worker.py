@@ -21,9 +21,10 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Coroutine
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -67,12 +68,20 @@ def run_worker(config: Config, service_socket: socket.socket, pipe: Connection) 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the supervisor, which decides
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL)
     try:
-        code = asyncio.run(_Worker(config, service_socket, pipe).serve())
+        code = _run(_Worker(config, service_socket, pipe).serve(), config.event_loop)
     except Exception:
         _log.exception("the worker failed")
         code = 1
     logging.shutdown()
     os._exit(code)
+
+
+def _run(main: Coroutine[Any, Any, int], loop: str) -> int:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 class _Worker:

@@ -75,6 +75,7 @@ DOCUMENTED = [
     ("--spool-threshold", "ABEJA_RUNTIME_SPOOL_THRESHOLD", "1048576"),
     ("--grace-period", "ABEJA_RUNTIME_GRACE_PERIOD", "30"),
     ("--log-level", "LOG_LEVEL", "info"),
+    ("--loop", "ABEJA_RUNTIME_LOOP", "auto"),
 ]
 
 
@@ -336,3 +337,28 @@ def test_port_variables_choose_the_ports(make_server):
     started = server.wait_for_record(lambda r: "port" in r, timeout=COMMAND_TIMEOUT)
     assert (started["port"], started["healthcheck_port"]) == (port, healthcheck_port)
     assert server.request("GET", "/").json() == {"kind": "sync"}
+
+
+# --- --loop ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("handler", ["main:handler", "main:async_handler"])
+def test_each_event_loop_serves_sync_and_async_handlers(make_server, loop, handler):
+    """CI installs uvloop (the test extra), so ``auto`` runs the rest of the suite on it; this
+    keeps the plain asyncio loop, what a default install runs, covered as well."""
+    server = make_server("ex_stream", "--loop", loop, "--handler", handler)
+    started = server.wait_for_record(lambda r: "loop=" in r.get("message", ""))
+
+    answer = server.request("GET", "/?chunks=3&pause=0&tag=t")
+    lines = answer.body.decode().splitlines()
+
+    assert f"loop={loop}" in started["message"]
+    assert answer.status == 200
+    assert [line.split()[1] for line in lines] == ["begin", "0", "1", "2"]
+
+
+def test_auto_loop_is_uvloop_when_it_is_installed(make_server):
+    server = make_server("ld_sync")
+    started = server.wait_for_record(lambda r: "loop=" in r.get("message", ""))
+    assert "loop=uvloop" in started["message"]

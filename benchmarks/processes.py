@@ -1,0 +1,120 @@
+"""The process tree of a server under test, read from /proc: its RSS and CPU time.
+
+Linux only, like the rest of the benchmarks (wrk, taskset).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import NamedTuple
+
+__all__ = ["PAGE_TICKS", "ProcInfo", "TreeSampler", "proc_table", "tree_snapshot"]
+
+#: Clock ticks per second, the unit of the CPU times in /proc/PID/stat.
+PAGE_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ProcInfo(NamedTuple):
+    """The /proc/PID/stat fields the harness needs."""
+
+    state: str
+    ppid: int
+    pgrp: int
+    cpu_ticks: int
+
+
+def proc_table() -> dict[int, ProcInfo]:
+    """pid -> ProcInfo for every process (zombies included), from /proc/*/stat."""
+    table: dict[int, ProcInfo] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # exited while we were scanning
+        # comm may contain spaces and parens; the fields we need follow the last ')'.
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        table[int(entry.name)] = ProcInfo(
+            fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[11]) + int(fields[12])
+        )
+    return table
+
+
+def descendants(root: int, table: dict[int, ProcInfo]) -> list[int]:
+    """root plus all its descendants that are alive in ``table``."""
+    children: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        children.setdefault(info.ppid, []).append(pid)
+    out: list[int] = []
+    stack = [root] if root in table else []
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of one process in KiB, or None if it is gone (or a zombie without one)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def tree_snapshot(root: int) -> tuple[dict[int, int], int]:
+    """(pid -> RSS KiB, CPU ticks) for the process tree under ``root``."""
+    table = proc_table()
+    pids = descendants(root, table)
+    rss = {pid: kib for pid in pids if (kib := rss_kib(pid)) is not None}
+    return rss, sum(table[pid].cpu_ticks for pid in pids)
+
+
+class TreeSampler:
+    """Samples RSS of a process tree on a background thread and keeps the peaks.
+
+    Reports both the peak of the sum (what the whole server costs) and the peak of the
+    largest single process (what one worker costs; the sum double-counts shared pages).
+    """
+
+    def __init__(self, root: int, interval: float = 0.1) -> None:
+        self.root = root
+        self.interval = interval
+        self.peak_sum_kib = 0
+        self.peak_single_kib = 0
+        self.max_procs = 0
+        self.peak_by_pid: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def sample(self) -> dict[int, int]:
+        """Take one sample now and fold it into the peaks."""
+        rss, _ = tree_snapshot(self.root)
+        if rss:
+            self.peak_sum_kib = max(self.peak_sum_kib, sum(rss.values()))
+            self.peak_single_kib = max(self.peak_single_kib, max(rss.values()))
+            self.max_procs = max(self.max_procs, len(rss))
+            for pid, kib in rss.items():
+                self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), kib)
+        return rss
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> TreeSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sample()
