@@ -5,6 +5,7 @@ no body spooling, no handler indirection. The numpy workload runs inline on the 
 (it is ~1 ms), and imports ``work`` from the numpy handler so both targets do identical work.
 
 Routes: POST /small_json, /binary, /numpy_1ms, /upload; GET /health_check (on both ports).
+``--loop uvloop`` runs it on uvloop, the runtime's loop when uvloop is installed.
 
 ``--workers N`` starts N processes in total (this one plus N-1 forked children), each with
 its own listening sockets bound with SO_REUSEPORT, so the kernel spreads connections
@@ -14,6 +15,7 @@ across them. That is the simplest honest multi-process setup aiohttp supports.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import importlib.util
@@ -156,7 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--healthcheck-port", type=int, default=None)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--max-body-size", type=int, default=100 * 1024 * 1024)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args(argv)
+    if args.loop == "uvloop":  # before any loop exists, in this process and the forked ones
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if args.workers < 1:
         parser.error("--workers must be >= 1")
 

@@ -6,8 +6,8 @@
 failure caused by a crash. Prints requests, failures and failures per crash; nothing is
 asserted. Sends traffic to 127.0.0.1 only; bounded by ``--seconds``.
 
-    python benchmarks/chaos.py                       # the working tree
-    python benchmarks/chaos.py --runtime-ref ae56ac0 # a commit, through git archive
+    python -m benchmarks.chaos                        # the working tree
+    python -m benchmarks.chaos --runtime-ref 235dafd  # a commit, through git archive
 """
 
 from __future__ import annotations
@@ -15,48 +15,15 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tarfile
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from abeja_runtime.launch import RuntimeProcess, runtime_command
+from benchmarks.servers import free_port, runtime_source
+
 HANDLER_DIR = Path(__file__).resolve().parent / "handlers" / "chaos"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def source_of(ref: str | None, scratch: Path) -> Path:
-    if ref is None:
-        return REPO
-    archive = scratch / "src.tar"
-    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), ref], check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(scratch / "src", filter="data")
-    return scratch / "src"
-
-
-def wait_ready(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/health_check")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"the runtime did not become ready on port {port}")
 
 
 def load(port: int, stop: threading.Event, counts: dict[str, int], lock: threading.Lock) -> None:
@@ -89,34 +56,28 @@ def crash(port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime-ref", default=None, help="git commit to run (default: tree)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--runtime-ref", default="", help="git commit to run (default: tree)")
     parser.add_argument("--connections", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="abeja-chaos-") as tmp:
-        source = source_of(args.runtime_ref, Path(tmp))
+        source, _ = runtime_source(args.runtime_ref, Path(tmp))
         port, health = free_port(), free_port()
         env = {**os.environ, "PYTHONPATH": str(source), "LOG_LEVEL": "error"}
-        command = [
-            sys.executable,
-            "-m",
-            "abeja_runtime",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--healthcheck-port",
-            str(health),
-            "--workers",
-            str(args.workers),
-        ]
-        server = subprocess.Popen(
-            command, cwd=HANDLER_DIR, env=env, stdout=subprocess.DEVNULL, start_new_session=True
+        flags = ["--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health)]
+        server = RuntimeProcess(
+            runtime_command(*flags, "--workers", str(args.workers)),
+            cwd=HANDLER_DIR,
+            env=env,
+            on_line=lambda line: None,
         )
+        server.port, server.healthcheck_port = port, health
         try:
-            wait_ready(health)
+            server.wait_healthy(30)
             stop = threading.Event()
             counts: dict[str, int] = {}
             lock = threading.Lock()
@@ -136,11 +97,7 @@ def main() -> None:
             for client in clients:
                 client.join(30)
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            server.stop(30)
     failures = sum(n for key, n in counts.items() if key != "ok")
     label = args.runtime_ref or "working tree"
     print(

@@ -3,9 +3,9 @@
 A worker calls ``WorkerMetrics.observe(status, seconds)`` once per answered request (a counter
 and a histogram in prometheus_client's multiprocess mode, i.e. memory-mapped file writes); the
 gauges are sampled twice a second, not per request. This times that call, pinned to one core
-like the server in ``run.py``, and prints the median of several runs.
+like the server in the benchmark, and prints the median of several runs.
 
-    taskset -c 1 python benchmarks/metrics_cost.py
+    taskset -c 1 python -m benchmarks.metrics_cost
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 N was picked by running this file directly (``python main.py``) on the benchmark machine
 (2-core Xeon, OpenBLAS, OPENBLAS_NUM_THREADS=1): N=272 took 0.96-0.99 ms per call.
-run.py pins BLAS to one thread so the matmul does not fight wrk and the server for cores.
+The benchmark pins BLAS to one thread so the matmul does not fight wrk and the server for cores.
 The bare app imports ``work`` from this file so both targets do exactly the same work.
 """
 

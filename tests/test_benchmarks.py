@@ -1,0 +1,139 @@
+"""The benchmark harness's own logic: parsing wrk's output, medians, and the verdicts.
+
+The measurements need wrk, taskset and a quiet machine, so they are not run here; what decides
+a reported number and its PASS or FAIL is, with wrk outputs written as wrk 4.1 prints them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.load import WrkResult, parse_wrk
+from benchmarks.report import ratio_checks, start_check, upload_check
+from benchmarks.scenarios import WORKLOADS, Row, UploadRow, check_answer, median_row
+from benchmarks.servers import ServerError
+
+WRK_OUTPUT = """\
+Running 4s test @ http://127.0.0.1:18190/
+  1 threads and 16 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     5.22ms    1.01ms  21.40ms   91.02%
+    Req/Sec     3.10k   120.33     3.33k    80.00%
+  Latency Distribution
+     50%    5.10ms
+     75%    5.40ms
+     90%    6.02ms
+     99%    {p99}
+  12345 requests in 4.00s, 1.90MB read
+{errors}Requests/sec:   3085.91
+Transfer/sec:    486.21KB
+"""
+
+
+def wrk_output(p99: str = "9.01ms", errors: str = "") -> str:
+    return WRK_OUTPUT.format(p99=p99, errors=errors)
+
+
+def test_parse_wrk_reads_rate_percentiles_and_total():
+    result = parse_wrk(wrk_output())
+    assert result == WrkResult(rps=3085.91, p50_ms=5.10, p99_ms=9.01, requests=12345, errors=0)
+
+
+@pytest.mark.parametrize(
+    ("printed", "ms"), [("850.00us", 0.85), ("9.01ms", 9.01), ("1.20s", 1200.0), ("1.00m", 60e3)]
+)
+def test_parse_wrk_converts_every_latency_unit_to_ms(printed, ms):
+    assert parse_wrk(wrk_output(p99=printed)).p99_ms == pytest.approx(ms)
+
+
+def test_parse_wrk_counts_non_2xx_answers_and_socket_errors():
+    errors = (
+        "  Socket errors: connect 0, read 2, write 1, timeout 3\n  Non-2xx or 3xx responses: 7\n"
+    )
+    assert parse_wrk(wrk_output(errors=errors)).errors == 13
+
+
+def test_parse_wrk_refuses_output_without_the_latency_table():
+    without_percentiles = "\n".join(
+        line for line in wrk_output().splitlines() if "%" not in line or "Stdev" in line
+    )
+    with pytest.raises(ValueError, match="cannot parse wrk output"):
+        parse_wrk(without_percentiles)
+
+
+def row(target="runtime", rps=1000.0, p99=10.0, rss=50.0, workload="small_json", **kw) -> Row:
+    wrk = WrkResult(rps=rps, p50_ms=p99 / 2, p99_ms=p99, requests=int(rps * 10), errors=0)
+    return Row(target, 1, workload, wrk=wrk, peak_sum_mib=rss, **kw)
+
+
+def test_median_row_keeps_the_middle_run_and_every_rate():
+    runs = [row(rps=300.0), row(rps=100.0), row(rps=200.0)]
+    kept = median_row(runs)
+    assert kept.wrk is not None and kept.wrk.rps == 200.0
+    assert sorted(kept.rps_runs) == [100.0, 200.0, 300.0]
+
+
+def test_median_row_of_an_even_count_is_the_lower_middle_and_failures_are_reported():
+    failed = Row("runtime", 1, "small_json", error="wrk failed (1)\nmore")
+    kept = median_row([row(rps=400.0), failed, row(rps=100.0), row(rps=300.0), row(rps=200.0)])
+    assert kept.wrk is not None and kept.wrk.rps == 200.0
+    assert kept.error == "1 of 5 runs failed: wrk failed (1)"
+
+
+def test_median_row_of_failed_runs_only_is_the_first_failure():
+    failed = [Row("runtime", 1, "small_json", error=f"run {i}") for i in range(3)]
+    assert median_row(failed).error == "run 0"
+
+
+def verdicts(bare: Row, runtime: Row) -> dict[str, bool]:
+    return {check.target: check.ok for check in ratio_checks(bare, runtime)}
+
+
+def test_small_json_is_held_to_rate_p99_and_memory_ratios():
+    bare = row("bare", rps=10_000.0, p99=2.0, rss=50.0)
+    assert verdicts(bare, row(rps=8_000.0, p99=3.0, rss=65.0)) == {
+        "req/s ≥ 0.8x": True,
+        "p99 ≤ 1.5x": True,
+        "RSS ≤ 1.3x": True,
+    }
+    assert verdicts(bare, row(rps=7_999.0, p99=3.1, rss=65.1)) == {
+        "req/s ≥ 0.8x": False,
+        "p99 ≤ 1.5x": False,
+        "RSS ≤ 1.3x": False,
+    }
+
+
+def test_other_workloads_need_nine_tenths_of_the_bare_rate_and_no_p99_bound():
+    bare = row("bare", rps=1000.0, p99=2.0, workload="numpy_1ms")
+    found = verdicts(bare, row(rps=900.0, p99=20.0, workload="numpy_1ms"))
+    assert found == {"req/s ≥ 0.9x": True, "RSS ≤ 1.3x": True}
+
+
+def test_rows_with_errors_fail_and_two_worker_rows_have_no_ratio_target():
+    bare = row("bare", rps=1000.0)
+    erring = row(rps=2000.0)
+    assert erring.wrk is not None
+    erring.wrk.errors = 3
+    assert verdicts(bare, erring)["3 errors"] is False
+    two = row(rps=1.0)
+    two.workers = 2
+    assert ratio_checks(bare, two) == []
+
+
+def test_start_and_upload_bounds():
+    assert start_check(row(ready_s=0.45)).ok
+    assert not start_check(row(ready_s=0.55)).ok
+    assert not start_check(row(ready_s=0.0)).ok  # never measured is not a pass
+    assert upload_check(UploadRow("runtime", "chunked", worker_growth_mib=63.0)).ok
+    assert not upload_check(UploadRow("runtime", "chunked", worker_growth_mib=64.0)).ok
+    failed = UploadRow("runtime", "chunked", worker_growth_mib=1.0, error="returned size 1")
+    assert not upload_check(failed).ok
+
+
+def test_check_answer_accepts_the_expected_json_and_names_what_differs():
+    small = WORKLOADS["small_json"]
+    check_answer(small, {"total": 108.00000000000001})
+    with pytest.raises(ServerError, match="expected"):
+        check_answer(small, {"total": 100})
+    with pytest.raises(ServerError, match="a float 'result'"):
+        check_answer(WORKLOADS["numpy_1ms"], {"result": "1.0"})
