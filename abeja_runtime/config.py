@@ -56,6 +56,9 @@ class PlatformIds:
     model_version: str = ""
     deployment_id: str = ""
     service_id: str = ""
+    #: Where the results of async requests go (ABEJA_API_URL); no default, so that a runtime
+    #: outside the platform never sends them to the public API.
+    api_url: str = ""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> PlatformIds:
@@ -65,6 +68,7 @@ class PlatformIds:
             model_version=environ.get("ABEJA_MODEL_VERSION", ""),
             deployment_id=environ.get("ABEJA_DEPLOYMENT_ID", ""),
             service_id=environ.get("ABEJA_SERVICE_ID", ""),
+            api_url=environ.get("ABEJA_API_URL", ""),
         )
 
     def response_headers(self) -> tuple[tuple[str, str], ...]:

@@ -13,6 +13,10 @@
 5. **sent**: counted (metrics, access log) before its first byte, then written; only then may
    the handler thread take its next call.
 
+An async request of ABEJA Platform (``x-abeja-arms-async-request-id``) leaves the line after
+step 2: it is answered ``202`` at once, and steps 3 and 4 run in a task of their own whose
+answer goes to the platform API instead (``arms.py``).
+
 Every error on the way becomes a reply through :meth:`Lifecycle._error_reply`, the one error →
 response ladder. Everything the lifecycle counts (in flight, admitted, draining, connections to
 shed) is in :class:`ServingState`. HTTP itself (aiohttp, sockets, ``100 Continue``, closing a
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from abeja_runtime import __version__
+from abeja_runtime.arms import ASYNC_ID_HEADER, ASYNC_TOKEN_HEADER, MAX_PENDING, ResultSender
 from abeja_runtime.config import Config
 from abeja_runtime.decode import BodyLimits, decode_request
 from abeja_runtime.encode import EncodedResponse, encode_result, status_reply
@@ -106,6 +111,8 @@ class ServingState:
     draining: bool = False
     in_flight: int = 0
     admitted: int = 0
+    #: Async requests answered 202 whose result is not sent yet (they count in ``in_flight``).
+    async_pending: int = 0
     #: Connections to close after their next response, as the supervisor asked (rebalancing).
     shed: int = 0
     idle_waiters: list[asyncio.Future[None]] = field(default_factory=list)
@@ -171,6 +178,18 @@ class Lifecycle:
         extra_headers = ((RUNTIME_VERSION_HEADER, __version__), *config.platform.response_headers())
         self._encode = functools.partial(encode_result, extra_headers=extra_headers)
         self._access_log = AccessLog(config.platform.log_fields())
+        missing = ResultSender.missing(config.platform)
+        self._async_refusal = (
+            status_reply(
+                501,
+                f"async requests need {', '.join(missing)} to send their results to; set them, "
+                f"or send the request without {ASYNC_ID_HEADER}",
+            )
+            if missing
+            else None
+        )
+        self._results = ResultSender(config.platform)
+        self._async_jobs: set[asyncio.Task[None]] = set()
 
     async def serve(self, exchange: Exchange) -> None:
         received = time.time()
@@ -207,6 +226,10 @@ class Lifecycle:
         except HttpError as exc:
             await self._send(exchange, self._error_reply(exc).with_headers((tag,)), received)
             return
+        async_id = exchange.header(ASYNC_ID_HEADER)
+        if async_id:
+            await self._accept_async(exchange, handler, request, async_id, tag, received)
+            return
         try:
             try:
                 outcome = await self._call(handler, request)
@@ -223,6 +246,63 @@ class Lifecycle:
                 outcome.release()  # the handler thread may take its next call
         finally:
             request.close()
+
+    async def _accept_async(
+        self,
+        exchange: Exchange,
+        handler: LoadedHandler,
+        request: Request,
+        async_id: str,
+        tag: tuple[str, str],
+        received: float,
+    ) -> None:
+        """Answer 202 now; the call runs in a task, and its answer goes to the platform."""
+        refusal = self._async_refusal
+        if refusal is None and self._state.async_pending >= MAX_PENDING:
+            refusal = self._error_reply(ServiceBusy())
+        if refusal is not None:
+            request.close()
+            await self._send(exchange, refusal.with_headers((tag,)), received)
+            return
+        state = self._state
+        state.async_pending += 1
+        state.in_flight += 1  # until the result is sent: a graceful shutdown waits for it
+        token = exchange.header(ASYNC_TOKEN_HEADER) or ""
+        job = asyncio.create_task(self._run_async(handler, request, async_id, token, tag))
+        self._async_jobs.add(job)
+        job.add_done_callback(self._async_jobs.discard)
+        accepted = EncodedResponse(202, (("Content-Type", "application/json"), tag), b"")
+        self._account(exchange, 202, received)
+        await exchange.send(accepted, close=True)
+
+    async def _run_async(
+        self,
+        handler: LoadedHandler,
+        request: Request,
+        async_id: str,
+        token: str,
+        tag: tuple[str, str],
+    ) -> None:
+        state = self._state
+        try:
+            try:
+                outcome = await self._call(handler, request)
+            except HttpError as exc:  # a timeout or a full queue: the answer a client would get
+                reply = self._error_reply(exc)
+            except Exception as exc:
+                self._error_reply(exc, handler)  # logged as for any request
+                await self._results.send_failure(async_id, token, "response from runtime")
+                return
+            else:
+                try:
+                    reply = await _collected(outcome)
+                finally:
+                    outcome.release()
+            await self._results.send_result(async_id, token, reply.with_headers((tag,)))
+        finally:
+            request.close()
+            state.async_pending -= 1
+            state.request_done()
 
     async def _call(self, handler: LoadedHandler, request: Request) -> Outcome:
         """Admission and the deadline around one handler call."""
@@ -295,6 +375,15 @@ class Lifecycle:
         responded = time.time()
         self._access_log.record(exchange.method, exchange.path, status, received, responded)
         self._metrics.observe(status, responded - received)
+
+
+async def _collected(outcome: Outcome) -> EncodedResponse:
+    """The outcome's reply with its whole body in memory (a streamed one is gathered)."""
+    reply: EncodedResponse = outcome.value
+    if outcome.chunks is None:
+        return reply
+    body = b"".join([chunk async for chunk in outcome.chunks])
+    return EncodedResponse(reply.status, reply.headers, body)
 
 
 _Split = tuple[EncodedResponse, Iterator[bytes] | None]

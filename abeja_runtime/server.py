@@ -44,8 +44,9 @@ HEALTH_PATH: Final = "/health_check"
 #: Liveness for kubelets: 200 while the supervisor answers at all (readiness is HEALTH_PATH).
 LIVENESS_PATH: Final = "/livez"
 METRICS_PATH: Final = "/metrics"
-#: After a 413, how much more of the refused body is read (and thrown away), and for how long,
-#: before the connection is closed: enough for a client to notice its answer, far from a body.
+#: After an answer given before the body was read (a 413, a 400), how much more of the body is
+#: read and thrown away, and for how long: enough for a client still sending to see its answer
+#: (and, for a small rest, to keep the connection), far from a whole refused body.
 _REFUSED_BODY_READ: Final = 1024 * 1024
 _REFUSED_BODY_WAIT: Final = 1.0
 _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
@@ -126,8 +127,21 @@ class _AiohttpExchange:
                 await response.write_eof()
             else:
                 await self._stream(reply, close)
+            if not close and not self._request.content.is_eof():
+                # An error answered before the body was read (a bad multipart header, say):
+                # take in a small rest so that the connection can serve the next request.
+                await self._discard_rest()
         except ConnectionError:
             pass  # the client went away; nothing left to tell it
+
+    async def _discard_rest(self) -> None:
+        """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
+        ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
+        # The client may stop, reset, or send a broken chunk: all mean "done" here.
+        with contextlib.suppress(
+            asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
+        ):
+            await asyncio.wait_for(_discard(self._request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
 
     async def _stream(self, reply: EncodedResponse, close: bool) -> None:
         chunks = reply.body
@@ -160,13 +174,10 @@ class _AiohttpExchange:
         request = self._request
         response = self.response = _web_response(reply)
         response.force_close()
-        # The client may stop, reset, or send a broken chunk: all mean "done" here.
-        with contextlib.suppress(
-            asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
-        ):
+        with contextlib.suppress(ConnectionError):
             await response.prepare(request)
             await response.write_eof()
-            await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
+            await self._discard_rest()
         request.protocol.force_close()
 
 

@@ -104,9 +104,9 @@ class RuntimeSource:
 
 
 def _package_version(root: Path) -> str:
-    match = re.search(
-        r'^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text("utf-8"), re.M
-    )
+    """The runtime's ``__version__``, read as text: the checkout may not be importable here."""
+    source = (root / "abeja_runtime" / "__init__.py").read_text("utf-8")
+    match = re.search(r'^__version__\s*=\s*"([^"]+)"', source, re.M)
     return match.group(1) if match else "0"
 
 
