@@ -16,9 +16,12 @@ not written per request.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
-from typing import TYPE_CHECKING, Final
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -26,10 +29,14 @@ if TYPE_CHECKING:
 __all__ = [
     "CONTENT_TYPE",
     "METRICS_DIR_VARIABLE",
+    "ReportedMetrics",
     "SupervisorMetrics",
     "WorkerMetrics",
+    "reported_metrics",
     "use_directory",
 ]
+
+_log = logging.getLogger("abeja_runtime")
 
 METRICS_DIR_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -163,3 +170,79 @@ class SupervisorMetrics:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
+
+
+#: Seldon's TIMER buckets, in seconds: 0, then 50 log-spaced bounds from 1 ms to 30 s.
+_TIMER_BUCKETS: Final = (0.0, *(0.001 * 30_000 ** (i / 49) for i in range(50)), float("inf"))
+
+
+class ReportedMetrics:
+    """Metrics a handler reports as values (Seldon's ``COUNTER``, ``GAUGE`` and ``TIMER``).
+
+    Each key becomes a metric on first use, with the report's tags as labels: a counter adds
+    the value, a gauge is set to it (the most recent report of a live worker wins), a timer
+    observes it (milliseconds, as Seldon's) in a histogram with Seldon's buckets. Counters and
+    timers are summed over workers rather than labelled by worker as seldon-core does. A
+    report that cannot become a metric (an invalid name, a key reused with another type or
+    other tags, a negative counter step) is skipped with one warning per key: it must never
+    fail the request that carried it.
+    """
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, tuple[str, tuple[str, ...], Any]] = {}
+        self._refused: set[str] = set()
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, key: str, value: float, tags: Mapping[str, str]) -> None:
+        try:
+            metric = self._metric(kind, key, tuple(sorted(tags)))
+            child = metric.labels(**{name: str(v) for name, v in tags.items()}) if tags else metric
+            if kind == "COUNTER":
+                child.inc(value)
+            elif kind == "GAUGE":
+                child.set(value)
+            else:
+                child.observe(value / 1000)
+        except ValueError as exc:
+            self._refuse(key, str(exc))
+
+    def _metric(self, kind: str, key: str, labels: tuple[str, ...]) -> Any:
+        with self._lock:
+            known = self._metrics.get(key)
+            if known is None:
+                known = self._metrics[key] = (kind, labels, _new_metric(kind, key, labels))
+        if known[:2] != (kind, labels):
+            raise ValueError(
+                f"it was first reported as a {known[0]} with tags {list(known[1])}, now as a "
+                f"{kind} with tags {list(labels)}"
+            )
+        return known[2]
+
+    def _refuse(self, key: str, why: str) -> None:
+        if key not in self._refused:
+            self._refused.add(key)
+            _log.warning("the handler's metric %r is not exported: %s", key, why)
+
+
+def _new_metric(kind: str, key: str, labels: tuple[str, ...]) -> Any:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    text = f"Reported by the handler ({kind})."
+    if kind == "COUNTER":
+        return Counter(key, text, labels, registry=None)
+    if kind == "GAUGE":
+        return Gauge(key, text, labels, multiprocess_mode="livemostrecent", registry=None)
+    return Histogram(key, text, labels, buckets=_TIMER_BUCKETS, registry=None)
+
+
+_reported: ReportedMetrics | None = None
+_reported_lock = threading.Lock()
+
+
+def reported_metrics() -> ReportedMetrics:
+    """This worker's one :class:`ReportedMetrics` (style adapters report from handler threads)."""
+    global _reported
+    with _reported_lock:
+        if _reported is None:
+            _reported = ReportedMetrics()
+        return _reported

@@ -216,3 +216,27 @@ def test_predict_raw_answers_as_it_likes_and_can_decline(make_server):
     teapot = server.post_json({"jsonData": {"code": 418}})
     assert teapot.status == 418
     assert teapot.json() == {"status": {"code": 418, "info": "custom"}}
+
+
+def test_custom_metrics_are_exported_on_the_runtimes_metrics_endpoint(make_server):
+    from test_metrics import scrape, total
+
+    server = make_server("st_seldon_full", env={"HANDLER": "Classifier"})
+    for features in ([[1, 2]], [[1, 2]], [[-3, 0]], [[-4, 0]], [[-5, 0]]):
+        assert server.post_json({"data": {"ndarray": features}}).status == 200
+
+    samples = scrape(server)
+
+    # metrics() reports COUNTER predictions=1 on each of the five answers.
+    assert total(samples, "predictions_total") == 5
+    assert total(samples, "t_count") == 1  # TIMER: 1.5 ms, observed in seconds
+    assert total(samples, "t_sum") == pytest.approx(0.0015)
+    assert total(samples, "t_bucket", le="0.0012341553253454695") == 0  # Seldon's buckets
+    assert total(samples, "t_bucket", le="0.001523139367078582") == 1
+    assert total(samples, "temperature", room="a") == 21.5  # GAUGE, with its tags as labels
+    # The GAUGE "predictions" after the COUNTER of that name is left out, with one warning.
+    assert total(samples, "predictions") == 0
+    warning = server.wait_for_record(
+        lambda r: "'predictions' is not exported" in r.get("message", "")
+    )
+    assert "first reported as a COUNTER" in warning["message"]

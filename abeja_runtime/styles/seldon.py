@@ -13,7 +13,8 @@ Seldon's microservice does. Requests and responses are SeldonMessage JSON, handl
   ``/metadata`` → ``init_metadata()`` (or ``metadata()``);
 * the answer carries the result in the request's form (``tensor`` for a tensor request, else
   ``ndarray``; ``names`` from ``class_names()``), and ``meta.tags`` / ``meta.metrics`` from
-  ``tags()`` / ``metrics()`` and from a returned ``SeldonResponse``;
+  ``tags()`` / ``metrics()`` and from a returned ``SeldonResponse``; those metrics are also
+  exported on the runtime's ``/metrics`` (COUNTER, GAUGE, TIMER, as seldon-core does);
 * errors are Seldon's ``{"status": {"status": 1, "info": ..., "code": -1, "reason": ...}}``.
 """
 
@@ -33,6 +34,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.handler import LoadedHandler
+from abeja_runtime.metrics import reported_metrics
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
 
@@ -141,7 +143,7 @@ class _Component:
         fallback = [] if action == "predict" else features
         result = self._call(action, features, names, meta, fallback)
         data, tags, metrics = _unpack(result)
-        return self._response(message, data, meta, self._metrics(metrics), tags)
+        return self._response(message, data, meta, _reported(self._metrics(metrics)), tags)
 
     def _call(self, name: str, features: Any, names: Any, meta: Any, fallback: Any) -> Any:
         method = getattr(self._model, name, None)
@@ -279,7 +281,7 @@ class _Component:
                 if not _not_implemented(exc):
                     raise
                 status = "not implemented - assuming healthy"
-        return self._response({}, status, None, self._metrics([]), {})
+        return self._response({}, status, None, _reported(self._metrics([])), {})
 
     def _init_metadata(self) -> dict[str, Any] | None:
         """Seldon reads the metadata once at start and validates it; None means invalid."""
@@ -357,6 +359,18 @@ def _takes_meta(method: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == "meta" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _reported(metrics: list[Any]) -> list[Any]:
+    """Export the component's metrics on the runtime's ``/metrics``, as seldon-core's wrapper
+    exports them on its own; they stay in ``meta.metrics`` too."""
+    exported = reported_metrics()
+    for metric in metrics:
+        tags = metric.get("tags")
+        exported.record(
+            metric["type"], metric["key"], metric["value"], tags if isinstance(tags, dict) else {}
+        )
+    return metrics
 
 
 def _valid_metrics(metrics: Any) -> bool:

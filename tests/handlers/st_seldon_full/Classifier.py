@@ -37,6 +37,11 @@ class Classifier:
             return SeldonResponse(
                 X, tags={"runtime": "tag"}, metrics=[{"type": "TIMER", "key": "t", "value": 1.5}]
             )
+        if X.size and X.flat[0] == -4:
+            gauge = {"type": "GAUGE", "key": "temperature", "value": 21.5, "tags": {"room": "a"}}
+            return SeldonResponse(X, metrics=[gauge])
+        if X.size and X.flat[0] == -5:  # a key reused with another type: skipped, not an error
+            return SeldonResponse(X, metrics=[{"type": "GAUGE", "key": "predictions", "value": 1}])
         return X @ self.weights
 
     def class_names(self):
