@@ -146,6 +146,11 @@ class Config:
     #: Cortex style: the ONNX model file, relative to the working directory; empty = the one
     #: ``*.onnx`` file in the training-result directory or the working directory.
     cortex_model: str = ""
+    #: Seldon style: the class's constructor parameters, as seldon-core takes them: a JSON list
+    #: of ``{"name": ..., "value": "...", "type": "INT|FLOAT|DOUBLE|STRING|BOOL"}``.
+    seldon_parameters: str = ""
+    #: Seldon style: model metadata (YAML or JSON) under what ``init_metadata()`` returns.
+    seldon_metadata: str = ""
     #: Cortex style: the ``metadata`` dict passed to ``pre_inference`` / ``post_inference``.
     cortex_metadata: Mapping[str, Any] = field(default_factory=dict)
 

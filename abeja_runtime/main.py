@@ -263,6 +263,24 @@ _PORT = click.IntRange(0, 65535)
     "class), seldon (class with predict); auto detects it from what HANDLER names.",
 )
 @click.option(
+    "--parameters",
+    "seldon_parameters",
+    envvar="PREDICTIVE_UNIT_PARAMETERS",
+    show_envvar=True,
+    default=Config.seldon_parameters,
+    help="Seldon style: constructor parameters, a JSON list of "
+    '{"name": ..., "value": "...", "type": "INT|FLOAT|DOUBLE|STRING|BOOL"}, as seldon-core takes '
+    "them.",
+)
+@click.option(
+    "--model-metadata",
+    "seldon_metadata",
+    envvar="MODEL_METADATA",
+    show_envvar=True,
+    default=Config.seldon_metadata,
+    help="Seldon style: model metadata (YAML or JSON); init_metadata() wins where both set a key.",
+)
+@click.option(
     "--model-name",
     envvar="ABEJA_RUNTIME_MODEL_NAME",
     show_envvar=True,

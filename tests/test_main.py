@@ -76,6 +76,8 @@ DOCUMENTED = [
     ("--grace-period", "ABEJA_RUNTIME_GRACE_PERIOD", "30"),
     ("--log-level", "LOG_LEVEL", "info"),
     ("--loop", "ABEJA_RUNTIME_LOOP", "auto"),
+    ("--parameters", "PREDICTIVE_UNIT_PARAMETERS", None),
+    ("--model-metadata", "MODEL_METADATA", None),
 ]
 
 

@@ -240,3 +240,53 @@ def test_custom_metrics_are_exported_on_the_runtimes_metrics_endpoint(make_serve
         lambda r: "'predictions' is not exported" in r.get("message", "")
     )
     assert "first reported as a COUNTER" in warning["message"]
+
+
+PARAMETERS = json.dumps(
+    [
+        {"name": "factor", "value": "1.5", "type": "FLOAT"},
+        {"name": "label", "value": "cats", "type": "STRING"},
+        {"name": "enabled", "value": "true", "type": "BOOL"},
+        {"name": "count", "value": "3", "type": "INT"},
+    ]
+)
+
+
+@pytest.mark.parametrize("via", ["env", "flag"])
+def test_constructor_parameters_arrive_typed(make_server, via):
+    env = {"HANDLER": "Scaler"}
+    flags: tuple[str, ...] = ("--parameters", PARAMETERS)
+    if via == "env":
+        env, flags = {**env, "PREDICTIVE_UNIT_PARAMETERS": PARAMETERS}, ()
+    server = make_server("st_seldon_params", *flags, env=env)
+    answer = server.post_json({"jsonData": {}}).json()["jsonData"]
+    assert answer["values"] == {"factor": 1.5, "label": "cats", "enabled": True, "count": 3}
+    assert answer["types"] == {"factor": "float", "label": "str", "enabled": "bool", "count": "int"}
+
+
+def test_a_parameter_that_does_not_parse_stops_the_start_with_seldons_message(make_server):
+    bad = json.dumps([{"name": "count", "value": "three", "type": "INT"}])
+    server = make_server(
+        "st_seldon_params", env={"HANDLER": "Scaler", "PREDICTIVE_UNIT_PARAMETERS": bad}, wait=False
+    )
+    assert server.wait_exit() == 1
+    failure = server.wait_for_record(lambda r: "failed to setup model" in r.get("message", ""))
+    assert (
+        "Bad model parameter: count with value three can't be parsed as a INT"
+        in (failure["message"])
+    )
+
+
+def test_model_metadata_from_the_environment_is_under_the_models_own(make_server):
+    metadata = "name: from-env\nplatform: sklearn\ncustom:\n  team: vision\n"
+    server = make_server(
+        "st_seldon_params",
+        env={
+            "HANDLER": "Scaler",
+            "PREDICTIVE_UNIT_PARAMETERS": PARAMETERS,
+            "MODEL_METADATA": metadata,
+        },
+    )
+    found = server.request("GET", "/metadata").json()
+    assert (found["name"], found["versions"]) == ("scaler", ["v2"])  # init_metadata() wins
+    assert (found["platform"], found["custom"]) == ("sklearn", {"team": "vision"})

@@ -77,18 +77,94 @@ class _SeldonError(Exception):
 
 
 def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
-    """Instantiate the class (or take the instance), call ``load()``, serve it."""
+    """Instantiate the class with its parameters (or take the instance), call ``load()``."""
     numpy = require("numpy", "seldon")
+    parameters = parse_parameters(config.seldon_parameters)
+    if parameters and not inspect.isclass(subject):
+        raise HandlerLoadError(
+            f"HANDLER[{config.handler}] names an instance, but constructor parameters are set "
+            "(--parameters / PREDICTIVE_UNIT_PARAMETERS); name the class instead"
+        )
     try:
-        model: Any = subject() if inspect.isclass(subject) else subject
+        model: Any = subject(**parameters) if inspect.isclass(subject) else subject
         if callable(getattr(model, "load", None)):
             model.load()
     except Exception as exc:
         raise HandlerLoadError(
             f"the Seldon model {config.handler} failed to start: {type(exc).__name__}: {exc}"
         ) from exc
-    component = _Component(numpy, model)
+    component = _Component(numpy, model, _environment_metadata(config.seldon_metadata))
     return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
+
+
+_TRUE: Final = frozenset({"y", "yes", "t", "true", "on", "1"})
+_FALSE: Final = frozenset({"n", "no", "f", "false", "off", "0"})
+
+
+def _truth(value: str) -> bool:
+    """What seldon-core's ``strtobool`` accepts."""
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(value)
+
+
+_PARAMETER_TYPES: Final[dict[str, Callable[[str], Any]]] = {
+    "INT": int,
+    "FLOAT": float,
+    "DOUBLE": float,
+    "STRING": str,
+    "BOOL": _truth,
+}
+
+
+def parse_parameters(text: str) -> dict[str, Any]:
+    """seldon-core's constructor parameters: ``[{"name", "value", "type"}, ...]`` → kwargs."""
+    if not text.strip():
+        return {}
+    problem = 'it must be a JSON list of {"name": ..., "value": ..., "type": ...}'
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HandlerLoadError(f"the Seldon parameters are not JSON ({exc}); {problem}") from None
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise HandlerLoadError(f"the Seldon parameters {text!r} are not valid; {problem}")
+    parsed = {}
+    for item in items:
+        name, value, kind = item.get("name"), item.get("value"), item.get("type")
+        convert = _PARAMETER_TYPES.get(str(kind))
+        if not isinstance(name, str) or not name or convert is None:
+            raise HandlerLoadError(
+                f"Bad model parameter {item!r}: it needs a name and a type among "
+                f"{', '.join(_PARAMETER_TYPES)}"
+            )
+        try:
+            parsed[name] = convert(str(value))
+        except ValueError:
+            raise HandlerLoadError(
+                f"Bad model parameter: {name} with value {value} can't be parsed as a {kind}"
+            ) from None
+    return parsed
+
+
+def _environment_metadata(text: str) -> dict[str, Any]:
+    """``MODEL_METADATA`` (YAML, so JSON too); unreadable metadata is logged and ignored, as
+    seldon-core does."""
+    if not text.strip():
+        return {}
+    import yaml
+
+    try:
+        found = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        _log.error("reading the model metadata from MODEL_METADATA failed: %s", exc)
+        return {}
+    if not isinstance(found, dict):
+        _log.error("MODEL_METADATA must be a mapping, got %r", found)
+        return {}
+    return found
 
 
 def _not_implemented(exc: BaseException) -> bool:
@@ -99,10 +175,10 @@ def _not_implemented(exc: BaseException) -> bool:
 class _Component:
     """One user object and the SeldonMessage handling around it."""
 
-    def __init__(self, numpy: Any, model: Any) -> None:
+    def __init__(self, numpy: Any, model: Any, environment_metadata: dict[str, Any]) -> None:
         self._np = numpy
         self._model = model
-        self._metadata = self._init_metadata()
+        self._metadata = self._init_metadata(environment_metadata)
 
     def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
@@ -283,8 +359,9 @@ class _Component:
                 status = "not implemented - assuming healthy"
         return self._response({}, status, None, _reported(self._metrics([])), {})
 
-    def _init_metadata(self) -> dict[str, Any] | None:
-        """Seldon reads the metadata once at start and validates it; None means invalid."""
+    def _init_metadata(self, environment: dict[str, Any]) -> dict[str, Any] | None:
+        """Seldon reads the metadata once at start (``MODEL_METADATA`` under the model's own)
+        and validates it; None means invalid."""
         found = self._optional("init_metadata")
         if found is None:
             found = self._optional("metadata")
@@ -293,7 +370,7 @@ class _Component:
         if not isinstance(found, dict):
             _log.error("the Seldon model's init_metadata must return a dict, got %r", found)
             found = {}
-        metadata = {**_METADATA_DEFAULTS, **found}
+        metadata = {**_METADATA_DEFAULTS, **environment, **found}
         problem = _metadata_problem(metadata)
         if problem:
             _log.error("invalid Seldon model metadata (%s): %r", problem, metadata)
