@@ -151,6 +151,9 @@ class Config:
     seldon_parameters: str = ""
     #: Seldon style: model metadata (YAML or JSON) under what ``init_metadata()`` returns.
     seldon_metadata: str = ""
+    #: Seldon style: this unit's id in the graph (PREDICTIVE_UNIT_ID), which picks the routing
+    #: decision that feedback passes to ``send_feedback``.
+    seldon_unit_id: str = ""
     #: Cortex style: the ``metadata`` dict passed to ``pre_inference`` / ``post_inference``.
     cortex_metadata: Mapping[str, Any] = field(default_factory=dict)
 

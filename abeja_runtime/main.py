@@ -281,6 +281,15 @@ _PORT = click.IntRange(0, 65535)
     help="Seldon style: model metadata (YAML or JSON); init_metadata() wins where both set a key.",
 )
 @click.option(
+    "--predictive-unit-id",
+    "seldon_unit_id",
+    envvar="PREDICTIVE_UNIT_ID",
+    show_envvar=True,
+    default=Config.seldon_unit_id,
+    help="Seldon style: this unit's id in the inference graph; feedback passes the routing "
+    "decision recorded under it to send_feedback.",
+)
+@click.option(
     "--model-name",
     envvar="ABEJA_RUNTIME_MODEL_NAME",
     show_envvar=True,

@@ -78,6 +78,7 @@ DOCUMENTED = [
     ("--loop", "ABEJA_RUNTIME_LOOP", "auto"),
     ("--parameters", "PREDICTIVE_UNIT_PARAMETERS", None),
     ("--model-metadata", "MODEL_METADATA", None),
+    ("--predictive-unit-id", "PREDICTIVE_UNIT_ID", None),
 ]
 
 

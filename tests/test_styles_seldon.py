@@ -290,3 +290,56 @@ def test_model_metadata_from_the_environment_is_under_the_models_own(make_server
     found = server.request("GET", "/metadata").json()
     assert (found["name"], found["versions"]) == ("scaler", ["v2"])  # init_metadata() wins
     assert (found["platform"], found["custom"]) == ("sklearn", {"team": "vision"})
+
+
+@pytest.mark.parametrize("path", ["/route", "/api/v1.0/route"])
+def test_a_router_answers_its_choice_as_seldon_core_does(make_server, path):
+    server = make_server("st_seldon_graph", env={"HANDLER": "Units:Router"})
+    right = server.post_json({"data": {"ndarray": [[5, 2]]}}, path=path)
+    left = server.post_json({"data": {"tensor": {"shape": [1, 2], "values": [-5, 2]}}}, path=path)
+    wrong = server.post_json({"data": {"ndarray": [[99, 2]]}}, path=path)
+
+    assert right.json() == {"data": {"names": ["t:0"], "ndarray": [[1]]}, "meta": {}}
+    assert left.json() == {
+        "data": {"names": ["t:0"], "tensor": {"shape": [1, 1], "values": [0]}},
+        "meta": {},
+    }
+    assert wrong.status == 400
+    assert wrong.json()["status"]["info"] == "Routing response must be int but got one"
+
+
+def test_a_combiner_aggregates_a_message_list(make_server):
+    server = make_server("st_seldon_graph", env={"HANDLER": "Units:Combiner"})
+    messages = {
+        "seldonMessages": [{"data": {"ndarray": [[1, 2]]}}, {"data": {"ndarray": [[3, 4]]}}]
+    }
+
+    answer = server.post_json(messages, path="/aggregate")
+    empty = server.post_json({"seldonMessages": []}, path="/aggregate")
+
+    assert answer.json() == {"data": {"names": ["t:0", "t:1"], "ndarray": [[2.0, 3.0]]}, "meta": {}}
+    assert empty.status == 400
+    assert empty.json()["status"]["reason"] == "MICROSERVICE_BAD_DATA"
+
+
+def test_feedback_reaches_send_feedback_with_reward_truth_and_routing(make_server):
+    from test_metrics import scrape, total
+
+    server = make_server(
+        "st_seldon_graph", env={"HANDLER": "Units:Learner", "PREDICTIVE_UNIT_ID": "learner"}
+    )
+    feedback = {
+        "request": {"data": {"ndarray": [[1, 2]]}},
+        "response": {"meta": {"routing": {"learner": 1}}},
+        "reward": 0.5,
+        "truth": {"data": {"ndarray": [[1]]}},
+    }
+
+    answer = server.post_json(feedback, path="/send-feedback")
+    seen = server.post_json({"jsonData": {}}).json()["jsonData"]["feedback"]
+    samples = scrape(server)
+
+    assert answer.json() == {"data": {"names": [], "ndarray": []}, "meta": {}}
+    assert seen == [{"features": [[1, 2]], "reward": 0.5, "truth": [[1]], "routing": 1}]
+    assert total(samples, "seldon_api_model_feedback_total") == 1
+    assert total(samples, "seldon_api_model_feedback_reward_total") == 0.5

@@ -41,6 +41,12 @@ _SELDON_METHODS: Final = (
     "transform_output",
     "transform_input_raw",
     "transform_output_raw",
+    "route",
+    "route_raw",
+    "aggregate",
+    "aggregate_raw",
+    "send_feedback",
+    "send_feedback_raw",
 )
 #: kserve's base classes; a class deriving from one of them is a KServe model.
 _KSERVE_BASES: Final = frozenset({"Model", "BaseKServeModel", "InferenceModel"})

@@ -54,7 +54,18 @@ _ROUTES: Final = {
     "/api/v1.0/health/status": (("GET",), "health"),
     "/metadata": (("GET",), "metadata"),
     "/api/v1.0/metadata": (("GET",), "metadata"),
+    **{f"{prefix}/route": (("GET", "POST"), "route") for prefix in ("", "/api/v1.0", "/api/v0.1")},
+    **{
+        f"{prefix}/aggregate": (("GET", "POST"), "aggregate")
+        for prefix in ("", "/api/v1.0", "/api/v0.1")
+    },
+    "/send-feedback": (("GET", "POST"), "send_feedback"),
+    "/api/v1.0/feedback": (("GET", "POST"), "send_feedback"),
+    "/api/v0.1/feedback": (("GET", "POST"), "send_feedback"),
 }
+#: seldon-core's counters of feedback: how many came with a reward, and the rewards' sum.
+_FEEDBACK_KEY: Final = "seldon_api_model_feedback"
+_FEEDBACK_REWARD_KEY: Final = "seldon_api_model_feedback_reward"
 _METADATA_DEFAULTS: Final = {
     "name": "",
     "versions": [""],
@@ -93,7 +104,8 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
         raise HandlerLoadError(
             f"the Seldon model {config.handler} failed to start: {type(exc).__name__}: {exc}"
         ) from exc
-    component = _Component(numpy, model, _environment_metadata(config.seldon_metadata))
+    metadata = _environment_metadata(config.seldon_metadata)
+    component = _Component(numpy, model, metadata, config.seldon_unit_id)
     return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
 
 
@@ -175,10 +187,13 @@ def _not_implemented(exc: BaseException) -> bool:
 class _Component:
     """One user object and the SeldonMessage handling around it."""
 
-    def __init__(self, numpy: Any, model: Any, environment_metadata: dict[str, Any]) -> None:
+    def __init__(
+        self, numpy: Any, model: Any, environment_metadata: dict[str, Any], unit_id: str
+    ) -> None:
         self._np = numpy
         self._model = model
         self._metadata = self._init_metadata(environment_metadata)
+        self._unit_id = unit_id
 
     def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
@@ -199,27 +214,96 @@ class _Component:
                         "Model metadata unavailable", 500, "MICROSERVICE_BAD_METADATA"
                     )
                 return json_result(self._metadata)
-            response = self._run(action, _message(request))
+            message = _message(request)
+            if action == "route":
+                response = self._route(message)
+            elif action == "aggregate":
+                response = self._aggregate(message)
+            elif action == "send_feedback":
+                response = self._feedback(message)
+            else:
+                response = self._run(action, message)
         except Exception as exc:
             return self._error(exc)
         status = _status_of(response)
         return json_result(response, status)
 
     def _run(self, action: str, message: Any) -> Any:
+        raw, answer = self._raw(action, message)
+        if raw:
+            return answer
+        features, meta = self._features(message)
+        fallback = [] if action == "predict" else features
+        result = self._call(action, features, _names(message), meta, fallback)
+        data, tags, metrics = _unpack(result)
+        return self._response(message, data, meta, _reported(self._metrics(metrics)), tags)
+
+    def _route(self, message: Any) -> Any:
+        """A router: ``route(X, names)`` picks a child by index, -1 for none (seldon-core)."""
+        raw, answer = self._raw("route", message)
+        if raw:
+            return answer
+        features, meta = self._features(message)
+        routing = self._call("route", features, _names(message), meta, -1)
+        if not isinstance(routing, int):
+            raise _SeldonError(f"Routing response must be int but got {routing}")
+        routed = self._np.array([[routing]])
+        return self._response(message, routed, meta, _reported(self._metrics([])), {})
+
+    def _aggregate(self, message: Any) -> Any:
+        """A combiner: ``aggregate(Xs, names_list)`` over a ``SeldonMessageList``."""
+        raw, answer = self._raw("aggregate", message)
+        if raw:
+            return answer
+        messages = message.get("seldonMessages") if isinstance(message, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise _SeldonError(f"Invalid request data type: {message}")
+        features_list = [self._features(item)[0] for item in messages]
+        names_list = [_names(item) for item in messages]
+        method = getattr(self._model, "aggregate", None)
+        result = method(features_list, names_list) if callable(method) else features_list[0]
+        data, tags, metrics = _unpack(result)
+        first_meta = messages[0].get("meta") if isinstance(messages[0], dict) else None
+        return self._response(
+            messages[0], data, first_meta, _reported(self._metrics(metrics)), tags
+        )
+
+    def _feedback(self, message: Any) -> Any:
+        """``send_feedback(X, names, reward, truth, routing=...)`` for a ``Feedback`` message."""
+        if not isinstance(message, dict) or not isinstance(message.get("request"), dict):
+            raise _SeldonError(f"Invalid request data type: {message}")
+        reward = message.get("reward")
+        if reward and isinstance(reward, int | float) and not isinstance(reward, bool):
+            exported = reported_metrics()
+            exported.record("COUNTER", _FEEDBACK_KEY, 1, {})
+            exported.record("COUNTER", _FEEDBACK_REWARD_KEY, reward, {})
+        raw, answer = self._raw("send_feedback", message)
+        if raw:
+            return answer
+        request = message["request"]
+        features, _ = self._features(request)
+        truth = (
+            self._features(message["truth"])[0] if isinstance(message.get("truth"), dict) else None
+        )
+        response_meta = (message.get("response") or {}).get("meta") or {}
+        routing = (response_meta.get("routing") or {}).get(self._unit_id)
+        method = getattr(self._model, "send_feedback", None)
+        result = None
+        if callable(method):
+            result = method(features, _names(request), reward, truth, routing=routing)
+        answer = self._np.array([] if result is None else result)
+        return self._response(request, answer, None, _reported(self._metrics([])), {})
+
+    def _raw(self, action: str, message: Any) -> tuple[bool, Any]:
+        """``<action>_raw(message)`` when the class has it (and it is implemented)."""
         raw = getattr(self._model, f"{action}_raw", None)
         if callable(raw):
             try:
-                return raw(message)
+                return True, raw(message)
             except Exception as exc:
                 if not _not_implemented(exc):
                     raise
-        features, meta = self._features(message)
-        data = message.get("data") if isinstance(message.get("data"), dict) else {}
-        names = data.get("names", [])
-        fallback = [] if action == "predict" else features
-        result = self._call(action, features, names, meta, fallback)
-        data, tags, metrics = _unpack(result)
-        return self._response(message, data, meta, _reported(self._metrics(metrics)), tags)
+        return False, None
 
     def _call(self, name: str, features: Any, names: Any, meta: Any, fallback: Any) -> Any:
         method = getattr(self._model, name, None)
@@ -421,6 +505,13 @@ def _json(value: str | bytes) -> Any:
         return json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _SeldonError(f"Can't find JSON in data: {exc}") from exc
+
+
+def _names(message: Any) -> list[Any]:
+    """``data.names`` of a SeldonMessage, or none."""
+    data = message.get("data") if isinstance(message, dict) else None
+    names = data.get("names", []) if isinstance(data, dict) else []
+    return names if isinstance(names, list) else []
 
 
 def _unpack(result: Any) -> tuple[Any, dict[str, Any], list[Any]]:
