@@ -25,12 +25,13 @@ thread like any sync handler; with an ``async def`` among them it runs on the ev
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 from collections.abc import Coroutine
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Union
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
@@ -140,6 +141,21 @@ def _finish(coroutine: Coroutine[Any, Any, Any]) -> Any:
     )
 
 
+class _Unprocessable(Exception):
+    """A V2 body FastAPI would refuse with 422 before KServe's handler ran; ``errors`` is its
+    ``detail`` list."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("unprocessable request body")
+        self.errors = errors
+
+
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule for parsing a body as JSON: application/json or application/*+json."""
+    main, _, sub = media_type(content_type).partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
+
+
 class _Server:
     """KServe's REST routes over one registered model."""
 
@@ -149,6 +165,10 @@ class _Server:
         self._dataplane = dataplane
         self._datamodels = datamodels
         self._errors = require("kserve.errors", "kserve")
+        pydantic = require("pydantic", "kserve")
+        # The type of the V2 infer endpoint's body parameter in KServe's FastAPI server.
+        self._v2_request = pydantic.TypeAdapter(Union[datamodels.InferenceRequest, bytes])  # noqa: UP007 - a runtime value, not an annotation
+        self._validation_error = pydantic.ValidationError
 
     async def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         method, path = request["http_method"], request.path
@@ -277,20 +297,48 @@ class _Server:
         return json_result(response, headers=extra, content_type=content_type or JSON)
 
     def _decode_v2(self, name: str, body: bytes, headers: dict[str, str]) -> Any:
-        if _BINARY_HEADER in headers:
-            payload: Any = body
+        if _BINARY_HEADER in headers or not _is_json(headers.get("content-type")):
+            payload: Any = body  # what KServe's endpoint gets as bytes, and judges itself
         else:
-            try:
-                payload = self._datamodels.InferenceRequest.model_validate_json(body)
-            except ValueError as exc:  # pydantic's ValidationError, JSON errors included
-                raise self._errors.InvalidInput(f"Unrecognized request format: {exc}") from exc
+            payload = self._v2_body(body)
         request, _ = self._dataplane.decode(
             payload, headers, protocol_version="v2", model_name=name
         )
         return request
 
+    def _v2_body(self, body: bytes) -> Any:
+        """The JSON body as FastAPI gives it to KServe's V2 endpoint, whose body parameter is
+        ``Union[InferenceRequest, bytes]``: a body that is not JSON, or not of that type, is
+        :class:`_Unprocessable`, with FastAPI's error list."""
+        try:
+            parsed = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            position, why = (
+                (exc.pos, exc.msg) if isinstance(exc, json.JSONDecodeError) else (0, str(exc))
+            )
+            raise _Unprocessable(
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ["body", position],
+                        "msg": "JSON decode error",
+                        "input": {},
+                        "ctx": {"error": why},
+                    }
+                ]
+            ) from None
+        try:
+            return self._v2_request.validate_python(parsed, from_attributes=True)
+        except self._validation_error as exc:
+            found = json.loads(exc.json(include_url=False))
+            raise _Unprocessable(
+                [{**error, "loc": ["body", *error["loc"]]} for error in found]
+            ) from None
+
     def _error(self, exc: Exception) -> EncodedResponse:
         """KServe's exception handlers: the same status codes and ``{"error": ...}`` bodies."""
+        if isinstance(exc, _Unprocessable):  # FastAPI's own answer to a body it cannot take
+            return json_result({"detail": exc.errors}, 422)
         errors = self._errors
         status = 500
         for names, code in (
