@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
 import os
 import re
@@ -13,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.servers import ServerError
+from benchmarks.servers import ServerError, post
 
 __all__ = ["WrkResult", "parse_wrk", "run_wrk", "stream_upload", "wrk_script"]
 
@@ -111,18 +109,5 @@ def stream_upload(port: int, path: str, total: int, chunked: bool, timeout: floa
             yield block if n == MIB else block[:n]
             sent += n
 
-    headers = {"Content-Type": "application/octet-stream"}
-    if not chunked:
-        headers["Content-Length"] = str(total)
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        # If the server answers early (e.g. 413) the write fails; the response says why.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            conn.request("POST", path, body=body(), headers=headers, encode_chunked=chunked)
-        resp = conn.getresponse()
-        data = resp.read()
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise ServerError(f"upload -> {resp.status}: {data[:300]!r}")
-    return json.loads(data)
+    length = None if chunked else total
+    return post(port, path, "application/octet-stream", body(), timeout, length=length)

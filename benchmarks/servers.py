@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -236,11 +236,28 @@ def running(server: Server, setup: Setup) -> Iterator[Server]:
         server.stop(setup.stop_timeout)
 
 
-def post(port: int, path: str, content_type: str, body: bytes, timeout: float = 30) -> Any:
-    """One POST returning parsed JSON; raises ServerError on a non-200 or non-JSON answer."""
+def post(
+    port: int,
+    path: str,
+    content_type: str,
+    body: bytes | Iterable[bytes],
+    timeout: float = 30,
+    *,
+    length: int | None = None,
+) -> Any:
+    """One POST returning parsed JSON; raises ServerError on a non-200 or non-JSON answer.
+
+    An iterable body is sent as it comes: with ``length`` as its Content-Length, else chunked.
+    """
+    headers = {"Content-Type": content_type}
+    if length is not None:
+        headers["Content-Length"] = str(length)
+    chunked = not isinstance(body, bytes) and length is None
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+        # If the server answers early (e.g. 413) the write fails; the response says why.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.request("POST", path, body=body, headers=headers, encode_chunked=chunked)
         resp = conn.getresponse()
         data = resp.read()
     finally:
