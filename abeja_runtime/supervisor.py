@@ -16,8 +16,9 @@ is an asyncio loop that reacts to four things:
   and it is killed and replaced; a handler call older than that means a stuck thread, and the
   worker is drained and replaced; a heartbeat silent for a few seconds already takes the worker
   out of readiness;
-* SIGTERM/SIGINT: readiness says 503, the service port stops accepting, workers drain within
-  the grace period; a second signal kills them.
+* SIGTERM/SIGINT: the service port stops accepting, readiness says 503 once every worker has
+  stopped taking new connections (at most 5 s later), workers drain within the grace
+  period; a second signal kills them.
 
 While no worker is ready the supervisor itself answers the service port with 503, so a request
 never waits behind a loading worker and, once readiness says 200, no request gets 503 because
@@ -61,6 +62,10 @@ _TICK: Final = 0.25
 _SHED_SLACK: Final = 1
 #: After a worker was told to shed, its counts are left alone this long while clients reconnect.
 _SHED_SETTLE: Final = 1.0
+#: At shutdown, readiness says 503 once every worker has stopped taking new connections (each
+#: tells us on its pipe), or after this long (a worker whose loop is blocked cannot say so): a
+#: client that saw 503 never gets a new connection served by a worker unaware of the shutdown.
+_STOP_ACCEPTING_WAIT: Final = 5.0
 #: Back-off before the next replacement while replacements keep dying before they are ready:
 #: the first is immediate, then 0.5 s doubling up to this.
 _MAX_BACKOFF: Final = 30.0
@@ -172,6 +177,9 @@ class _Supervisor:
         self._workers: list[_WorkerProcess] = []
         self._ever_ready = False
         self._draining = False
+        #: At shutdown: the workers that may still accept, and when readiness says 503 anyway.
+        self._accepting: set[int] = set()
+        self._ready_until = 0.0
         self._shutdown_deadline: float | None = None
         self._exit_code = 0
         self._deaths_before_ready = 0
@@ -221,6 +229,8 @@ class _Supervisor:
         return not self._draining and any(worker.serving(now) for worker in self._workers)
 
     def _is_ready(self) -> bool:
+        if self._draining:
+            return bool(self._accepting) and time.monotonic() < self._ready_until
         return self._fallback is None and self._a_worker_serves()
 
     def _refresh(self) -> None:
@@ -284,6 +294,8 @@ class _Supervisor:
                 _log.info("worker %s is ready", worker.pid)
         if kind in ("heartbeat", "ready"):
             self._rebalance()
+        elif kind == "draining":
+            self._accepting.discard(worker.pid)
         elif kind == "load_failed":
             _, text, details = message
             fields = {"traceback": details.rstrip()} if details else {}
@@ -345,6 +357,7 @@ class _Supervisor:
             self._on_message(worker)
         self._close_pipe(worker)
         self._workers.remove(worker)
+        self._accepting.discard(worker.pid)
         self._metrics.worker_gone(worker.pid)
         if self._draining:
             if not self._workers:
@@ -441,6 +454,8 @@ class _Supervisor:
         if self._draining:
             return
         self._draining = True
+        self._accepting = {worker.pid for worker in self._workers if worker.state == "ready"}
+        self._ready_until = time.monotonic() + _STOP_ACCEPTING_WAIT
         for handle in self._respawns:
             handle.cancel()
         self._respawns.clear()

@@ -15,6 +15,7 @@ stuck. Both decisions are the supervisor's, taken from outside this process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -156,6 +157,8 @@ class _Worker:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""
         self._state.draining = True
         await site.stop()
+        with contextlib.suppress(OSError):  # the supervisor holds readiness 200 until this
+            self._pipe.send(("draining",))
         if self._state.in_flight:
             idle = asyncio.get_running_loop().create_future()
             self._state.idle_waiters.append(idle)
