@@ -46,7 +46,8 @@ def marker(tmp_path: Path) -> dict[str, str]:
 
 def test_ready_means_no_503_while_another_worker_loads(make_server, marker):
     server = make_server("rl_slow_replacements", "--workers", "2", env=marker)
-    assert len(ready_workers(server)) == 1, "the second worker should still be loading"
+    # Health said 200; the log line of that ready worker may still be on its way to us.
+    assert len(wait_for_ready_workers(server, 1)) == 1, "the second worker should still be loading"
 
     statuses = [server.request("GET", "/").status for _ in range(60)]
 
@@ -169,7 +170,7 @@ def test_a_worker_holding_every_connection_sheds_its_excess_once_another_is_read
     """Connections stay with the worker that accepted them: without rebalancing, the clients
     that reconnected to a crash's survivor would all be lost at its next crash."""
     server = make_server("rl_slow_replacements", "--workers", "2", env={**marker, "RL_SLOW": "2"})
-    (first,) = ready_workers(server)  # the second is still loading
+    (first,) = wait_for_ready_workers(server, 1)  # the second is still loading
     clients = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=10) for _ in range(8)]
     try:
         served_by = [ask(client) for client in clients]
