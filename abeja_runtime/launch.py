@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from typing import IO, Final
 __all__ = [
     "NotHealthy",
     "RuntimeProcess",
+    "free_port",
     "health_status",
     "runtime_command",
     "wait_healthy",
@@ -41,6 +43,13 @@ class NotHealthy(Exception):
         super().__init__(message)
         self.exit_code = exit_code
         self.last_status = last_status
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that was free a moment ago (the system picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def runtime_command(*args: str, python: str = sys.executable) -> list[str]:

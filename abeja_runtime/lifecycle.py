@@ -111,8 +111,6 @@ class ServingState:
     draining: bool = False
     in_flight: int = 0
     admitted: int = 0
-    #: Async requests answered 202 whose result is not sent yet (they count in ``in_flight``).
-    async_pending: int = 0
     #: Connections to close after their next response, as the supervisor asked (rebalancing).
     shed: int = 0
     idle_waiters: list[asyncio.Future[None]] = field(default_factory=list)
@@ -142,8 +140,9 @@ class ServingState:
     def call_done(self) -> None:
         self.admitted -= 1
 
-    def closes_connection(self, keep_alive: bool) -> bool:
-        """Whether this response ends its connection: while draining, or to shed it."""
+    def close_after_response(self, keep_alive: bool) -> bool:
+        """Whether this response ends its connection: while draining, or to shed it (which
+        uses up one of the connections the supervisor asked to shed)."""
         if self.draining:
             return True
         if self.shed and keep_alive:
@@ -189,7 +188,14 @@ class Lifecycle:
             else None
         )
         self._results = ResultSender(config.platform)
+        #: Async requests answered 202 whose result is not sent yet (they count in
+        #: ``in_flight``); the set also keeps their tasks referenced.
         self._async_jobs: set[asyncio.Task[None]] = set()
+
+    @property
+    def ready(self) -> bool:
+        """What this worker's own ``/health_check`` says."""
+        return self._state.ready
 
     async def serve(self, exchange: Exchange) -> None:
         received = time.time()
@@ -258,22 +264,19 @@ class Lifecycle:
     ) -> None:
         """Answer 202 now; the call runs in a task, and its answer goes to the platform."""
         refusal = self._async_refusal
-        if refusal is None and self._state.async_pending >= MAX_PENDING:
+        if refusal is None and len(self._async_jobs) >= MAX_PENDING:
             refusal = self._error_reply(ServiceBusy())
         if refusal is not None:
             request.close()
             await self._send(exchange, refusal.with_headers((tag,)), received)
             return
-        state = self._state
-        state.async_pending += 1
-        state.in_flight += 1  # until the result is sent: a graceful shutdown waits for it
+        self._state.in_flight += 1  # until the result is sent: a graceful shutdown waits for it
         token = exchange.header(ASYNC_TOKEN_HEADER) or ""
         job = asyncio.create_task(self._run_async(handler, request, async_id, token, tag))
         self._async_jobs.add(job)
         job.add_done_callback(self._async_jobs.discard)
         accepted = EncodedResponse(202, (("Content-Type", "application/json"), tag), b"")
-        self._account(exchange, 202, received)
-        await exchange.send(accepted, close=True)
+        await self._send(exchange, accepted, received, close=True)
 
     async def _run_async(
         self,
@@ -283,7 +286,6 @@ class Lifecycle:
         token: str,
         tag: tuple[str, str],
     ) -> None:
-        state = self._state
         try:
             try:
                 outcome = await self._call(handler, request)
@@ -301,8 +303,7 @@ class Lifecycle:
             await self._results.send_result(async_id, token, reply.with_headers((tag,)))
         finally:
             request.close()
-            state.async_pending -= 1
-            state.request_done()
+            self._state.request_done()
 
     async def _call(self, handler: LoadedHandler, request: Request) -> Outcome:
         """Admission and the deadline around one handler call."""
@@ -364,8 +365,10 @@ class Lifecycle:
             )
         return status_reply(500, "unexpected error occurred")
 
-    async def _send(self, exchange: Exchange, reply: EncodedResponse, received: float) -> None:
-        close = self._state.closes_connection(exchange.keep_alive)
+    async def _send(
+        self, exchange: Exchange, reply: EncodedResponse, received: float, *, close: bool = False
+    ) -> None:
+        close = close or self._state.close_after_response(exchange.keep_alive)
         self._account(exchange, reply.status, received)
         await exchange.send(reply, close=close)
 

@@ -26,7 +26,7 @@ from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:  # the supervisor imports this module, and needs none of the lifecycle
-    from abeja_runtime.lifecycle import Lifecycle, ServingState
+    from abeja_runtime.lifecycle import Lifecycle
 
 __all__ = [
     "HEALTH_PATH",
@@ -61,13 +61,12 @@ def _web_response(reply: EncodedResponse) -> web.Response:
 class HttpServer:
     """A worker's service port: its own ``/health_check``, every other path a request."""
 
-    def __init__(self, lifecycle: Lifecycle, state: ServingState) -> None:
+    def __init__(self, lifecycle: Lifecycle) -> None:
         self._lifecycle = lifecycle
-        self._state = state
 
     async def service(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.path == HEALTH_PATH:
-            return _health_response(self._state.ready)
+            return _health_response(self._lifecycle.ready)
         exchange = _AiohttpExchange(request)
         await self._lifecycle.serve(exchange)
         assert exchange.response is not None, "every path of the lifecycle sends a reply"

@@ -101,7 +101,7 @@ class _Worker:
         config = self._config
         executor = Executor(threads=config.concurrency)
         metrics = WorkerMetrics()
-        http = HttpServer(Lifecycle(config, executor, self._state, metrics), self._state)
+        http = HttpServer(Lifecycle(config, executor, self._state, metrics))
         # In-flight requests get the grace period in _drain; cleanup only closes what is left.
         runner = web.ServerRunner(
             make_web_server(http.service, config), handle_signals=False, shutdown_timeout=1

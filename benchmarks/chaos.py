@@ -20,8 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-from abeja_runtime.launch import RuntimeProcess, runtime_command
-from benchmarks.servers import free_port, runtime_source
+from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
+from benchmarks.servers import runtime_source
 
 HANDLER_DIR = Path(__file__).resolve().parent / "handlers" / "chaos"
 

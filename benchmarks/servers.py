@@ -14,7 +14,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from abeja_runtime.launch import NotHealthy, RuntimeProcess
+from abeja_runtime.launch import NotHealthy, RuntimeProcess, free_port
 from benchmarks.processes import proc_table
 
 __all__ = [
@@ -152,13 +151,6 @@ def split_cores(pin: str, workers: int) -> bool:
     stealing it; with more workers than one core, splitting would serialise the workers.
     """
     return pin == "split" or (pin == "auto" and workers == 1)
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (tiny race until the server binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tail(path: Path, n: int = 25) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,19 +22,12 @@ from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
 from abeja_cli.venvs import project_python
 
-from abeja_runtime.launch import RuntimeProcess, runtime_command
+from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
 
 __all__ = ["LocalEngine", "LocalServer", "free_port"]
 
 #: Seconds a stopping runtime gets to finish in-flight requests before it is killed.
 _GRACE: Final = 10.0
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalServer(Server):

@@ -14,7 +14,6 @@ import click
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, LogSink, Server, wait_ready
 from abeja_cli.errors import InputError, ServerError
-from abeja_cli.local_engine import free_port
 from abeja_cli.reload import ChangeWatcher
 from abeja_cli.session import (
     STOP_SIGNALS,
@@ -26,6 +25,8 @@ from abeja_cli.session import (
     terminate_as_interrupt,
 )
 from abeja_cli.try_page import TryPage
+
+from abeja_runtime.launch import free_port
 
 __all__ = ["run_local_server"]
 

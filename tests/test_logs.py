@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 
 import pytest
 from conftest import HANDLERS, RunningServer
+
+from abeja_runtime.launch import free_port
 
 #: ``2026-11-21T18:14:14.672+00:00`` (records) and ``...14.672123+00:00`` (access timestamps).
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
 MICROSECOND_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}[+-]\d\d:\d\d$")
 REQUEST_ID = "x-abeja-request-id"
 REQUESTER_ID = "x-abeja-requester-id"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import importlib.metadata
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import TIMED_OUT_AFTER_1_S, RunningServer, runtime_env, wait_until
+
+from abeja_runtime.launch import free_port
 
 COMMAND_TIMEOUT = 20.0
 
@@ -322,12 +323,6 @@ def test_flag_beats_env_for_a_limit(make_server):
 
 
 # --- PORT and HEALTHCHECK_PORT -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_port_variables_choose_the_ports(make_server):

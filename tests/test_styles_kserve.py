@@ -12,7 +12,6 @@ import http.client
 import io
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -20,6 +19,8 @@ from importlib import metadata
 import pytest
 from conftest import HANDLERS, wait_until
 from PIL import Image
+
+from abeja_runtime.launch import free_port
 
 pytest.importorskip("kserve", reason="the KServe style is tested against the kserve package")
 
@@ -246,11 +247,7 @@ def kserve_itself(tmp_path_factory):
     """The same model.py served by KServe's own ModelServer (python model.py), as a control."""
     folder = tmp_path_factory.mktemp("kserve") / "model"
     shutil.copytree(HANDLERS / "st_kserve_custom", folder)
-    ports = []
-    for _ in range(2):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
+    ports = [free_port(), free_port()]
     command = [sys.executable, "model.py", "--model_name", NAME]
     command += ["--http_port", str(ports[0]), "--grpc_port", str(ports[1])]
     process = subprocess.Popen(

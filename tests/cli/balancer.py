@@ -15,15 +15,11 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HAPROXY", "Balancer", "Slot", "free_port"]
+from abeja_runtime.launch import free_port
+
+__all__ = ["HAPROXY", "Balancer", "Slot"]
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)

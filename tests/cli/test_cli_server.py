@@ -61,7 +61,7 @@ def test_stop_and_start_again_on_the_same_port(
     start_abeja: Start, project: Callable[[str], Path]
 ) -> None:
     """The port's last connections are in TIME_WAIT after a stop; a second run starts at once."""
-    from abeja_cli.local_engine import free_port
+    from abeja_runtime.launch import free_port
 
     port = free_port()
     cwd = project("tax")
