@@ -143,6 +143,8 @@ class Config:
     style: str = "auto"
     #: KServe style: the name in ``/v1/models/NAME`` and ``/v2/models/NAME`` (KServe's default).
     model_name: str = "model"
+    #: The port of the Open Inference (V2) gRPC protocol, served by every worker; None = off.
+    grpc_port: int | None = None
     #: Cortex style: the ONNX model file, relative to the working directory; empty = the one
     #: ``*.onnx`` file in the training-result directory or the working directory.
     cortex_model: str = ""
@@ -180,6 +182,11 @@ class Config:
                 problems.append(f"{name} must be from 0 to 65535, got {value}")
         if self.port == self.healthcheck_port and self.port != 0:
             problems.append(f"port and healthcheck port must differ, both are {self.port}")
+        if self.grpc_port is not None:
+            if not 1 <= self.grpc_port <= 65535:  # every worker binds it: no "any free port"
+                problems.append(f"gRPC port must be from 1 to 65535, got {self.grpc_port}")
+            elif self.grpc_port in (self.port, self.healthcheck_port):
+                problems.append(f"the gRPC port must differ from the HTTP ports ({self.grpc_port})")
         for name, minimum in (("workers", 1), ("concurrency", 1), ("max_queue", 0)):
             if getattr(self, name) < minimum:
                 problems.append(f"{name} must be at least {minimum}, got {getattr(self, name)}")

@@ -6,10 +6,38 @@ server (which calls it) all depend on it, and on nothing of each other.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["LoadedHandler"]
+__all__ = ["LoadedHandler", "RpcRunner", "RpcService"]
+
+
+class RpcRunner(Protocol):
+    """How a style's gRPC method runs what reaches the user's code (``rpc.RpcServer.run``).
+
+    ``work`` runs on the handler thread, or is awaited on the loop when ``is_async``; with
+    ``admitted=False`` it is awaited at once (answers that touch no user code). ``errors``
+    turns an exception of the style into its gRPC status code and message.
+    """
+
+    def __call__(
+        self,
+        context: Any,
+        method: str,
+        work: Callable[[], Any],
+        *,
+        is_async: bool,
+        errors: Callable[[Exception], tuple[Any, str]],
+        admitted: bool = True,
+    ) -> Awaitable[Any]: ...
+
+
+class RpcService(Protocol):
+    """A style's gRPC services (KServe's Open Inference protocol), which the worker's gRPC
+    server registers on itself when ``--grpc-port`` is set."""
+
+    def register(self, server: Any, run: RpcRunner) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -24,3 +52,5 @@ class LoadedHandler:
     is_async: bool
     name: str
     style: str = "abeja"
+    #: The style's gRPC services; None for styles that have no gRPC protocol.
+    rpc: RpcService | None = None

@@ -15,7 +15,9 @@
 
 An async request of ABEJA Platform (``x-abeja-arms-async-request-id``) leaves the line after
 step 2: it is answered ``202`` at once, and steps 3 and 4 run in a task of their own whose
-answer goes to the platform API instead (``arms.py``).
+answer goes to the platform API instead (``arms.py``). A gRPC call (``rpc.py``) takes steps 1,
+3 and 4 through :meth:`Lifecycle.run_call`; the gRPC server decodes and sends it, and counts it
+with :meth:`Lifecycle.account`.
 
 Every error on the way becomes a reply through :meth:`Lifecycle._error_reply`, the one error →
 response ladder. Everything the lifecycle counts (in flight, admitted, draining, connections to
@@ -33,9 +35,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from abeja_runtime import __version__
 from abeja_runtime.arms import ASYNC_ID_HEADER, ASYNC_TOKEN_HEADER, MAX_PENDING, ResultSender
@@ -50,7 +52,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
     ServiceUnavailable,
 )
-from abeja_runtime.execute import Executor, Outcome, claim
+from abeja_runtime.execute import Call, Executor, Outcome, claim
 from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var, user_exc_info
 from abeja_runtime.metrics import WorkerMetrics
@@ -64,6 +66,7 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["REQUEST_ID_HEADER", "Exchange", "Lifecycle", "ServingState"]
 
 _log = logging.getLogger("abeja_runtime")
+_T = TypeVar("_T")
 
 RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
 REQUEST_ID_HEADER: Final = "x-abeja-request-id"
@@ -305,23 +308,56 @@ class Lifecycle:
             request.close()
             self._state.request_done()
 
+    async def run_call(self, work: Callable[[], Any], *, is_async: bool) -> Any:
+        """A call that answers no HTTP request (a gRPC one, ``rpc.py``): available, admitted
+        and called within the deadline like a request's call; ``work()`` runs on the handler
+        thread, or is awaited on the loop when ``is_async``. The caller answers, and counts
+        the answer with :meth:`account`."""
+        self._state.in_flight += 1  # a graceful drain waits for it
+        try:
+            self._state.serving_handler()
+            if is_async:
+                return await self._admitted(functools.partial(self._await_in_slot, work))
+            thread_call = functools.partial(_no_chunks, work)
+            outcome = await self._admitted(functools.partial(self._on_thread, thread_call))
+            outcome.release()  # nothing to write here: the caller sends the value
+            return outcome.value
+        except HttpError as exc:
+            self._count_refusal(exc)
+            raise
+        finally:
+            self._state.request_done()
+
     async def _call(self, handler: LoadedHandler, request: Request) -> Outcome:
         """Admission and the deadline around one handler call."""
         context = copy.deepcopy(self._config.context) if self._config.context else {}
+        if handler.is_async:
+            start = functools.partial(self._call_async, handler, request, context)
+            return await self._admitted(start)
+        call = functools.partial(_call_and_encode, handler.func, request, context, self._encode)
+        return await self._admitted(functools.partial(self._on_thread, call))
+
+    async def _admitted(self, start: Callable[[], Awaitable[_T]]) -> _T:
+        """Admission (``503 service busy`` beyond the queue) and the deadline around a call."""
         self._state.admit()
         deadline = _timeout(self._timeout or None)
         try:
             async with deadline:
-                if handler.is_async:
-                    return await self._call_async(handler, request, context)
-                call = functools.partial(
-                    _call_and_encode, handler.func, request, context, self._encode
-                )
-                return await claim(self._executor.submit(call, self._state.call_done))
+                return await start()
         except asyncio.TimeoutError:  # not the builtin one before Python 3.11
             if _expired(deadline):
                 raise HandlerTimeout(self._timeout) from None
             raise
+
+    async def _on_thread(self, call: Call) -> Outcome:
+        return await claim(self._executor.submit(call, self._state.call_done))
+
+    async def _await_in_slot(self, work: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            async with self._async_slots:
+                return await work()
+        finally:
+            self._state.call_done()
 
     async def _call_async(self, handler: LoadedHandler, request: Request, context: Any) -> Outcome:
         """Awaited on the loop, at most ``concurrency`` at once; the slot is held until the
@@ -350,10 +386,7 @@ class Lifecycle:
     def _error_reply(self, exc: Exception, handler: LoadedHandler | None = None) -> EncodedResponse:
         """The one error → response ladder: what the client is told, and what is logged."""
         if isinstance(exc, HttpError):
-            if isinstance(exc, ServiceBusy):
-                self._metrics.rejected("busy")
-            elif isinstance(exc, ServiceUnavailable):
-                self._metrics.rejected("unavailable")
+            self._count_refusal(exc)
             return status_reply(exc.status, exc.message, exc.headers.items())
         if isinstance(exc, HandlerResultError):
             _log.error("the handler's return value breaks the contract: %s", exc)
@@ -365,6 +398,12 @@ class Lifecycle:
             )
         return status_reply(500, "unexpected error occurred")
 
+    def _count_refusal(self, exc: HttpError) -> None:
+        if isinstance(exc, ServiceBusy):
+            self._metrics.rejected("busy")
+        elif isinstance(exc, ServiceUnavailable):
+            self._metrics.rejected("unavailable")
+
     async def _send(
         self, exchange: Exchange, reply: EncodedResponse, received: float, *, close: bool = False
     ) -> None:
@@ -373,10 +412,13 @@ class Lifecycle:
         await exchange.send(reply, close=close)
 
     def _account(self, exchange: Exchange, status: int, received: float) -> None:
+        self.account(exchange.method, exchange.path, status, received)
+
+    def account(self, method: str, path: str, status: int, received: float) -> None:
         """Counted before the first byte leaves, so that a client never holds an answer that a
         scrape (or a crash of this worker right after it) does not count."""
         responded = time.time()
-        self._access_log.record(exchange.method, exchange.path, status, received, responded)
+        self._access_log.record(method, path, status, received, responded)
         self._metrics.observe(status, responded - received)
 
 
@@ -396,6 +438,10 @@ def _split(reply: EncodedResponse) -> _Split:
     """The reply, and the chunks its thread must produce when its body is streamed."""
     body = reply.body
     return (reply, body) if isinstance(body, Iterator) else (reply, None)
+
+
+def _no_chunks(work: Callable[[], Any]) -> tuple[Any, None]:
+    return work(), None
 
 
 def _call_and_encode(

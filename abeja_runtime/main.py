@@ -298,6 +298,15 @@ _PORT = click.IntRange(0, 65535)
     help="KServe style: the model's name in /v1/models/NAME and /v2/models/NAME.",
 )
 @click.option(
+    "--grpc-port",
+    envvar="ABEJA_RUNTIME_GRPC_PORT",
+    show_envvar=True,
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="KServe style: serve the Open Inference (V2) gRPC protocol on this port too, as "
+    "KServe's --grpc_port does.  [default: off]",
+)
+@click.option(
     "--cortex-model",
     envvar="ABEJA_RUNTIME_CORTEX_MODEL",
     show_envvar=True,

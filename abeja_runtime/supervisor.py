@@ -79,6 +79,8 @@ def run(config: Config) -> int:
         if config.install_requirements:
             install_dependencies(workdir)
         sockets = (_listen(config.host, config.port), _listen(config.host, config.healthcheck_port))
+        if config.grpc_port is not None:
+            _check_free(config.host, config.grpc_port)
     except (HandlerLoadError, OSError) as exc:
         _log.error("failed to setup model: %s", exc)
         return 1
@@ -112,6 +114,20 @@ def _listen(host: str, port: int) -> socket.socket:
     sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
     sock.set_inheritable(True)
     return sock
+
+
+def _check_free(host: str, port: int) -> None:
+    """The gRPC port is bound by each worker (gRPC takes no socket from its parent): say now,
+    not after the handler has loaded, that another program holds it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as probe:
+            probe.bind((host, port))
+    except OSError as exc:
+        raise OSError(
+            f"cannot listen for gRPC on {host}:{port} ({exc.strerror}); another program may "
+            "use the port: choose another with --grpc-port"
+        ) from None
 
 
 class _WorkerProcess:

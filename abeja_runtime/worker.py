@@ -25,18 +25,22 @@ import traceback
 from collections.abc import Coroutine
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.execute import Executor
+from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.lifecycle import Lifecycle, ServingState
 from abeja_runtime.loader import load_handler
 from abeja_runtime.logs import capture_prints, configure_logging
 from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.server import HttpServer, make_web_server
+
+if TYPE_CHECKING:
+    from abeja_runtime.rpc import RpcServer
 
 __all__ = ["run_worker"]
 
@@ -101,16 +105,17 @@ class _Worker:
         config = self._config
         executor = Executor(threads=config.concurrency)
         metrics = WorkerMetrics()
-        http = HttpServer(Lifecycle(config, executor, self._state, metrics))
+        lifecycle = Lifecycle(config, executor, self._state, metrics)
+        http = HttpServer(lifecycle)
         # In-flight requests get the grace period in _drain; cleanup only closes what is left.
         runner = web.ServerRunner(
             make_web_server(http.service, config), handle_signals=False, shutdown_timeout=1
         )
         await runner.setup()
         try:
-            self._state.handler = await executor.run_on_thread(
-                load_handler, config.handler, Path.cwd(), config
-            )
+            handler = await executor.run_on_thread(load_handler, config.handler, Path.cwd(), config)
+            rpc = await _start_rpc(lifecycle, config, handler)
+            self._state.handler = handler
         except Exception as exc:
             details = "" if isinstance(exc, HandlerLoadError) else traceback.format_exc()
             cause = exc.__cause__
@@ -125,7 +130,7 @@ class _Worker:
         self._pipe.send(("ready",))
         self._heartbeat = asyncio.create_task(self._beat(executor, metrics, runner))
         await self._stop.wait()
-        await self._drain(site)
+        await self._drain(site, rpc)
         await runner.cleanup()
         executor.stop_threads()
         return 0
@@ -153,10 +158,13 @@ class _Worker:
         if message[0] == "shed":
             self._state.shed = message[1]
 
-    async def _drain(self, site: web.BaseSite) -> None:
+    async def _drain(self, site: web.BaseSite, rpc: RpcServer | None) -> None:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""
         self._state.draining = True
         await site.stop()
+        rpc_stopped = asyncio.ensure_future(
+            rpc.stop(self._config.grace_period) if rpc is not None else asyncio.sleep(0)
+        )
         with contextlib.suppress(OSError):  # the supervisor holds readiness 200 until this
             self._pipe.send(("draining",))
         if self._state.in_flight:
@@ -170,6 +178,27 @@ class _Worker:
                     self._state.in_flight,
                     self._config.grace_period,
                 )
+        await rpc_stopped  # within the grace period too; at once when no call is left
+
+
+async def _start_rpc(
+    lifecycle: Lifecycle, config: Config, handler: LoadedHandler
+) -> RpcServer | None:
+    """The gRPC port, when asked for; a style without a gRPC protocol cannot serve it."""
+    if config.grpc_port is None:
+        return None
+    if handler.rpc is None:
+        raise HandlerLoadError(
+            "--grpc-port serves KServe's Open Inference gRPC protocol, which the "
+            f"{handler.style} style does not have; serve a kserve.Model, or leave --grpc-port "
+            "(ABEJA_RUNTIME_GRPC_PORT) unset"
+        )
+    from abeja_runtime.rpc import RpcServer  # grpcio only when a gRPC port is asked for
+
+    rpc = RpcServer(lifecycle, config, handler.rpc)
+    await rpc.start()
+    _log.info("serving gRPC on %s:%d", config.host, config.grpc_port)
+    return rpc
 
 
 async def _exit_when_orphaned(supervisor_pid: int) -> None:

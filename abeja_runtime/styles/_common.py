@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from types import ModuleType
 from typing import Any, Final
 
@@ -20,6 +20,7 @@ from abeja_runtime.request import Request
 __all__ = [
     "JSON",
     "BodyNotJson",
+    "finish_now",
     "header_dict",
     "json_result",
     "media_type",
@@ -94,3 +95,16 @@ def require(module: str, style: str, package: str | None = None) -> ModuleType:
             f"the {style} style needs the {package or module} package, which cannot be "
             f"imported ({exc}); add it to requirements.txt or pip install {package or module}"
         ) from exc
+
+
+def finish_now(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never waits (kserve's async plumbing around sync user methods)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError(
+        "the KServe model waited on the event loop although its methods are plain functions; "
+        "make its methods async def"
+    )

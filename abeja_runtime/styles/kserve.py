@@ -1,4 +1,5 @@
-"""KServe custom models: a ``kserve.Model`` subclass served with the V1 and V2 REST protocols.
+"""KServe custom models: a ``kserve.Model`` subclass served with the V1 and V2 REST protocols
+(and V2 gRPC with ``--grpc-port``, ``kserve_grpc.py``).
 
 ``HANDLER`` names the class (instantiated as ``cls(model_name)``, ``--model-name``, default
 ``model`` as in KServe) or an instance. ``load()`` runs at start-up unless the model is ready
@@ -28,7 +29,6 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, Union
@@ -41,6 +41,7 @@ from abeja_runtime.request import Request
 from abeja_runtime.styles._common import (
     JSON,
     BodyNotJson,
+    finish_now,
     header_dict,
     json_result,
     media_type,
@@ -94,16 +95,23 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
         )
     repository = repository_module.ModelRepository()
     repository.update(model)
-    server = _Server(dataplane_module.DataPlane(model_registry=repository), datamodels)
+    dataplane = dataplane_module.DataPlane(model_registry=repository)
+    server = _Server(dataplane, datamodels)
     server.model_name = model.name
-    if _is_async(model):
-        return LoadedHandler(server.handle, is_async=True, name=config.handler, style="kserve")
+    is_async = _is_async(model)
+    rpc = None
+    if config.grpc_port is not None:
+        from abeja_runtime.styles.kserve_grpc import GrpcService  # grpcio only when asked for
+
+        rpc = GrpcService(dataplane, repository, is_async=is_async)
+    if is_async:
+        return LoadedHandler(server.handle, True, config.handler, style="kserve", rpc=rpc)
 
     def handle(request: Request, context: dict[str, Any]) -> EncodedResponse:
-        answer: EncodedResponse = _finish(server.handle(request, context))
+        answer: EncodedResponse = finish_now(server.handle(request, context))
         return answer
 
-    return LoadedHandler(handle, is_async=False, name=config.handler, style="kserve")
+    return LoadedHandler(handle, False, config.handler, style="kserve", rpc=rpc)
 
 
 def _instantiate(subject: Any, name: str) -> Any:
@@ -126,19 +134,6 @@ def _is_async(model: Any) -> bool:
         if inspect.iscoroutinefunction(vars(owner)[name]):
             return True
     return False
-
-
-def _finish(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine that never waits (kserve's async plumbing around sync user methods)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError(
-        "the KServe model waited on the event loop although its methods are plain functions; "
-        "make its methods async def"
-    )
 
 
 class _Unprocessable(Exception):

@@ -1,4 +1,5 @@
-"""A KServe model with async methods, typed inputs/outputs and a switch to become unready."""
+"""A KServe model with async methods, typed inputs/outputs and a switch to become unready;
+an input named ``sleep`` waits that many seconds first, one named ``fail`` raises."""
 
 import asyncio
 import threading
@@ -24,11 +25,21 @@ class AsyncModel(Model):
 
     async def predict(self, payload, headers=None):
         await asyncio.sleep(0)
+        if isinstance(payload, InferRequest) and payload.inputs[0].name == "sleep":
+            await asyncio.sleep(float(payload.inputs[0].as_numpy()[0]))
+        if isinstance(payload, InferRequest) and payload.inputs[0].name == "fail":
+            raise ValueError("the model failed on purpose")
         if isinstance(payload, InferRequest):
             doubled = payload.inputs[0].as_numpy() * 2
             output = InferOutput(name="doubled", shape=list(doubled.shape), datatype="FP64")
             output.set_data_from_numpy(doubled.astype("float64"), binary_data=False)
-            return InferResponse(response_id="r-1", model_name=self.name, infer_outputs=[output])
+            return InferResponse(
+                response_id="r-1",
+                model_name=self.name,
+                infer_outputs=[output],
+                # gRPC: raw outputs for raw inputs (what tritonclient sends and reads)
+                use_binary_outputs=payload.use_binary_outputs,
+            )
         return {"predictions": payload["instances"], "thread": threading.current_thread().name}
 
     def get_input_types(self):
