@@ -17,7 +17,8 @@ An async request of ABEJA Platform (``x-abeja-arms-async-request-id``) leaves th
 step 2: it is answered ``202`` at once, and steps 3 and 4 run in a task of their own whose
 answer goes to the platform API instead (``arms.py``). A gRPC call (``rpc.py``) takes steps 1,
 3 and 4 through :meth:`Lifecycle.run_call`; the gRPC server decodes and sends it, and counts it
-with :meth:`Lifecycle.account`.
+with :meth:`Lifecycle.account`. Batch mode (``batch.py``) builds its requests itself and takes
+steps 1, 3 and 4 through :meth:`Lifecycle.answer`.
 
 Every error on the way becomes a reply through :meth:`Lifecycle._error_reply`, the one error →
 response ladder. Everything the lifecycle counts (in flight, admitted, draining, connections to
@@ -327,6 +328,31 @@ class Lifecycle:
             raise
         finally:
             self._state.request_done()
+
+    async def answer(self, request: Request, name: str) -> EncodedResponse:
+        """A request built in this process (batch mode, ``batch.py``): available, admitted and
+        called within the deadline like any other, every error a reply through the one ladder,
+        counted under ``name``. The reply's body is in memory; the request is closed."""
+        received = time.time()
+        token = request_id_var.set(request.request_id)
+        self._state.in_flight += 1
+        handler = None
+        try:
+            try:
+                handler = self._state.serving_handler()
+                outcome = await self._call(handler, request)
+                try:
+                    reply = await _collected(outcome)
+                finally:
+                    outcome.release()
+            except Exception as exc:
+                reply = self._error_reply(exc, handler)
+            self.account("POST", name, reply.status, received)
+            return reply
+        finally:
+            request.close()
+            self._state.request_done()
+            request_id_var.reset(token)
 
     async def _call(self, handler: LoadedHandler, request: Request) -> Outcome:
         """Admission and the deadline around one handler call."""

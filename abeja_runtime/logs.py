@@ -23,7 +23,7 @@ import time
 import types
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Final, TextIO, cast
+from typing import IO, Any, Final, TextIO, cast
 
 from abeja_runtime import __version__
 
@@ -158,8 +158,10 @@ def user_exc_info(
     return type(exc), exc, tb if tb is not None else exc.__traceback__
 
 
-def configure_logging(level: str, static_fields: dict[str, str] | None = None) -> None:
-    """Send every log record of this process to stdout as JSON lines."""
+def configure_logging(
+    level: str, static_fields: dict[str, str] | None = None, *, stream: IO[str] | None = None
+) -> None:
+    """Send every log record of this process to stdout (or ``stream``) as JSON lines."""
     logging.raiseExceptions = False  # a broken stdout must not loop through our own stderr
     logging.config.dictConfig(
         {
@@ -172,7 +174,7 @@ def configure_logging(level: str, static_fields: dict[str, str] | None = None) -
                 "stdout": {
                     "class": "logging.StreamHandler",
                     "formatter": "json",
-                    "stream": sys.__stdout__,
+                    "stream": stream or sys.__stdout__,
                 },
             },
             "root": {"level": level.upper(), "handlers": ["stdout"]},

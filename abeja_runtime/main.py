@@ -28,7 +28,7 @@ from abeja_runtime.config import (
     parse_context,
 )
 
-__all__ = ["cli", "main"]
+__all__ = ["batch", "cli", "main"]
 
 #: logrus level names used by the anchor, mapped onto ours.
 _LEVEL_ALIASES: Final = {
@@ -339,11 +339,72 @@ def main(**options: Any) -> None:
     sys.exit(run(config))
 
 
-def cli() -> None:
-    """Console-script entry: reads ``.env``, then runs :func:`main` with one-line usage errors."""
-    load_dotenv(Path.cwd() / ".env", override=False)
+#: Options of the server that a batch run has no use for.
+_SERVER_ONLY: Final = frozenset(
+    {
+        "host",
+        "port",
+        "healthcheck_port",
+        "workers",
+        "grace_period",
+        "keepalive_timeout",
+        "request_head_timeout",
+        "grpc_port",
+        "loop",
+    }
+)
+
+
+def _batch(inputs: tuple[Path, ...], output: Path, **options: Any) -> None:
+    """Run the handler once per input, without a server.
+
+    \b
+    With no INPUTS, the one input is what ABEJA Platform's one-shot runs read: the INPUT
+    variable (JSON, or {"$datalake:1": "<channel>/<file>"}), and the answer goes where OUTPUT
+    says ({"$datalake:1": "<channel>"}) or to stdout.
+    With INPUTS (files, folders), each file is one POST of its bytes, and its answer is
+    written under --output as the file's name plus the answer's extension
+    (cat.jpg -> OUTPUT/cat.jpg.json). Exit code 1 when any answer is above 299.
+    """
+    from abeja_runtime.batch import BatchError, run_batch
+
     try:
-        main.main(standalone_mode=False, prog_name="abeja-runtime")
+        config = Config(platform=PlatformIds.from_environ(os.environ), **options)
+        code = run_batch(config, inputs, output)
+    except (ValueError, BatchError) as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.exit(code)
+
+
+batch = click.Command(
+    "batch",
+    callback=_batch,
+    help=_batch.__doc__,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    params=[
+        click.Argument(["inputs"], nargs=-1, type=click.Path(path_type=Path)),
+        click.Option(
+            ["-o", "--output"],
+            type=click.Path(file_okay=False, path_type=Path),
+            default=Path("batch-output"),
+            show_default=True,
+            help="Folder for the answers to INPUTS (created when missing).",
+        ),
+        *(param for param in main.params if param.name not in _SERVER_ONLY),
+    ],
+)
+
+
+def cli() -> None:
+    """Console-script entry: reads ``.env``, then runs :func:`main` (or ``batch``, when the
+    first argument says so) with one-line usage errors."""
+    load_dotenv(Path.cwd() / ".env", override=False)
+    args = sys.argv[1:]
+    command, name = (main, "abeja-runtime")
+    if args[:1] == ["batch"]:
+        command, name, args = batch, "abeja-runtime batch", args[1:]
+    try:
+        command.main(args, standalone_mode=False, prog_name=name)
     except click.ClickException as exc:
         click.echo(f"abeja-runtime: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

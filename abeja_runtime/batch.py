@@ -1,0 +1,299 @@
+"""``abeja-runtime batch``: the handler run once per input, with no server (contract Part B 1.9).
+
+Inputs come from one of two places:
+
+* **The platform's variables**, read as ABEJA Platform's one-shot runs read them. ``INPUT``
+  (JSON) is one ``POST``: an array or an ordinary object is one ``application/json`` body; an
+  object ``{"$datalake:1": "<channel>/<file>"}`` is that DataLake file, downloaded from
+  ``ABEJA_API_URL`` with its content type and metadata; an empty ``INPUT`` is a request with
+  no contents and an empty content type. ``OUTPUT`` ``{"$datalake:1": "<channel>"}`` uploads
+  the answer to that channel as ``<ABEJA_RUN_ID>_0<ext>``; without ``OUTPUT`` the answer's body
+  goes to stdout.
+* **Files and folders** named on the command line. Each file is one ``POST`` of its bytes with
+  the content type of its extension, as ``abeja model run-local --input`` sends it, and its
+  answer is written under ``--output`` as the input's path (relative to the folder named) plus
+  the extension of the answer's content type: ``photos/cat.jpg`` → ``OUT/cat.jpg.json``.
+
+The requests go through the server's own lifecycle (:meth:`Lifecycle.answer`: queue, timeout,
+handler thread, encoding, error replies, access records), ``concurrency`` at a time. Logs are
+JSON lines on stderr, with a progress bar and a summary; the exit code is 1 when an answer's
+status is above 299 or the handler cannot be loaded, as on the platform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import mimetypes
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, TextIO
+
+import click
+
+from abeja_runtime.config import Config
+from abeja_runtime.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
+from abeja_runtime.encode import EncodedResponse
+from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError
+from abeja_runtime.execute import Executor
+from abeja_runtime.lifecycle import Lifecycle, ServingState
+from abeja_runtime.loader import install_dependencies, load_handler, prepare_workdir
+from abeja_runtime.logs import capture_prints, configure_logging
+from abeja_runtime.metrics import WorkerMetrics
+from abeja_runtime.request import Content, Request
+
+__all__ = ["BatchError", "collect_files", "extension_for", "run_batch"]
+
+_log = logging.getLogger("abeja_runtime")
+
+#: The anchor's extensions for media types (``util/mimetype_helper.go``).
+_EXTENSIONS: Final = {
+    "application/javascript": ".js",
+    "application/json": ".json",
+    "application/pdf": ".pdf",
+    "application/x-www-form-urlencoded": ".txt",
+    "audio/midi": ".midi",
+    "audio/mpeg": ".mpg",
+    "audio/ogg": ".oga",
+    "audio/wav": ".wav",
+    "audio/webm": ".webm",
+    "image/bmp": ".bmp",
+    "image/gif": ".gif",
+    "image/jpeg": ".jpg",
+    "image/png": ".png",
+    "image/svg+xml": ".svg",
+    "image/webp": ".webp",
+    "text/csv": ".csv",
+    "text/html": ".html",
+    "text/markdown": ".md",
+    "text/plain": ".txt",
+    "text/xml": ".xml",
+    "video/avi": ".avi",
+    "video/mp4": ".mp4",
+    "video/ogg": ".ogv",
+    "video/quicktime": ".qt",
+    "video/webm": ".webm",
+    "video/x-matroska": ".mkv",
+}
+_DEFAULT_TYPE: Final = "application/octet-stream"
+#: How many failed inputs the summary names.
+_NAMED_FAILURES: Final = 10
+
+
+class BatchError(AbejaRuntimeError):
+    """The inputs or the platform's answers make the batch impossible; the text says why."""
+
+
+def extension_for(content_type: str) -> str:
+    """The anchor's file extension for a content type: its table, else ``.txt`` for text and
+    ``.bin`` for anything else."""
+    media = content_type.partition(";")[0].strip().lower()
+    if media in _EXTENSIONS:
+        return _EXTENSIONS[media]
+    return ".txt" if not media or media.startswith("text") else ".bin"
+
+
+def collect_files(paths: Sequence[Path]) -> list[tuple[Path, Path]]:
+    """Every input file as (absolute path, name of its output): a file by its name, a folder's
+    files (hidden ones skipped, sorted) by their path inside it."""
+    found: list[tuple[Path, Path]] = []
+    for given in paths:
+        path = given.resolve()
+        if path.is_file():
+            found.append((path, Path(path.name)))
+        elif path.is_dir():
+            found.extend(
+                (file, file.relative_to(path))
+                for file in sorted(path.rglob("*"))
+                if file.is_file() and not _hidden(file.relative_to(path))
+            )
+        else:
+            raise BatchError(f"{given}: no such file or folder")
+    if not found:
+        raise BatchError(f"no input files in {', '.join(map(str, paths))}")
+    names = Counter(name for _, name in found)
+    twice = sorted(str(name) for name, count in names.items() if count > 1)
+    if twice:
+        raise BatchError(
+            f"two inputs would write the same output ({', '.join(twice[:3])}); name folders, "
+            "or files with different names"
+        )
+    return found
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+@dataclass
+class _Tally:
+    """What the summary says."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    failed: list[str] = field(default_factory=list)
+
+    def add(self, name: str, status: int) -> None:
+        self.statuses[status] += 1
+        if status > 299:
+            self.failed.append(name)
+
+    def summary(self, seconds: float, where: str) -> str:
+        total = sum(self.statuses.values())
+        answered = sum(count for status, count in self.statuses.items() if status <= 299)
+        text = f"{total} input(s): {answered} answered 2xx"
+        if self.failed:
+            codes = ", ".join(
+                f"{status}: {count}"
+                for status, count in sorted(self.statuses.items())
+                if status > 299
+            )
+            named = ", ".join(self.failed[:_NAMED_FAILURES])
+            more = len(self.failed) - _NAMED_FAILURES
+            text += f", {len(self.failed)} failed ({codes}): {named}"
+            text += f" and {more} more" if more > 0 else ""
+        return f"{text}, in {seconds:.1f} s{where}"
+
+
+def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
+    """The command's body: returns its exit code."""
+    configure_logging(config.log_level, config.platform.log_fields(), stream=sys.__stderr__)
+    files = collect_files(inputs) if inputs else None
+    output = output.resolve()
+    workdir = prepare_workdir(config.user_model_root, config.training_result_dir)
+    try:
+        if config.install_requirements:
+            install_dependencies(workdir)
+    except HandlerLoadError as exc:
+        _log.error("failed to setup model: %s", exc)
+        return 1
+    capture_prints()  # the handler's print() becomes log records, off stdout
+    return asyncio.run(_Batch(config).run(files, output, os.environ))
+
+
+class _Batch:
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._state = ServingState(concurrency=config.concurrency, max_queue=config.max_queue)
+
+    async def run(
+        self, files: list[tuple[Path, Path]] | None, output: Path, environ: Mapping[str, str]
+    ) -> int:
+        config = self._config
+        executor = Executor(threads=config.concurrency)
+        self._lifecycle = Lifecycle(config, executor, self._state, WorkerMetrics())
+        try:
+            self._state.handler = await executor.run_on_thread(
+                load_handler, config.handler, Path.cwd(), config
+            )
+        except Exception as exc:
+            _log.error(
+                "failed to setup model: %s", exc, exc_info=not isinstance(exc, HandlerLoadError)
+            )
+            return 1
+        began = time.monotonic()
+        tally = _Tally()
+        try:
+            if files is None:
+                await self._platform_input(environ, tally)
+                where = ""
+            else:
+                await self._files(files, output, tally)
+                where = f"; answers in {output}"
+        except (BatchError, DataLakeError) as exc:
+            _log.error("%s", exc)
+            click.echo(f"batch: {exc}", file=_terminal())
+            return 1
+        finally:
+            executor.stop_threads()
+        summary = tally.summary(time.monotonic() - began, where)
+        _log.info("batch finished: %s", summary)
+        click.echo(f"batch: {summary}", file=_terminal())
+        return 1 if tally.failed else 0
+
+    async def _files(self, files: list[tuple[Path, Path]], output: Path, tally: _Tally) -> None:
+        pending: Iterator[tuple[Path, Path]] = iter(files)
+        with click.progressbar(length=len(files), label="batch", file=_terminal()) as bar:
+
+            async def work() -> None:
+                for source, name in pending:  # shared: each input is taken once
+                    reply = await self._lifecycle.answer(_file_request(source), str(name))
+                    target = output / f"{name}{extension_for(_content_type(reply))}"
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    assert isinstance(reply.body, bytes)
+                    target.write_bytes(reply.body)
+                    tally.add(str(name), reply.status)
+                    bar.update(1)
+
+            await asyncio.gather(*(work() for _ in range(self._config.concurrency)))
+
+    async def _platform_input(self, environ: Mapping[str, str], tally: _Tally) -> None:
+        import aiohttp
+
+        text = environ.get("INPUT", "")
+        target = datalake_target(environ.get("OUTPUT", ""), "OUTPUT")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            lake = DataLake(session, environ)
+            request = await _input_request(text, lake)
+            reply = await self._lifecycle.answer(request, "INPUT")
+            tally.add("INPUT", reply.status)
+            assert isinstance(reply.body, bytes)
+            if target is None:
+                sys.__stdout__.buffer.write(reply.body)  # type: ignore[union-attr]
+                sys.__stdout__.flush()  # type: ignore[union-attr]
+            else:
+                run_id = environ.get("ABEJA_RUN_ID", "")
+                name = f"{run_id}_0{extension_for(_content_type(reply))}"
+                await lake.upload(target, name, reply)
+
+
+def _terminal() -> TextIO:
+    """Where the progress bar and the summary go: the real stderr, not the captured one."""
+    stream = sys.__stderr__
+    assert stream is not None
+    return stream
+
+
+def _content_type(reply: EncodedResponse) -> str:
+    return next((value for name, value in reply.headers if name.lower() == "content-type"), "")
+
+
+def _request(content_type: str, contents: list[Content], headers: list[tuple[str, str]]) -> Request:
+    return Request(
+        http_method="POST",
+        content_type=content_type,
+        headers=headers,
+        contents=contents,
+        request_id=os.urandom(16).hex(),
+    )
+
+
+def _file_request(path: Path) -> Request:
+    """What an HTTP POST of the file would give the handler."""
+    content_type = mimetypes.guess_type(path.name)[0] or _DEFAULT_TYPE
+    headers = [("content-type", content_type), ("content-length", str(path.stat().st_size))]
+    return _request(content_type, [Content(path.open("rb"))], headers)
+
+
+async def _input_request(text: str, lake: DataLake) -> Request:
+    """``INPUT`` as the anchor turns it into a request."""
+    if not text.strip():
+        return _request("", [], [])
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BatchError(f"INPUT is not JSON ({exc}); give a JSON object or array") from None
+    if not isinstance(value, dict | list):
+        raise BatchError(f"INPUT must be a JSON object or array, not {type(value).__name__}")
+    if isinstance(value, dict) and DATALAKE_KEY in value:
+        data, content_type, metadata = await lake.download(str(value[DATALAKE_KEY]))
+        content = Content(io.BytesIO(data), metadata=metadata)
+        return _request(content_type, [content], [("content-type", content_type)])
+    body = io.BytesIO(text.encode())
+    return _request("application/json", [Content(body)], [("content-type", "application/json")])
