@@ -16,8 +16,9 @@ Inputs come from one of two places:
 
 The requests go through the server's own lifecycle (:meth:`Lifecycle.answer`: queue, timeout,
 handler thread, encoding, error replies, access records), ``concurrency`` at a time. Logs are
-JSON lines on stderr, with a progress bar and a summary; the exit code is 1 when an answer's
-status is above 299 or the handler cannot be loaded, as on the platform.
+JSON lines on stderr, the last one a summary (with a progress bar and the summary in words on a
+terminal); the exit code is 1 when an answer's status is above 299 or the handler cannot be
+loaded, as on the platform.
 """
 
 from __future__ import annotations
@@ -207,19 +208,22 @@ class _Batch:
                 await self._files(files, output, tally)
                 where = f"; answers in {output}"
         except (BatchError, DataLakeError) as exc:
-            _log.error("%s", exc)
-            click.echo(f"batch: {exc}", file=_terminal())
+            _log.error("batch failed: %s", exc)
             return 1
         finally:
             executor.stop_threads()
         summary = tally.summary(time.monotonic() - began, where)
         _log.info("batch finished: %s", summary)
-        click.echo(f"batch: {summary}", file=_terminal())
+        if _terminal().isatty():  # for a person; a log collector has the record
+            click.echo(f"batch: {summary}", file=_terminal())
         return 1 if tally.failed else 0
 
     async def _files(self, files: list[tuple[Path, Path]], output: Path, tally: _Tally) -> None:
         pending: Iterator[tuple[Path, Path]] = iter(files)
-        with click.progressbar(length=len(files), label="batch", file=_terminal()) as bar:
+        terminal = _terminal()
+        with click.progressbar(
+            length=len(files), label="batch", file=terminal, hidden=not terminal.isatty()
+        ) as bar:
 
             async def work() -> None:
                 for source, name in pending:  # shared: each input is taken once

@@ -13,13 +13,21 @@ import secrets
 import socket
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from abeja_cli.console import Console
 from abeja_cli.docker_build import ImageBuilder
-from abeja_cli.engine import SERVICE_PORT, LogSink, RunSpec, Server, pump_lines, start_daemon
+from abeja_cli.engine import (
+    SERVICE_PORT,
+    BatchSpec,
+    LogSink,
+    RunSpec,
+    Server,
+    pump_lines,
+    start_daemon,
+)
 from abeja_cli.errors import EngineUnavailable, ServerError
 from abeja_cli.images import LABEL_PREFIX, RuntimeSource, find_runtime_source
 
@@ -27,12 +35,15 @@ if TYPE_CHECKING:
     import docker
     from docker.models.containers import Container
     from docker.models.images import Image
+    from docker.types import Mount
 
 __all__ = ["DockerEngine", "DockerServer", "connect_docker", "docker_host"]
 
 #: Seconds a stopping container gets to finish in-flight requests before it is killed.
 _GRACE: Final = 10
 _PROJECT_MOUNT: Final = "/srv/app"
+_BATCH_INPUTS: Final = "/srv/batch/in"
+_BATCH_OUTPUT: Final = "/srv/batch/out"
 
 
 def docker_host() -> str:
@@ -168,6 +179,47 @@ class DockerEngine:
             with suppress(NotFound):
                 self.client.api.remove_container(name, force=True)
 
+    def run_batch(self, spec: RunSpec, batch: BatchSpec, sink: LogSink, answer: BinaryIO) -> int:
+        """``abeja-runtime batch`` in a container of the project image: each input mounted
+        read-only under ``/srv/batch/in``, the output folder at ``/srv/batch/out``."""
+        from docker.errors import APIError, NotFound
+        from docker.types import Mount
+
+        if self._image is None:
+            self.prepare(spec)
+        self._remove_orphans()
+        mounts, inputs = [], []
+        for number, path in enumerate(batch.inputs):
+            inside = f"{_BATCH_INPUTS}/{number}/{path.name}"
+            mounts.append(Mount(inside, str(path), type="bind", read_only=True))
+            inputs.append(inside)
+        output = None
+        if batch.output is not None:
+            mounts.append(Mount(_BATCH_OUTPUT, str(batch.output), type="bind", read_only=False))
+            output = _BATCH_OUTPUT
+        command = ["abeja-runtime", *batch.arguments(inputs, output)]
+        name = f"abeja-batch-{secrets.token_hex(6)}"
+        try:
+            container = self._create(spec, name, command=command, mounts=mounts)
+            try:
+                container.start()
+            except APIError as exc:
+                raise ServerError(_start_error(exc, spec)) from None
+
+            def pump() -> None:
+                with suppress(APIError):  # removed while we read: nothing more to show
+                    stream = container.logs(stream=True, follow=True, stdout=False, stderr=True)
+                    pump_lines(stream, sink)
+
+            log = start_daemon(pump, "batch-log")
+            code = int(container.wait()["StatusCode"])
+            log.join(_GRACE)
+            answer.write(container.logs(stdout=True, stderr=False))
+            return code
+        finally:
+            with suppress(NotFound):
+                self.client.api.remove_container(name, force=True)
+
     def _remove_orphans(self) -> None:
         """Remove containers of ours whose CLI, on this machine, was killed before it could."""
         from docker.errors import APIError
@@ -184,14 +236,23 @@ class DockerEngine:
                     f"removed container {container.name}, left by an earlier run that was killed"
                 )
 
-    def _create(self, spec: RunSpec, name: str) -> Container:
+    def _create(
+        self,
+        spec: RunSpec,
+        name: str,
+        *,
+        command: list[str] | None = None,
+        mounts: Sequence[Mount] = (),
+    ) -> Container:
+        """The container of a server (``command`` None: the image's, with the service port
+        published) or of a one-shot ``command`` (no port)."""
         from docker.types import Mount
 
         assert self._image is not None
         env = dict(spec.env)
         options = _device_options(spec.device_type)
         # A Mount, not a volumes entry: a project path with ':' in it stays one path.
-        mounts = [Mount(_PROJECT_MOUNT, str(spec.project), type="bind", read_only=False)]
+        project = Mount(_PROJECT_MOUNT, str(spec.project), type="bind", read_only=False)
         user = None
         if hasattr(os, "getuid") and os.getuid() != 0:
             # Files the model writes into the mounted project belong to the user, not root.
@@ -208,12 +269,13 @@ class DockerEngine:
         host = ("127.0.0.1", spec.host_port) if spec.host_port else ("127.0.0.1",)
         return self.client.containers.create(
             str(self._image.id),
+            command=command,
             name=name,
             detach=True,
             environment=env,
             working_dir=_PROJECT_MOUNT,
-            ports={f"{SERVICE_PORT}/tcp": host},
-            mounts=mounts,
+            ports={f"{SERVICE_PORT}/tcp": host} if command is None else None,
+            mounts=[project, *mounts],
             labels=labels,
             user=user,
             **options,

@@ -1,9 +1,11 @@
 """What both engines share: the run description, the running-server interface, log display,
 and the bounded wait until the model answers its health check.
 
-An engine (``docker_engine.DockerEngine`` or ``local_engine.LocalEngine``) has two verbs:
-``prepare(spec)`` (build or check what is needed; may take long) and ``serve(spec, sink)``, a
-context manager yielding a :class:`Server` that is stopped and removed on every way out.
+An engine (``docker_engine.DockerEngine`` or ``local_engine.LocalEngine``) has three verbs:
+``prepare(spec)`` (build or check what is needed; may take long), ``serve(spec, sink)``, a
+context manager yielding a :class:`Server` that is stopped and removed on every way out, and
+``run_batch(spec, batch, sink, answer)``, which runs ``abeja-runtime batch`` to its end and
+returns its exit code.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Final, Protocol
 
 from abeja_cli.errors import ServerError
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from abeja_cli.console import Console
 
 __all__ = [
+    "BatchSpec",
     "Engine",
     "LogSink",
     "RunSpec",
@@ -54,6 +57,19 @@ class RunSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Local engine: pass the user's whole shell environment, not only a minimal part of it.
     inherit_env: bool = False
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """An ``abeja-runtime batch`` run: input files and folders, and the folder for their
+    answers, on this machine; no inputs means the one input of ``INPUT`` (``-e INPUT=...``)."""
+
+    inputs: tuple[Path, ...] = ()
+    output: Path | None = None
+
+    def arguments(self, inputs: list[str], output: str | None) -> list[str]:
+        """The runtime's arguments, with the paths as the process running it sees them."""
+        return ["batch", *inputs, *(["--output", output] if output is not None else [])]
 
 
 class Server(ABC):
@@ -91,6 +107,11 @@ class Engine(Protocol):
     def prepare(self, spec: RunSpec) -> None: ...
 
     def serve(self, spec: RunSpec, sink: LogSink) -> AbstractContextManager[Server]: ...
+
+    def run_batch(self, spec: RunSpec, batch: BatchSpec, sink: LogSink, answer: BinaryIO) -> int:
+        """Run the batch to its end: its log (stderr) to ``sink``, its stdout (the answer to
+        ``INPUT``) to ``answer``; returns its exit code. Nothing is left running."""
+        ...
 
 
 def format_log_line(line: str) -> str:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import BinaryIO, Final
 
 from abeja_cli.console import Console
-from abeja_cli.engine import LogSink, RunSpec, Server
+from abeja_cli.engine import BatchSpec, LogSink, RunSpec, Server, pump_lines, start_daemon
 from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
 from abeja_cli.venvs import project_python
@@ -127,6 +129,40 @@ class LocalEngine:
                 "there (pip install abeja-runtime) or use the Docker engine"
             )
         self._python = project_python(spec.project, self._console)
+
+    def run_batch(self, spec: RunSpec, batch: BatchSpec, sink: LogSink, answer: BinaryIO) -> int:
+        if self._python is None:
+            self.prepare(spec)
+        arguments = batch.arguments(
+            [str(path) for path in batch.inputs],
+            str(batch.output) if batch.output is not None else None,
+        )
+        try:
+            process = subprocess.Popen(
+                runtime_command(*arguments, python=self._python or sys.executable),
+                cwd=spec.project,
+                env=local_environment(os.environ, spec.env, inherit=spec.inherit_env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=_end_with_parent(),
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot start {self._python}: {exc}") from None
+        assert process.stdout is not None and process.stderr is not None
+        errors = process.stderr
+        log = start_daemon(lambda: pump_lines(iter(errors), sink), "batch-log")
+        try:
+            shutil.copyfileobj(process.stdout, answer)
+            code = process.wait()
+        finally:
+            if process.poll() is None:  # interrupted: nothing is left running
+                process.kill()
+                process.wait()
+            log.join(_GRACE)
+            process.stdout.close()
+            process.stderr.close()
+        return code
 
     @contextmanager
     def serve(self, spec: RunSpec, sink: LogSink) -> Iterator[Server]:

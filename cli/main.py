@@ -10,6 +10,7 @@ from abeja_cli.build import build
 from abeja_cli.clean import clean
 from abeja_cli.init import init
 from abeja_cli.manifests import manifests
+from abeja_cli.run_batch import run_batch
 from abeja_cli.run_local import run_local
 from abeja_cli.run_local_server import run_local_server
 
@@ -29,6 +30,7 @@ def model() -> None:
 
 model.add_command(run_local)
 model.add_command(run_local_server)
+model.add_command(run_batch)
 model.add_command(build)
 model.add_command(manifests)
 model.add_command(clean)

@@ -64,7 +64,7 @@ def test_a_folder_of_inputs_gives_one_answer_per_input_and_a_summary(tmp_path):
         "more/b.json.json": {"total": 54.0},
         "c.json.json": {"total": 10.8},
     }
-    assert "batch: 3 input(s): 3 answered 2xx, in " in done.stderr
+    assert "batch finished: 3 input(s): 3 answered 2xx, in " in done.stderr
     paths = sorted(r["http_path"] for r in records(done.stderr) if r.get("log_type"))
     assert paths == ["a.json", "c.json", "more/b.json"]
 
@@ -121,7 +121,7 @@ def test_an_empty_input_is_a_request_without_contents(tmp_path):
 def test_an_input_that_cannot_be_a_request_is_a_clear_error(value, message):
     done = batch(SAMPLES / "tax", env={"INPUT": value})
     assert done.returncode == 1
-    assert f"batch: {message}" in done.stderr
+    assert f"batch failed: {message}" in done.stderr
 
 
 def test_missing_inputs_and_unloadable_handlers_stop_with_a_message(tmp_path):

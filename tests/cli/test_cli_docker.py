@@ -58,6 +58,29 @@ def test_tax_sample(run: Callable[..., Result], docker_projects: Projects) -> No
     assert json.loads(bad.stdout) == {"message": "total_without_tax is need"}
 
 
+def test_run_batch_runs_in_a_container_and_leaves_none(
+    abeja: Abeja, base_image: str, docker_client: Any, docker_projects: Projects, tmp_path: Path
+) -> None:
+    cwd = docker_projects("tax")
+    inputs = tmp_path / "in put"  # a space: mounts keep awkward paths whole
+    inputs.mkdir()
+    (inputs / "a.json").write_text('{"total_without_tax": 10}')
+    (inputs / "b.json").write_text('{"total_without_tax": 20}')
+    output = tmp_path / "answers"
+    batch = ("model", "run-batch", "-i", base_image, "--engine", "docker", "-h", "main:handler")
+
+    result = abeja(*batch, str(inputs), "--output", str(output), cwd=cwd)
+    assert result.returncode == 0, str(result)
+    assert json.loads((output / "a.json.json").read_text()) == {"total": 10.8}
+    assert json.loads((output / "b.json.json").read_text()) == {"total": 21.6}
+    assert "2 input(s): 2 answered 2xx" in result.stderr
+
+    one = abeja(*batch, "-q", "-e", 'INPUT={"other": 1}', cwd=cwd)
+    assert one.returncode == 1, str(one)  # the answer is a 400
+    assert json.loads(one.stdout) == {"message": "total_without_tax is need"}
+    assert ours(docker_client, cwd) == [], "a batch container was left behind"
+
+
 def test_image_flip_sample(run: Callable[..., Result], docker_projects: Projects) -> None:
     cwd = docker_projects("image_flip")  # requirements.txt: Pillow, installed in the image
     result = run(cwd, "-h", "main:handler", "--input", "cat.jpg", "-q")
