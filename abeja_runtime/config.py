@@ -145,6 +145,9 @@ class Config:
     model_name: str = "model"
     #: The port of the Open Inference (V2) gRPC protocol, served by every worker; None = off.
     grpc_port: int | None = None
+    #: KServe's main-script habit: the model file and its arguments, run as ``__main__``
+    #: (``abeja-runtime kserve model.py ...``); empty = import ``handler`` as usual.
+    kserve_script: tuple[str, ...] = ()
     #: Cortex style: the ONNX model file, relative to the working directory; empty = the one
     #: ``*.onnx`` file in the training-result directory or the working directory.
     cortex_model: str = ""

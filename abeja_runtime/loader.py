@@ -101,9 +101,11 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
     request-handler file, a Seldon ``MyModel`` module). The choice is logged once per worker.
     """
     config = config if config is not None else Config(handler=spec)
-    module_name, attribute = _parse_spec(spec, config.style)
     if str(workdir) not in sys.path:
         sys.path.insert(0, str(workdir))
+    if config.kserve_script:
+        return _load_kserve_script(config, workdir)
+    module_name, attribute = _parse_spec(spec, config.style)
     with _argv_of_its_own():
         module, attribute = _import_target(module_name, attribute, spec)
         target = styles.Target(spec=spec, module=module, attribute=attribute)
@@ -120,6 +122,24 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
         choice.style,
         choice.reason,
         extra={"fields": {"style": choice.style}},
+    )
+    return handler
+
+
+def _load_kserve_script(config: Config, workdir: Path) -> LoadedHandler:
+    """``abeja-runtime kserve model.py ...``: the model that the script starts."""
+    from abeja_runtime.styles import kserve
+    from abeja_runtime.styles.kserve_script import run_main_script
+
+    started = run_main_script(config.kserve_script, workdir)
+    handler = kserve.adapt(
+        started.model, config=config, workdir=workdir, predictor=started.predictor_config
+    )
+    _log.info(
+        "serving %s with the kserve style (the model its __main__ block starts: %s)",
+        config.kserve_script[0],
+        type(started.model).__name__,
+        extra={"fields": {"style": "kserve"}},
     )
     return handler
 

@@ -7,6 +7,7 @@ variables that are not set yet. A bad value is one line on stderr and exit 2.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -395,11 +396,81 @@ batch = click.Command(
 )
 
 
+_KSERVE_USAGE: Final = """\
+Usage: abeja-runtime kserve SCRIPT [KSERVE ARGUMENTS]...
+
+  Serve a KServe model file unchanged: SCRIPT runs as __main__ (with sys.argv as KServe's
+  server would have it) until it calls ModelServer().start([model]), and the runtime serves
+  that model. KServe's --http_port (8080), --grpc_port (8081), --enable_grpc (true) and
+  --workers (1) set the ports and workers; --model_name, --predictor_host, --protocol and
+  the rest are the script's and kserve's, as with `python SCRIPT`. Every other setting of
+  the runtime comes from its environment variables (abeja-runtime --help lists them).
+
+  abeja-runtime kserve model.py --model_name custom-model --http_port 8080
+"""
+
+
+def _kserve_parser() -> argparse.ArgumentParser:
+    """The arguments of KServe's ModelServer that decide what the runtime listens on."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--http_port", type=int, default=8080)
+    parser.add_argument("--grpc_port", type=int, default=8081)
+    parser.add_argument("--enable_grpc", type=_true_or_false, default=True)
+    parser.add_argument("--workers", type=int, default=1)
+    return parser
+
+
+def _true_or_false(text: str) -> bool:
+    """distutils' strtobool, which KServe uses for its flags."""
+    lowered = text.lower()
+    if lowered in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if lowered in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _kserve(args: list[str]) -> None:
+    """``abeja-runtime kserve SCRIPT ...``: KServe's main-script habit (styles/kserve_script)."""
+    if not args or args[0] in ("-h", "--help"):
+        click.echo(_KSERVE_USAGE, nl=False)
+        sys.exit(0 if args else 2)
+    script, *rest = args
+    serving, _ = _kserve_parser().parse_known_args(rest)
+    with main.make_context("abeja-runtime", []) as context:  # the environment's settings
+        options = dict(context.params)
+    options.update(
+        handler=script,
+        style="kserve",
+        port=serving.http_port,
+        workers=serving.workers,
+        grpc_port=serving.grpc_port if serving.enable_grpc else None,
+    )
+    from abeja_runtime.supervisor import run
+
+    try:
+        config = Config(
+            platform=PlatformIds.from_environ(os.environ), kserve_script=tuple(args), **options
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.exit(run(config))
+
+
 def cli() -> None:
     """Console-script entry: reads ``.env``, then runs :func:`main` (or ``batch``, when the
     first argument says so) with one-line usage errors."""
     load_dotenv(Path.cwd() / ".env", override=False)
     args = sys.argv[1:]
+    if args[:1] == ["kserve"]:
+        try:
+            _kserve(args[1:])
+        except click.ClickException as exc:
+            click.echo(f"abeja-runtime: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except argparse.ArgumentError as exc:
+            click.echo(f"abeja-runtime: error: {exc}", err=True)
+            sys.exit(2)
     command, name = (main, "abeja-runtime")
     if args[:1] == ["batch"]:
         command, name, args = batch, "abeja-runtime batch", args[1:]

@@ -164,11 +164,14 @@ class ServerFactory:
         wait: bool = True,
         cwd: Path | None = None,
         ports: tuple[int, int] | None = None,
+        subcommand: tuple[str, ...] = (),
     ) -> RunningServer:
         """``ports``: the ports ``flags`` or ``env`` set, for a runtime that logs no start-up
-        record; by default ports 0 are passed and the record says which were bound."""
+        record; by default ports 0 are passed and the record says which were bound.
+        ``subcommand`` (``("kserve", "model.py")``) comes first and takes ``flags`` only: its
+        ports come from ``ports``, set by ``flags`` or ``env``."""
         directory = HANDLERS / handler_dir if isinstance(handler_dir, str) else handler_dir
-        args = ["--host", "127.0.0.1"]
+        args = [*subcommand] if subcommand else ["--host", "127.0.0.1"]
         if ports is None:
             args += ["--port", "0", "--healthcheck-port", "0"]
         lines: list[str] = []

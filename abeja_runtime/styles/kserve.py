@@ -25,10 +25,12 @@ thread like any sync handler; with an ``async def`` among them it runs on the ev
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
 import re
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, Union
@@ -74,8 +76,13 @@ _BINARY_HEADER: Final = "inference-header-content-length"
 _NOT_FOUND: Final = ({"detail": "Not Found"}, 404)
 
 
-def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
-    """Instantiate and load the model; route KServe's REST protocols to it."""
+def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None) -> LoadedHandler:
+    """Instantiate and load the model; route KServe's REST protocols to it.
+
+    ``predictor``: a transformer's ``PredictorConfig`` (``kserve_script.py``), which KServe
+    keeps in a context variable; every call sets it in its own context, as ``ModelServer``
+    set it in the one context its calls ran in.
+    """
     require("kserve", "kserve")
     dataplane_module = require("kserve.protocol.dataplane", "kserve")
     repository_module = require("kserve.model_repository", "kserve")
@@ -96,14 +103,17 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     repository = repository_module.ModelRepository()
     repository.update(model)
     dataplane = dataplane_module.DataPlane(model_registry=repository)
-    server = _Server(dataplane, datamodels)
+    enter = _predictor_setter(predictor)
+    server = _Server(dataplane, datamodels, enter)
     server.model_name = model.name
-    is_async = _is_async(model)
+    # kserve's own predict() awaits the network to reach a transformer's predictor.
+    forwards = getattr(predictor, "predictor_host", None) and not _overrides(model, "predict")
+    is_async = _is_async(model) or bool(forwards)
     rpc = None
     if config.grpc_port is not None:
         from abeja_runtime.styles.kserve_grpc import GrpcService  # grpcio only when asked for
 
-        rpc = GrpcService(dataplane, repository, is_async=is_async)
+        rpc = GrpcService(dataplane, repository, is_async=is_async, enter=enter)
     if is_async:
         return LoadedHandler(server.handle, True, config.handler, style="kserve", rpc=rpc)
 
@@ -112,6 +122,18 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
         return answer
 
     return LoadedHandler(handle, False, config.handler, style="kserve", rpc=rpc)
+
+
+def _predictor_setter(predictor: Any) -> Callable[[], None]:
+    """What each call runs first: sets the transformer's predictor, or nothing."""
+    if predictor is None:
+        return _nothing
+    context = require("kserve.context", "kserve")
+    return functools.partial(context.set_predictor_config, predictor)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _instantiate(subject: Any, name: str) -> Any:
@@ -128,12 +150,21 @@ def _instantiate(subject: Any, name: str) -> Any:
 def _is_async(model: Any) -> bool:
     """True when a method the user wrote (not kserve's default) is a coroutine function."""
     for name in _MODEL_METHODS:
-        owner = next((cls for cls in type(model).__mro__ if name in vars(cls)), None)
+        owner = _owner(model, name)
         if owner is None or owner.__module__.partition(".")[0] == "kserve":
             continue
         if inspect.iscoroutinefunction(vars(owner)[name]):
             return True
     return False
+
+
+def _overrides(model: Any, name: str) -> bool:
+    owner = _owner(model, name)
+    return owner is not None and owner.__module__.partition(".")[0] != "kserve"
+
+
+def _owner(model: Any, name: str) -> type | None:
+    return next((cls for cls in type(model).__mro__ if name in vars(cls)), None)
 
 
 class _Unprocessable(Exception):
@@ -156,8 +187,9 @@ class _Server:
 
     model_name = ""
 
-    def __init__(self, dataplane: Any, datamodels: Any) -> None:
+    def __init__(self, dataplane: Any, datamodels: Any, enter: Callable[[], None]) -> None:
         self._dataplane = dataplane
+        self._enter = enter
         self._datamodels = datamodels
         self._errors = require("kserve.errors", "kserve")
         pydantic = require("pydantic", "kserve")
@@ -167,6 +199,7 @@ class _Server:
 
     async def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         method, path = request["http_method"], request.path
+        self._enter()
         try:
             return await self._route(method, path, request)
         except Exception as exc:

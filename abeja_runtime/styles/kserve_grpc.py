@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 import grpc
@@ -48,7 +49,9 @@ class _Metadata:
 class GrpcService:
     """Registers the V2 inference service on the worker's gRPC server."""
 
-    def __init__(self, dataplane: Any, repository: Any, *, is_async: bool) -> None:
+    def __init__(
+        self, dataplane: Any, repository: Any, *, is_async: bool, enter: Callable[[], None]
+    ) -> None:
         servicer_module = require("kserve.protocol.grpc.servicer", "kserve")
         extension = require("kserve.protocol.model_repository_extension", "kserve")
         self._errors = require("kserve.errors", "kserve")
@@ -56,6 +59,7 @@ class GrpcService:
             dataplane, extension.ModelRepositoryExtension(model_registry=repository)
         )
         self._is_async = is_async
+        self._enter = enter  # run first in each call's context (a transformer's predictor)
 
     def register(self, server: Any, run: RpcRunner) -> None:
         stubs = require("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc", "kserve")
@@ -72,7 +76,9 @@ class GrpcService:
 
         def answered_by_the_model(name: str) -> Any:
             async def method(request: Any, context: Any) -> Any:
-                work = functools.partial(getattr(inner, name), request, _Metadata(context))
+                work = functools.partial(
+                    _entered, self._enter, getattr(inner, name), request, _Metadata(context)
+                )
                 if not self._is_async:  # kserve's coroutine never waits: run it on the thread
                     work = functools.partial(_finish_now, work)
                 return await run(
@@ -115,3 +121,8 @@ class GrpcService:
 
 def _finish_now(work: Any) -> Any:
     return finish_now(work())
+
+
+def _entered(enter: Callable[[], None], method: Any, *args: Any) -> Any:
+    enter()
+    return method(*args)

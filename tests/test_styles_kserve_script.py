@@ -1,0 +1,210 @@
+"""KServe's main-script habit and transformers: ``abeja-runtime kserve model.py [KServe args]``.
+
+The docs' custom model file is served unchanged from its ``__main__`` block, and a transformer
+(``st_kserve_transformer``) reaches a second runtime, the predictor, over REST V1, REST V2 and
+gRPC, as KServe's ``--predictor_host`` / ``--predictor_protocol`` say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import subprocess
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import HANDLERS, runtime_env
+from PIL import Image
+
+from abeja_runtime.launch import free_port, runtime_command
+
+pytest.importorskip("kserve", reason="KServe's main-script habit is tested with its package")
+from kserve import InferenceGRPCClient, InferInput, InferRequest
+
+NAME = "tx"
+
+
+def start_script(make_server, handler_dir: str, script: str, *kserve_args: str, **env: str):
+    """``abeja-runtime kserve SCRIPT --http_port P ...`` with the health port from the
+    environment, as in a container; returns the server and its gRPC port."""
+    http, health, grpc = free_port(), free_port(), free_port()
+    server = make_server(
+        handler_dir,
+        "--http_port",
+        str(http),
+        "--grpc_port",
+        str(grpc),
+        *kserve_args,
+        subcommand=("kserve", script),
+        ports=(http, health),
+        env={"ABEJA_RUNTIME_HOST": "127.0.0.1", "HEALTHCHECK_PORT": str(health), **env},
+    )
+    server.grpc_port = grpc
+    return server
+
+
+def image_b64() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 100, 50)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_the_docs_model_file_serves_unchanged_from_its_main_block(make_server):
+    server = start_script(
+        make_server, "st_kserve_custom", "model.py", "--model_name", "from-args", "--workers", "2"
+    )
+    answer = server.post_json(
+        {"instances": [{"image": {"b64": image_b64()}}]}, path="/v1/models/from-args:predict"
+    )
+    assert answer.status == 200, answer.body
+    assert len(answer.json()["predictions"]) == 5
+
+    async def ask() -> Any:
+        client = InferenceGRPCClient(url=f"127.0.0.1:{server.grpc_port}", timeout=20)
+        try:
+            return await client.is_model_ready("from-args")
+        finally:
+            await client.close()
+
+    assert asyncio.run(ask()) is True
+    started = server.wait_for_record(lambda r: "__main__ block starts" in r.get("message", ""))
+    assert "AlexNetModel" in started["message"]
+    server.wait_for_record(lambda r: "workers=2" in r.get("message", ""))
+
+
+def test_grpc_can_be_switched_off_as_in_kserve(make_server):
+    server = start_script(
+        make_server, "st_kserve_custom", "model.py", "--model_name", "m", "--enable_grpc", "false"
+    )
+    assert server.request("GET", "/v1/models/m").status == 200
+    assert not any("serving gRPC" in r.get("message", "") for r in server.records())
+
+
+@pytest.fixture(scope="module")
+def predictor(make_module_server):
+    grpc = free_port()
+    server = make_module_server(
+        "st_kserve_async",
+        "--model-name",
+        NAME,
+        "--grpc-port",
+        str(grpc),
+        env={"HANDLER": "model:AsyncModel"},
+    )
+    server.grpc_port = grpc
+    return server
+
+
+@pytest.mark.parametrize(
+    ("protocol", "expected"),
+    [
+        ("v1", [2.0, 5.0]),  # the predictor's V1 answer is its input: the transformer's doubling
+        ("v2", [4.0, 10.0]),  # its V2 answer doubles again
+        ("grpc-v2", [4.0, 10.0]),
+    ],
+)
+def test_a_transformer_reaches_its_predictor(make_server, predictor, protocol, expected):
+    host = f"127.0.0.1:{predictor.grpc_port if protocol == 'grpc-v2' else predictor.port}"
+    transformer = start_script(
+        make_server,
+        "st_kserve_transformer",
+        "transformer.py",
+        "--model_name",
+        NAME,
+        "--predictor_host",
+        host,
+        "--predictor_protocol",
+        protocol,
+    )
+    answer = transformer.post_json({"instances": [1.0, 2.5]}, path=f"/v1/models/{NAME}:predict")
+    assert answer.status == 200, answer.body
+    assert answer.json() == {"predictions": expected, "protocol": protocol}
+
+    # The predictor was really called, over the protocol asked for.
+    path = "/inference.GRPCInferenceService/ModelInfer" if protocol == "grpc-v2" else None
+    path = path or (
+        f"/v2/models/{NAME}/infer" if protocol == "v2" else f"/v1/models/{NAME}:predict"
+    )
+    predictor.wait_for_record(lambda r: r.get("http_path") == path and r.get("http_status") == 200)
+
+
+def test_a_transformer_whose_predictor_is_down_answers_an_error(make_server):
+    transformer = start_script(
+        make_server,
+        "st_kserve_transformer",
+        "transformer.py",
+        "--model_name",
+        NAME,
+        "--predictor_host",
+        f"127.0.0.1:{free_port()}",
+    )
+    answer = transformer.post_json({"instances": [1.0]}, path=f"/v1/models/{NAME}:predict")
+    assert answer.status == 500
+    assert "error" in answer.json()
+
+
+def test_a_transformer_reached_over_grpc_reaches_its_predictor_over_grpc(make_server, predictor):
+    transformer = start_script(
+        make_server,
+        "st_kserve_transformer",
+        "transformer.py",
+        "--model_name",
+        NAME,
+        "--predictor_host",
+        f"127.0.0.1:{predictor.grpc_port}",
+        "--predictor_protocol",
+        "grpc-v2",
+    )
+
+    async def ask() -> Any:
+        client = InferenceGRPCClient(url=f"127.0.0.1:{transformer.grpc_port}", timeout=20)
+        tensor = InferInput(name="x", shape=[2], datatype="FP64")
+        tensor.set_data_from_numpy(np.array([1.0, 3.0]), binary_data=False)
+        try:
+            return await client.infer(InferRequest(model_name=NAME, infer_inputs=[tensor]))
+        finally:
+            await client.close()
+
+    (output,) = asyncio.run(ask()).outputs
+    # doubled by the transformer, doubled again by the predictor
+    assert (output.name, output.as_numpy().tolist()) == ("y", [4.0, 12.0])
+
+
+def run_script(handler_dir: str, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        runtime_command("kserve", script, "--http_port", str(free_port()), *args),
+        cwd=HANDLERS / handler_dir,
+        env=runtime_env(ABEJA_RUNTIME_HOST="127.0.0.1", HEALTHCHECK_PORT=str(free_port())),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_script_that_starts_no_server_stops_the_start_with_a_message():
+    finished = run_script("st_kserve_async", "model.py", "--enable_grpc", "false")
+    assert finished.returncode == 1, finished
+    messages = [json.loads(line).get("message", "") for line in finished.stdout.splitlines()]
+    assert any("never called ModelServer().start([...])" in m for m in messages), messages
+
+
+def test_kserve_usage_and_bad_arguments():
+    usage = subprocess.run(
+        runtime_command("kserve", "--help"), capture_output=True, text=True, check=False
+    )
+    assert usage.returncode == 0
+    assert "Usage: abeja-runtime kserve SCRIPT" in usage.stdout
+
+    bad = subprocess.run(
+        runtime_command("kserve", "model.py", "--http_port", "eighty"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "abeja-runtime: error:" in bad.stderr
+    assert "eighty" in bad.stderr
