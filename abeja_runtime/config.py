@@ -148,8 +148,8 @@ class Config:
     #: KServe's main-script habit: the model file and its arguments, run as ``__main__``
     #: (``abeja-runtime kserve model.py ...``); empty = import ``handler`` as usual.
     kserve_script: tuple[str, ...] = ()
-    #: Cortex style: the ONNX model file, relative to the working directory; empty = the one
-    #: ``*.onnx`` file in the training-result directory or the working directory.
+    #: Cortex style: the ONNX model file or SavedModel directory, relative to the working
+    #: directory; empty = the one found in the training-result directory or the working one.
     cortex_model: str = ""
     #: Seldon style: the class's constructor parameters, as seldon-core takes them: a JSON list
     #: of ``{"name": ..., "value": "...", "type": "INT|FLOAT|DOUBLE|STRING|BOOL"}``.

@@ -312,8 +312,9 @@ _PORT = click.IntRange(0, 65535)
     envvar="ABEJA_RUNTIME_CORTEX_MODEL",
     show_envvar=True,
     default="",
-    help="Cortex style: the ONNX model file, relative to the handler's directory.  "
-    "[default: the one *.onnx file in the training-result or handler directory]",
+    help="Cortex style: the ONNX model file or TensorFlow SavedModel directory, relative to "
+    "the handler's directory.  [default: the one *.onnx file or SavedModel directory in the "
+    "training-result or handler directory]",
 )
 @click.option(
     "--cortex-metadata",

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,11 +165,12 @@ def test_several_onnx_files_must_be_chosen_between(make_server, project):
     folder = project("st_cortex_iris")
     build_model(folder / "other.onnx")
     message = load_failure(make_server(folder, env={"HANDLER": "handler"}, wait=False))
-    assert "several ONNX models (iris.onnx, other.onnx)" in message
+    assert "several models (iris.onnx, other.onnx)" in message
     assert "--cortex-model" in message
 
 
-def test_a_tensorflow_saved_model_is_refused_clearly(make_server, project):
+def test_a_saved_model_that_cannot_be_read_is_refused_clearly(make_server, project):
+    pytest.importorskip("tensorflow", reason="SavedModels are run with TensorFlow")
     folder = project("st_cortex_iris")
     (folder / "iris.onnx").unlink()
     (folder / "savedmodel" / "variables").mkdir(parents=True)
@@ -175,5 +179,82 @@ def test_a_tensorflow_saved_model_is_refused_clearly(make_server, project):
         folder, env={"HANDLER": "handler", "ABEJA_RUNTIME_CORTEX_MODEL": "savedmodel"}, wait=False
     )
     message = load_failure(server)
-    assert "TensorFlow SavedModels are not supported" in message
-    assert "ONNX" in message
+    assert "savedmodel has no meta graph tagged 'serve'" in message
+
+
+def test_a_frozen_graph_is_refused_with_what_to_give_instead(make_server, project):
+    folder = project("st_cortex_iris")
+    (folder / "frozen.pb").write_bytes(b"\x08\x01")
+    server = make_server(
+        folder, env={"HANDLER": "handler", "ABEJA_RUNTIME_CORTEX_MODEL": "frozen.pb"}, wait=False
+    )
+    message = load_failure(server)
+    assert "is a TensorFlow graph file (.pb)" in message
+    assert "SavedModel directory" in message
+
+
+# -- TensorFlow SavedModels ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    """The iris SavedModel of st_cortex_tf, built by TensorFlow in a process of its own."""
+    pytest.importorskip("tensorflow", reason="SavedModels are run with TensorFlow")
+    target = tmp_path_factory.mktemp("saved") / "iris"
+    built = subprocess.run(
+        [sys.executable, str(HANDLERS / "st_cortex_tf" / "build_saved_model.py"), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert built.returncode == 0, built.stderr
+    return target
+
+
+@pytest.fixture(scope="module")
+def tf_server(make_module_server, saved_model):
+    return make_module_server(
+        "st_cortex_tf",
+        "--cortex-model",
+        str(saved_model),
+        env={"HANDLER": "handler"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("sample", "label"),
+    [(SETOSA, "iris-setosa"), (VERSICOLOR, "iris-versicolor"), (VIRGINICA, "iris-virginica")],
+)
+def test_the_tensorflow_example_runs_its_saved_model(tf_server, sample, label):
+    answer = tf_server.post_json(sample, path="/predict")
+    assert answer.status == 200, answer.body
+    assert answer.json() == label
+
+
+def test_a_saved_model_describes_its_serving_signature(tf_server):
+    described = tf_server.request("GET", "/predict").json()
+    assert described["model_signature"]["petal_length"] == {"shape": [-1], "type": "float32"}
+    record = tf_server.wait_for_record(lambda r: "TensorFlow SavedModel" in r.get("message", ""))
+    assert "(sample, signature, metadata) generation" in record["message"]
+
+
+def test_the_first_generation_gets_the_signature_map_and_lists(make_server, saved_model):
+    server = make_server(
+        "st_cortex_tf_v0", "--cortex-model", str(saved_model), env={"HANDLER": "handler"}
+    )
+    answer = server.post_json({"samples": [SETOSA, VIRGINICA]}, path="/predict")
+    assert answer.status == 200, answer.body
+    first, second = answer.json()["predictions"]
+    assert (first["class_label"], second["class_label"]) == ("iris-setosa", "iris-virginica")
+    assert first["probabilities"] == pytest.approx(sorted(first["probabilities"], reverse=True))
+    assert len(first["probabilities"]) == 3
+
+
+def test_a_saved_model_in_the_training_result_dir_is_found(make_server, saved_model, tmp_path):
+    folder = tmp_path / "code"
+    shutil.copytree(HANDLERS / "st_cortex_tf", folder)
+    shutil.copytree(saved_model, folder / "abejainc_training_result" / "iris")
+    server = make_server(folder, env={"HANDLER": "handler"})
+    assert server.post_json(VIRGINICA, path="/predict").json() == "iris-virginica"
