@@ -159,6 +159,9 @@ class Config:
     #: Seldon style: this unit's id in the graph (PREDICTIVE_UNIT_ID), which picks the routing
     #: decision that feedback passes to ``send_feedback``.
     seldon_unit_id: str = ""
+    #: Seldon style: this unit's image (PREDICTIVE_UNIT_IMAGE), named with the unit id in the
+    #: ``meta.requestPath`` of its answers.
+    seldon_unit_image: str = ""
     #: Cortex style: the ``metadata`` dict passed to ``pre_inference`` / ``post_inference``.
     cortex_metadata: Mapping[str, Any] = field(default_factory=dict)
 

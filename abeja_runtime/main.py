@@ -291,6 +291,14 @@ _PORT = click.IntRange(0, 65535)
     "decision recorded under it to send_feedback.",
 )
 @click.option(
+    "--predictive-unit-image",
+    "seldon_unit_image",
+    envvar="PREDICTIVE_UNIT_IMAGE",
+    show_envvar=True,
+    default=Config.seldon_unit_image,
+    help="Seldon style: this unit's image, named with its id in meta.requestPath.",
+)
+@click.option(
     "--model-name",
     envvar="ABEJA_RUNTIME_MODEL_NAME",
     show_envvar=True,

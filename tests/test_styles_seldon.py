@@ -96,7 +96,9 @@ def test_predict_gets_names_and_meta_and_the_answer_carries_tags_metrics_and_pui
         },
     }
     echoed = full.post_json({"jsonData": {"q": 1}, "meta": {"tags": {"t": "1"}}}).json()
-    assert echoed["jsonData"] == {"echo": {"q": 1}, "names": [], "meta": {"tags": {"t": "1"}}}
+    # seldon-core adds the model's tags to the request's own meta, which predict returned here
+    all_tags = {"t": "1", "model": "classifier", "loaded": "True"}
+    assert echoed["jsonData"] == {"echo": {"q": 1}, "names": [], "meta": {"tags": all_tags}}
 
 
 def test_runtime_tags_and_metrics_of_a_seldon_response_are_merged(full):
@@ -339,7 +341,35 @@ def test_feedback_reaches_send_feedback_with_reward_truth_and_routing(make_serve
     seen = server.post_json({"jsonData": {}}).json()["jsonData"]["feedback"]
     samples = scrape(server)
 
-    assert answer.json() == {"data": {"names": [], "ndarray": []}, "meta": {}}
+    assert answer.json() == {  # as seldon-core answers it (test_styles_seldon_control)
+        "data": {"ndarray": []},
+        "meta": {"requestPath": {"learner": "NOT_IMPLEMENTED:NOT_IMPLEMENTED"}},
+    }
     assert seen == [{"features": [[1, 2]], "reward": 0.5, "truth": [[1]], "routing": 1}]
     assert total(samples, "seldon_api_model_feedback_total") == 1
     assert total(samples, "seldon_api_model_feedback_reward_total") == 0.5
+
+
+def test_model_error_handler_blueprints_answer_their_exceptions(make_server):
+    """Seldon's custom-error example: the blueprint's handler answers, with its status."""
+    pytest.importorskip("flask", reason="model_error_handler is a Flask blueprint")
+    server = make_server("st_seldon_errors", env={"HANDLER": "ErrorModel"})
+    custom = server.post_json({"data": {"ndarray": [[-1.0]]}})
+    assert custom.status == 402
+    assert custom.json() == {
+        "status": {"status": 402, "message": "Test-Error-Msg", "app_code": 1402}
+    }
+    other = server.post_json({"data": {"ndarray": [[0.0]]}})  # no handler: Seldon's own 500
+    assert other.status == 500
+    assert other.json()["status"]["reason"] == "MICROSERVICE_INTERNAL_ERROR"
+    server.wait_for_record(lambda r: "custom error handler" in r.get("message", ""))
+
+
+def test_answers_carry_the_request_path_of_the_unit(make_server):
+    unit = {"PREDICTIVE_UNIT_ID": "scaler", "PREDICTIVE_UNIT_IMAGE": "me/scaler:2"}
+    server = make_server("st_seldon_identity", env={"HANDLER": "MyModel", **unit})
+    upstream = {"data": {"ndarray": [1]}, "meta": {"requestPath": {"router": "me/router:1"}}}
+    answer = server.post_json(upstream).json()
+    assert answer["meta"]["requestPath"] == {"scaler": "me/scaler:2", "router": "me/router:1"}
+    metadata = server.request("GET", "/metadata").json()
+    assert (metadata["name"], metadata["versions"]) == ("me/scaler", ["2"])

@@ -27,6 +27,7 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -66,6 +67,8 @@ _ROUTES: Final = {
 #: seldon-core's counters of feedback: how many came with a reward, and the rewards' sum.
 _FEEDBACK_KEY: Final = "seldon_api_model_feedback"
 _FEEDBACK_REWARD_KEY: Final = "seldon_api_model_feedback_reward"
+#: seldon-core's image name for a unit that has no PREDICTIVE_UNIT_IMAGE.
+_NOT_IMPLEMENTED_IMAGE: Final = "NOT_IMPLEMENTED:NOT_IMPLEMENTED"
 _METADATA_DEFAULTS: Final = {
     "name": "",
     "versions": [""],
@@ -105,7 +108,8 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
             f"the Seldon model {config.handler} failed to start: {type(exc).__name__}: {exc}"
         ) from exc
     metadata = _environment_metadata(config.seldon_metadata)
-    component = _Component(numpy, model, metadata, config.seldon_unit_id)
+    unit = _Unit(config.seldon_unit_id, config.seldon_unit_image)
+    component = _Component(numpy, model, metadata, unit, _error_handlers(model))
     return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
 
 
@@ -184,16 +188,78 @@ def _not_implemented(exc: BaseException) -> bool:
     return any(cls.__name__ == "SeldonNotImplementedError" for cls in type(exc).__mro__)
 
 
+@dataclass(frozen=True)
+class _Unit:
+    """This component's place in the inference graph (``PREDICTIVE_UNIT_ID``, ``_IMAGE``)."""
+
+    id: str
+    #: PREDICTIVE_UNIT_IMAGE, empty when not set.
+    image_given: str
+
+    @property
+    def image(self) -> str:
+        return self.image_given or _NOT_IMPLEMENTED_IMAGE
+
+    def request_path(self) -> dict[str, str]:
+        """seldon-core's ``get_request_path``: this unit's image under its id, once it has one."""
+        return {self.id: self.image} if self.id else {}
+
+
+_ErrorHandlers = Callable[[Exception], EncodedResponse | None]
+
+
+def _error_handlers(model: Any) -> _ErrorHandlers | None:
+    """The class's ``model_error_handler``: a Flask blueprint whose ``app_errorhandler``
+    functions answer the exceptions they name, registered on a Flask app as seldon-core does.
+    Returns a function that answers an exception with them, or None when none applies."""
+    blueprint = getattr(model, "model_error_handler", None)
+    if blueprint is None:
+        return None
+    flask = require("flask", "seldon")
+    app = flask.Flask("seldon-model-error-handler")
+    try:
+        app.register_blueprint(blueprint)
+    except Exception as exc:
+        raise HandlerLoadError(
+            f"model_error_handler must be a flask.Blueprint, got {type(blueprint).__name__}: {exc}"
+        ) from exc
+    _log.info("registered the model's custom error handler (model_error_handler)")
+
+    def answer(exc: Exception) -> EncodedResponse | None:
+        with app.test_request_context():
+            try:
+                returned = app.handle_user_exception(exc)
+            except Exception as again:
+                if again is exc:  # no handler for it: re-raised as it was
+                    return None
+                raise
+            response = app.make_response(returned)
+            headers = tuple(
+                (name, value)
+                for name, value in response.headers.items()
+                if name.lower() != "content-length"
+            )
+            return EncodedResponse(response.status_code, headers, response.get_data())
+
+    return answer
+
+
 class _Component:
     """One user object and the SeldonMessage handling around it."""
 
     def __init__(
-        self, numpy: Any, model: Any, environment_metadata: dict[str, Any], unit_id: str
+        self,
+        numpy: Any,
+        model: Any,
+        environment_metadata: dict[str, Any],
+        unit: _Unit,
+        error_handlers: _ErrorHandlers | None,
     ) -> None:
         self._np = numpy
         self._model = model
+        self._unit = unit
         self._metadata = self._init_metadata(environment_metadata)
-        self._unit_id = unit_id
+        self._error_handlers = error_handlers
 
     def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
@@ -286,13 +352,17 @@ class _Component:
             self._features(message["truth"])[0] if isinstance(message.get("truth"), dict) else None
         )
         response_meta = (message.get("response") or {}).get("meta") or {}
-        routing = (response_meta.get("routing") or {}).get(self._unit_id)
+        routing = (response_meta.get("routing") or {}).get(self._unit.id)
         method = getattr(self._model, "send_feedback", None)
         result = None
         if callable(method):
             result = method(features, _names(request), reward, truth, routing=routing)
         answer = self._np.array([] if result is None else result)
-        return self._response(request, answer, None, _reported(self._metrics([])), {})
+        response = self._response(request, answer, None, _reported(self._metrics([])), {})
+        data = response.get("data")
+        if isinstance(data, dict) and not data.get("names"):
+            del data["names"]  # seldon-core answers feedback through protobuf, which drops it
+        return response
 
     def _raw(self, action: str, message: Any) -> tuple[bool, Any]:
         """``<action>_raw(message)`` when the class has it (and it is implemented)."""
@@ -372,16 +442,24 @@ class _Component:
                 payload = {"ndarray": array.tolist()}
             response["data"] = {**payload, "names": self._class_names(array)}
         meta = meta if isinstance(meta, dict) else {}
-        tags = {**meta.get("tags", {}), **self._tags(), **tags}
-        metrics = [*meta.get("metrics", []), *metrics]
+        # The request's own tags and metrics, updated in place as seldon-core does (a model
+        # that returned its meta sees the additions in its answer there too).
+        merged_tags = meta.get("tags", {})
+        merged_tags.update(self._tags())
+        merged_tags.update(tags)
+        merged_metrics = meta.get("metrics", [])
+        merged_metrics.extend(metrics)
         response["meta"] = {}
-        if tags:
-            response["meta"]["tags"] = tags
-        if metrics:
-            response["meta"]["metrics"] = metrics
+        if merged_tags:
+            response["meta"]["tags"] = merged_tags
+        if merged_metrics:
+            response["meta"]["metrics"] = merged_metrics
         puid = (request.get("meta") or {}).get("puid") if isinstance(request, dict) else None
         if puid:
             response["meta"]["puid"] = puid
+        request_path = {**self._unit.request_path(), **meta.get("requestPath", {})}
+        if request_path:
+            response["meta"]["requestPath"] = request_path
         return response
 
     def _class_names(self, array: Any) -> list[str]:
@@ -443,6 +521,13 @@ class _Component:
                 status = "not implemented - assuming healthy"
         return self._response({}, status, None, _reported(self._metrics([])), {})
 
+    def _image_metadata(self) -> dict[str, Any]:
+        """seldon-core names a model after its image (``PREDICTIVE_UNIT_IMAGE``) by default."""
+        if not self._unit.image_given:
+            return {}
+        *name, version = self._unit.image.split(":")
+        return {"name": ":".join(name), "versions": [version]}
+
     def _init_metadata(self, environment: dict[str, Any]) -> dict[str, Any] | None:
         """Seldon reads the metadata once at start (``MODEL_METADATA`` under the model's own)
         and validates it; None means invalid."""
@@ -454,7 +539,7 @@ class _Component:
         if not isinstance(found, dict):
             _log.error("the Seldon model's init_metadata must return a dict, got %r", found)
             found = {}
-        metadata = {**_METADATA_DEFAULTS, **environment, **found}
+        metadata = {**_METADATA_DEFAULTS, **self._image_metadata(), **environment, **found}
         problem = _metadata_problem(metadata)
         if problem:
             _log.error("invalid Seldon model metadata (%s): %r", problem, metadata)
@@ -462,6 +547,10 @@ class _Component:
         return metadata
 
     def _error(self, exc: Exception) -> EncodedResponse:
+        if self._error_handlers is not None:
+            answered = self._error_handlers(exc)
+            if answered is not None:
+                return answered
         if callable(getattr(exc, "to_dict", None)) and isinstance(
             getattr(exc, "status_code", None), int
         ):

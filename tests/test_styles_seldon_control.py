@@ -1,0 +1,216 @@
+"""The Seldon style against seldon-core's own Python microservice, as a control.
+
+seldon-core 1.18 pins old Flask, protobuf and numpy, so it lives in a virtual environment of
+its own (built once, cached under ``~/.cache/abeja-runtime``). Each component of
+``tests/handlers`` is served by ``seldon-core-microservice`` and by the runtime, with the same
+environment; the same requests go to both, and the statuses and bodies must be the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import HANDLERS, runtime_env
+from waiting import wait_until
+
+from abeja_runtime.launch import free_port
+
+SELDON_CORE = "1.18.2"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abeja-runtime"
+FORM = "application/x-www-form-urlencoded"
+UNIT = {"PREDICTIVE_UNIT_ID": "unit-a", "PREDICTIVE_UNIT_IMAGE": "registry/unit-a:1.0"}
+
+
+@pytest.fixture(scope="session")
+def seldon_core() -> Path:
+    """The ``seldon-core-microservice`` of a cached virtual environment."""
+    venv = CACHE / f"seldon-core-{SELDON_CORE}"
+    command = venv / "bin" / "seldon-core-microservice"
+    if command.exists():
+        return command
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(venv)],
+        # gunicorn 20 imports pkg_resources, which newer setuptools no longer have
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            f"seldon-core=={SELDON_CORE}",
+            "setuptools<70",
+        ],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, timeout=900, check=False)
+        if done.returncode != 0:
+            reason = f"seldon-core {SELDON_CORE} cannot be installed: {done.stderr[-500:]}"
+            if os.environ.get("CI"):
+                pytest.fail(reason)
+            pytest.skip(reason)
+    return command
+
+
+class Control:
+    """seldon-core's microservice for one component."""
+
+    def __init__(self, command: Path, handler_dir: str, interface: str, service_type: str):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [
+                str(command), interface,
+                "--service-type", service_type,
+                "--http-port", str(self.port),
+                "--grpc-port", str(free_port()),
+                "--metrics-port", str(free_port()),
+                "--workers", "1",
+                "--log-level", "WARNING",
+            ],
+            cwd=HANDLERS / handler_dir,
+            env={**runtime_env(), **UNIT},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its gunicorn, gRPC and metrics processes: one group
+        )  # fmt: skip
+        wait_until(self._answers, 60, f"seldon-core's microservice for {interface}")
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(self.process.stderr.read().decode()[-2000:])
+        try:
+            return ask(self.port, "GET", "/health/ping")[0] == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """The whole group at once: a control has nothing to finish, and gunicorn's graceful
+        stop waits for its workers' timeout."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+        self.process.stderr.close()
+
+
+def ask(port: int, method: str, path: str, body: Any = None, content_type: str = "") -> tuple:
+    """(status, the body as JSON when it is JSON, else as text)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
+        headers = {"Content-Type": content_type or "application/json"} if data else {}
+        connection.request(method, path, data, headers)
+        answer = connection.getresponse()
+        raw = answer.read()
+    finally:
+        connection.close()
+    try:
+        return answer.status, json.loads(raw)
+    except ValueError:
+        return answer.status, raw.decode("utf-8", "replace")
+
+
+@pytest.fixture
+def both(make_server, seldon_core) -> Iterator[Any]:
+    """``both(handler_dir, interface, service_type)``: the control and the runtime, started."""
+    controls: list[Control] = []
+
+    def start(handler_dir: str, interface: str, service_type: str = "MODEL") -> tuple[int, int]:
+        control = Control(seldon_core, handler_dir, interface, service_type)
+        controls.append(control)
+        ours = make_server(handler_dir, env={"HANDLER": interface, **UNIT})
+        return control.port, ours.port
+
+    yield start
+    for control in controls:
+        control.stop()
+
+
+def assert_same(ports: tuple[int, int], requests: list[tuple]) -> None:
+    """Every request answered the same by seldon-core and the runtime; else each difference."""
+    found = []
+    for request in requests:
+        control, ours = (ask(port, *request) for port in ports)
+        if control != ours:
+            found.append(f"{request}:\n  seldon-core:   {control}\n  abeja-runtime: {ours}")
+    assert not found, "\n".join(found)
+
+
+def test_the_identity_model_answers_as_seldon_core(both):
+    ports = both("st_seldon_identity", "MyModel")
+    requests = [
+        ("POST", "/predict", {"data": {"ndarray": [[1, 2], [3, 4]]}}),
+        ("POST", "/predict", {"data": {"tensor": {"shape": [2, 2], "values": [1, 2, 3, 4]}}}),
+        ("POST", "/predict", {"data": {"names": ["a", "b"], "ndarray": [[1.5, "x"]]}}),
+        ("POST", "/api/v1.0/predictions", {"jsonData": {"k": [1, 2]}}),
+        ("POST", "/api/v1.0/predictions", {"strData": "hello"}),
+        ("POST", "/api/v1.0/predictions", {"binData": "AAEC"}),
+        ("POST", "/predict", {"data": {"ndarray": [1]}, "meta": {"puid": "p-1", "tags": {"a": 1}}}),
+        ("POST", "/predict", {"data": {"ndarray": [1]}, "meta": {"requestPath": {"up": "i:2"}}}),
+        ("POST", "/predict", {"data": {}}),
+        ("GET", "/health/ping"),
+        ("GET", "/health/status"),
+        ("GET", "/metadata"),
+        ("POST", "/transform-input", {"data": {"ndarray": [[5]]}}),
+        ("POST", "/transform-output", {"data": {"ndarray": [[5]]}}),
+        ("GET", "/predict?json=%7B%22data%22%3A%7B%22ndarray%22%3A%5B7%5D%7D%7D"),
+        ("POST", "/predict", b"json=%7B%22strData%22%3A%22f%22%7D", FORM),
+    ]  # fmt: skip
+    assert_same(ports, requests)
+
+
+def test_a_full_component_answers_as_seldon_core(both):
+    ports = both("st_seldon_full", "Classifier")
+    requests = [
+        ("POST", "/predict", {"data": {"ndarray": [[1.0, 2.0]]}}),
+        ("POST", "/predict", {"data": {"tensor": {"shape": [1, 2], "values": [1.0, 2.0]}}}),
+        ("POST", "/predict", {"data": {"names": ["f1", "f2"], "ndarray": [[1.0, 2.0]]}}),
+        ("POST", "/predict", {"jsonData": {"x": 1}, "meta": {"tags": {"t": "v"}}}),
+        ("POST", "/predict", {"data": {"ndarray": [[-1.0, 0.0]]}}),
+        ("POST", "/transform-input", {"data": {"ndarray": [[1.0, 2.0]]}}),
+        ("POST", "/transform-output", {"data": {"ndarray": [[1.0, 2.0]]}}),
+        ("GET", "/health/status"),
+        ("GET", "/metadata"),
+    ]
+    assert_same(ports, requests)
+
+
+def test_graph_units_answer_as_seldon_core(both):
+    router = both("st_seldon_graph", "Units.Router", "ROUTER")
+    assert_same(router, [
+        ("POST", "/route", {"data": {"ndarray": [[2.0]]}}),
+        ("POST", "/route", {"data": {"ndarray": [[-2.0]]}}),
+        ("POST", "/route", {"data": {"ndarray": [[99.0]]}}),
+    ])  # fmt: skip
+    combiner = both("st_seldon_graph", "Units.Combiner", "COMBINER")
+    message_list = {
+        "seldonMessages": [{"data": {"ndarray": [[1.0, 2.0]]}}, {"data": {"ndarray": [[3.0, 4.0]]}}]
+    }
+    assert_same(combiner, [("POST", "/aggregate", message_list)])
+    learner = both("st_seldon_graph", "Units.Learner")
+    feedback = {
+        "request": {"data": {"ndarray": [[1.0]]}},
+        "response": {"meta": {"routing": {"unit-a": 1}}},
+        "reward": 0.5,
+        "truth": {"data": {"ndarray": [[2.0]]}},
+    }
+    assert_same(learner, [
+        ("POST", "/send-feedback", feedback),
+        ("POST", "/predict", {"data": {"ndarray": [[0.0]]}}),
+    ])  # fmt: skip
+
+
+def test_model_error_handler_answers_as_seldon_core(both):
+    ports = both("st_seldon_errors", "ErrorModel")
+    requests = [
+        ("POST", "/predict", {"data": {"ndarray": [[1.0]]}}),
+        ("POST", "/predict", {"data": {"ndarray": [[-1.0]]}}),
+        ("POST", "/predict", {"data": {"ndarray": [[0.0]]}}),
+    ]
+    assert_same(ports, requests)
