@@ -63,6 +63,23 @@ def infer(port: int, *inputs: Any, model: str = "model", **kwargs: Any) -> Any:
             return exc
 
 
+def running_call(server: Any, port: int, *inputs: Any) -> tuple[threading.Thread, list[Any]]:
+    """A ModelInfer call on a thread of its own, once the worker has it in flight; its
+    answer lands in the list."""
+    answers: list[Any] = []
+    caller = threading.Thread(target=lambda: answers.append(infer(port, *inputs)))
+    caller.start()
+    wait_until(
+        lambda: (
+            b"abeja_runtime_in_flight_requests 1.0"
+            in server.request("GET", "/metrics", port=server.healthcheck_port).body
+        ),
+        10,
+        "the call to run",
+    )
+    return caller, answers
+
+
 @pytest.fixture(scope="module")
 def grpc_port() -> int:
     return free_port()
@@ -193,17 +210,7 @@ def test_the_runtime_deadline_and_queue_apply_to_grpc_calls(make_server):
     assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "handler timed out after 1 s" in late.details()
 
-    first: list[Any] = []
-    caller = threading.Thread(target=lambda: first.append(infer(port, fp64("sleep", 0.8))))
-    caller.start()
-    wait_until(
-        lambda: (
-            b"abeja_runtime_in_flight_requests 1.0"
-            in server.request("GET", "/metrics", port=server.healthcheck_port).body
-        ),
-        10,
-        "the first call to run",
-    )
+    caller, first = running_call(server, port, fp64("sleep", 0.8))
     busy = infer(port, fp64("x", 1.0))
     caller.join(20)
     assert busy.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -229,17 +236,7 @@ def test_two_workers_share_the_grpc_port_and_finish_calls_at_shutdown(make_serve
         20,
         "both workers to serve gRPC",
     )
-    running: list[Any] = []
-    caller = threading.Thread(target=lambda: running.append(infer(port, fp64("sleep", 1))))
-    caller.start()
-    wait_until(
-        lambda: (
-            b"abeja_runtime_in_flight_requests 1.0"
-            in server.request("GET", "/metrics", port=server.healthcheck_port).body
-        ),
-        10,
-        "the call to run",
-    )
+    caller, running = running_call(server, port, fp64("sleep", 1))
     assert server.stop(signal.SIGTERM) == 0
     caller.join(20)
     (answered,) = running

@@ -98,65 +98,56 @@ def predictor(make_module_server):
     return server
 
 
-@pytest.mark.parametrize(
-    ("protocol", "expected"),
-    [
-        ("v1", [2.0, 5.0]),  # the predictor's V1 answer is its input: the transformer's doubling
-        ("v2", [4.0, 10.0]),  # its V2 answer doubles again
-        ("grpc-v2", [4.0, 10.0]),
-    ],
-)
-def test_a_transformer_reaches_its_predictor(make_server, predictor, protocol, expected):
-    host = f"127.0.0.1:{predictor.grpc_port if protocol == 'grpc-v2' else predictor.port}"
-    transformer = start_script(
+def start_transformer(make_server, predictor_host: str, *more: str):
+    """The transformer of st_kserve_transformer, forwarding to ``predictor_host``."""
+    return start_script(
         make_server,
         "st_kserve_transformer",
         "transformer.py",
         "--model_name",
         NAME,
         "--predictor_host",
-        host,
-        "--predictor_protocol",
-        protocol,
+        predictor_host,
+        *more,
+    )
+
+
+@pytest.mark.parametrize(
+    ("protocol", "expected", "predictor_path"),
+    [
+        # The predictor's V1 answer is its input (the transformer's doubling); its V2 answer
+        # doubles again.
+        ("v1", [2.0, 5.0], f"/v1/models/{NAME}:predict"),
+        ("v2", [4.0, 10.0], f"/v2/models/{NAME}/infer"),
+        ("grpc-v2", [4.0, 10.0], "/inference.GRPCInferenceService/ModelInfer"),
+    ],
+)
+def test_a_transformer_reaches_its_predictor(
+    make_server, predictor, protocol, expected, predictor_path
+):
+    port = predictor.grpc_port if protocol == "grpc-v2" else predictor.port
+    transformer = start_transformer(
+        make_server, f"127.0.0.1:{port}", "--predictor_protocol", protocol
     )
     answer = transformer.post_json({"instances": [1.0, 2.5]}, path=f"/v1/models/{NAME}:predict")
     assert answer.status == 200, answer.body
     assert answer.json() == {"predictions": expected, "protocol": protocol}
-
     # The predictor was really called, over the protocol asked for.
-    path = "/inference.GRPCInferenceService/ModelInfer" if protocol == "grpc-v2" else None
-    path = path or (
-        f"/v2/models/{NAME}/infer" if protocol == "v2" else f"/v1/models/{NAME}:predict"
+    predictor.wait_for_record(
+        lambda r: r.get("http_path") == predictor_path and r.get("http_status") == 200
     )
-    predictor.wait_for_record(lambda r: r.get("http_path") == path and r.get("http_status") == 200)
 
 
 def test_a_transformer_whose_predictor_is_down_answers_an_error(make_server):
-    transformer = start_script(
-        make_server,
-        "st_kserve_transformer",
-        "transformer.py",
-        "--model_name",
-        NAME,
-        "--predictor_host",
-        f"127.0.0.1:{free_port()}",
-    )
+    transformer = start_transformer(make_server, f"127.0.0.1:{free_port()}")
     answer = transformer.post_json({"instances": [1.0]}, path=f"/v1/models/{NAME}:predict")
     assert answer.status == 500
     assert "error" in answer.json()
 
 
 def test_a_transformer_reached_over_grpc_reaches_its_predictor_over_grpc(make_server, predictor):
-    transformer = start_script(
-        make_server,
-        "st_kserve_transformer",
-        "transformer.py",
-        "--model_name",
-        NAME,
-        "--predictor_host",
-        f"127.0.0.1:{predictor.grpc_port}",
-        "--predictor_protocol",
-        "grpc-v2",
+    transformer = start_transformer(
+        make_server, f"127.0.0.1:{predictor.grpc_port}", "--predictor_protocol", "grpc-v2"
     )
 
     async def ask() -> Any:
