@@ -201,16 +201,16 @@ def test_the_runtime_deadline_and_queue_apply_to_grpc_calls(make_server):
         "--grpc-port",
         str(port),
         "--timeout",
-        "1",
+        "3",
         "--max-queue",
         "0",
         env={"HANDLER": "model:AsyncModel"},
     )
     late = infer(port, fp64("sleep", 30))
     assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "handler timed out after 1 s" in late.details()
+    assert "handler timed out after 3 s" in late.details()
 
-    caller, first = running_call(server, port, fp64("sleep", 0.8))
+    caller, first = running_call(server, port, fp64("sleep", 2.5))
     busy = infer(port, fp64("x", 1.0))
     caller.join(20)
     assert busy.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -236,13 +236,13 @@ def test_two_workers_share_the_grpc_port_and_finish_calls_at_shutdown(make_serve
         20,
         "both workers to serve gRPC",
     )
-    caller, running = running_call(server, port, fp64("sleep", 1))
+    caller, running = running_call(server, port, fp64("sleep", 3))
     assert server.stop(signal.SIGTERM) == 0
     caller.join(20)
     (answered,) = running
     assert not isinstance(answered, grpc.RpcError), answered
     response, _ = answered
-    assert list(response.outputs[0].contents.fp64_contents) == [2.0]
+    assert list(response.outputs[0].contents.fp64_contents) == [6.0]  # doubled
 
 
 def start_and_fail(handler_dir: str, *flags: str, env: dict[str, str]) -> str:

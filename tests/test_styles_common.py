@@ -215,6 +215,7 @@ def test_a_missing_optional_package_is_named(make_server, tmp_path):
         tmp_path / "p",
         {
             "main.py": "def pre_inference(sample, signature, metadata):\n    return sample\n",
+            "model.onnx": "an ONNX model, run with onnxruntime\n",
             # Shadows the installed package, as if it were not installed.
             "onnxruntime.py": "raise ImportError('No module named onnxruntime (simulated)')\n",
         },
