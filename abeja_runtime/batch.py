@@ -222,7 +222,11 @@ class _Batch:
         pending: Iterator[tuple[Path, Path]] = iter(files)
         terminal = _terminal()
         with click.progressbar(
-            length=len(files), label="batch", file=terminal, hidden=not terminal.isatty()
+            length=len(files),
+            label="batch",
+            file=terminal,
+            hidden=not terminal.isatty(),
+            show_pos=True,
         ) as bar:
 
             async def work() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import os
+import pty
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -229,3 +231,41 @@ def test_a_datalake_error_is_said_with_what_the_api_answered(datalake):
     assert done.returncode == 1
     assert "the DataLake answered 404" in done.stderr
     assert datalake.uploads == []
+
+
+def test_on_a_terminal_there_is_a_progress_bar_and_the_summary_in_words(tmp_path):
+    """stderr a pseudo-terminal, as when a person runs the command."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for number in range(3):
+        (inputs / f"{number}.json").write_text('{"total_without_tax": 1}')
+    controller, terminal = pty.openpty()
+    try:
+        done = subprocess.run(
+            runtime_command("batch", str(inputs), "-o", str(tmp_path / "out")),
+            cwd=SAMPLES / "tax",
+            env=runtime_env(),
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            timeout=120,
+            check=False,
+        )
+        os.close(terminal)
+        shown = b""
+        while chunk := _read_available(controller):
+            shown += chunk
+    finally:
+        os.close(controller)
+    text = shown.decode("utf-8", "replace")
+    assert done.returncode == 0
+    assert "batch  [------------------------------------]  0/3" in text, text
+    assert "batch  [####################################]  3/3" in text
+    assert "batch: 3 input(s): 3 answered 2xx, in " in text
+
+
+def _read_available(fd: int) -> bytes:
+    """What the terminal holds; b"" once the writer is gone (EIO on Linux) or nothing is left."""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""
