@@ -145,6 +145,21 @@ def test_a_transformer_whose_predictor_is_down_answers_an_error(make_server):
     assert "error" in answer.json()
 
 
+def test_a_transformer_gives_up_on_a_slow_predictor_after_its_timeout(make_server, predictor):
+    transformer = start_transformer(
+        make_server,
+        f"127.0.0.1:{predictor.port}",
+        "--predictor_protocol",
+        "v2",
+        "--predictor_request_timeout_seconds",
+        "1",
+    )
+    slow = {"inputs": [{"name": "sleep", "shape": [1], "datatype": "FP64", "data": [1.5]}]}
+    answer = transformer.post_json(slow, path=f"/v2/models/{NAME}/infer")  # the predictor: 3 s
+    assert answer.status == 500, answer.body
+    assert "Timeout" in answer.json()["error"]
+
+
 def test_a_transformer_reached_over_grpc_reaches_its_predictor_over_grpc(make_server, predictor):
     transformer = start_transformer(
         make_server, f"127.0.0.1:{predictor.grpc_port}", "--predictor_protocol", "grpc-v2"

@@ -25,15 +25,17 @@ class DoublingTransformer(Model):
         self.ready = True
 
     def preprocess(self, payload, headers=None):
+        name = "x"
         if isinstance(payload, InferRequest):
             headers["request-type"] = "v2"  # answered with an InferResponse (gRPC needs one)
+            name = payload.inputs[0].name  # the predictor's test model sleeps on "sleep"
             values = payload.inputs[0].as_numpy().tolist()
         else:
             values = payload["instances"]
         doubled = [2.0 * value for value in values]
         if self.protocol == "v1":
             return {"instances": doubled}
-        tensor = InferInput(name="x", shape=[len(doubled)], datatype="FP64")
+        tensor = InferInput(name=name, shape=[len(doubled)], datatype="FP64")
         tensor.set_data_from_numpy(np.array(doubled, dtype=np.float64), binary_data=False)
         return InferRequest(model_name=self.name, infer_inputs=[tensor])
 
