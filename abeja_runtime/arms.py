@@ -59,10 +59,7 @@ class ResultSender:
         """The handler's answer, as the three parts the platform expects."""
         assert isinstance(reply.body, bytes), "an async result is collected before it is sent"
         headers = {name: value for name, value in reply.headers if name.lower() != "content-length"}
-        content_type = next(
-            (value for name, value in reply.headers if name.lower() == "content-type"),
-            "text/plain",
-        )
+        content_type = reply.header("Content-Type", "text/plain")
         with aiohttp.MultipartWriter("form-data") as form:
             for name, data, part_type in (
                 ("status", str(reply.status).encode(), "text/plain"),

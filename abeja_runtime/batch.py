@@ -27,7 +27,6 @@ import asyncio
 import io
 import json
 import logging
-import mimetypes
 import os
 import sys
 import time
@@ -37,68 +36,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TextIO
 
+import aiohttp
 import click
 
 from abeja_runtime.config import Config
 from abeja_runtime.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
-from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError
 from abeja_runtime.execute import Executor
 from abeja_runtime.lifecycle import Lifecycle, ServingState
 from abeja_runtime.loader import install_dependencies, load_handler, prepare_workdir
 from abeja_runtime.logs import capture_prints, configure_logging
+from abeja_runtime.media import extension_for, guess_content_type
 from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.request import Content, Request
 
-__all__ = ["BatchError", "collect_files", "extension_for", "run_batch"]
+__all__ = ["BatchError", "collect_files", "run_batch"]
 
 _log = logging.getLogger("abeja_runtime")
 
-#: The anchor's extensions for media types (``util/mimetype_helper.go``).
-_EXTENSIONS: Final = {
-    "application/javascript": ".js",
-    "application/json": ".json",
-    "application/pdf": ".pdf",
-    "application/x-www-form-urlencoded": ".txt",
-    "audio/midi": ".midi",
-    "audio/mpeg": ".mpg",
-    "audio/ogg": ".oga",
-    "audio/wav": ".wav",
-    "audio/webm": ".webm",
-    "image/bmp": ".bmp",
-    "image/gif": ".gif",
-    "image/jpeg": ".jpg",
-    "image/png": ".png",
-    "image/svg+xml": ".svg",
-    "image/webp": ".webp",
-    "text/csv": ".csv",
-    "text/html": ".html",
-    "text/markdown": ".md",
-    "text/plain": ".txt",
-    "text/xml": ".xml",
-    "video/avi": ".avi",
-    "video/mp4": ".mp4",
-    "video/ogg": ".ogv",
-    "video/quicktime": ".qt",
-    "video/webm": ".webm",
-    "video/x-matroska": ".mkv",
-}
-_DEFAULT_TYPE: Final = "application/octet-stream"
 #: How many failed inputs the summary names.
 _NAMED_FAILURES: Final = 10
 
 
 class BatchError(AbejaRuntimeError):
     """The inputs or the platform's answers make the batch impossible; the text says why."""
-
-
-def extension_for(content_type: str) -> str:
-    """The anchor's file extension for a content type: its table, else ``.txt`` for text and
-    ``.bin`` for anything else."""
-    media = content_type.partition(";")[0].strip().lower()
-    if media in _EXTENSIONS:
-        return _EXTENSIONS[media]
-    return ".txt" if not media or media.startswith("text") else ".bin"
 
 
 def collect_files(paths: Sequence[Path]) -> list[tuple[Path, Path]]:
@@ -232,7 +193,8 @@ class _Batch:
             async def work() -> None:
                 for source, name in pending:  # shared: each input is taken once
                     reply = await self._lifecycle.answer(_file_request(source), str(name))
-                    target = output / f"{name}{extension_for(_content_type(reply))}"
+                    extension = extension_for(reply.header("Content-Type"))
+                    target = output / f"{name}{extension}"
                     target.parent.mkdir(parents=True, exist_ok=True)
                     assert isinstance(reply.body, bytes)
                     target.write_bytes(reply.body)
@@ -242,8 +204,6 @@ class _Batch:
             await asyncio.gather(*(work() for _ in range(self._config.concurrency)))
 
     async def _platform_input(self, environ: Mapping[str, str], tally: _Tally) -> None:
-        import aiohttp
-
         text = environ.get("INPUT", "")
         target = datalake_target(environ.get("OUTPUT", ""), "OUTPUT")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
@@ -257,7 +217,8 @@ class _Batch:
                 sys.__stdout__.flush()  # type: ignore[union-attr]
             else:
                 run_id = environ.get("ABEJA_RUN_ID", "")
-                name = f"{run_id}_0{extension_for(_content_type(reply))}"
+                extension = extension_for(reply.header("Content-Type"))
+                name = f"{run_id}_0{extension}"
                 await lake.upload(target, name, reply)
 
 
@@ -266,10 +227,6 @@ def _terminal() -> TextIO:
     stream = sys.__stderr__
     assert stream is not None
     return stream
-
-
-def _content_type(reply: EncodedResponse) -> str:
-    return next((value for name, value in reply.headers if name.lower() == "content-type"), "")
 
 
 def _request(content_type: str, contents: list[Content], headers: list[tuple[str, str]]) -> Request:
@@ -284,7 +241,7 @@ def _request(content_type: str, contents: list[Content], headers: list[tuple[str
 
 def _file_request(path: Path) -> Request:
     """What an HTTP POST of the file would give the handler."""
-    content_type = mimetypes.guess_type(path.name)[0] or _DEFAULT_TYPE
+    content_type = guess_content_type(path.name)
     headers = [("content-type", content_type), ("content-length", str(path.stat().st_size))]
     return _request(content_type, [Content(path.open("rb"))], headers)
 

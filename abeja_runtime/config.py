@@ -24,6 +24,7 @@ __all__ = [
     "STYLES",
     "Config",
     "PlatformIds",
+    "parse_bool",
     "parse_context",
     "resolve_training_result_dir",
 ]
@@ -220,6 +221,21 @@ class Config:
     def stuck_after(self) -> float | None:
         """Seconds after which a still-running handler makes its worker be recycled (A1)."""
         return self.timeout + self.grace_period if self.timeout else None
+
+
+_TRUE: Final = frozenset({"y", "yes", "t", "true", "on", "1"})
+_FALSE: Final = frozenset({"n", "no", "f", "false", "off", "0"})
+
+
+def parse_bool(text: str) -> bool:
+    """``strtobool`` as the other platforms read their flags (KServe's ``--enable_grpc``,
+    seldon-core's ``BOOL`` parameters); ``ValueError`` for anything else."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"{text!r} is not true or false")
 
 
 def parse_context(text: str | None, name: str = "CONTEXT") -> dict[str, Any]:

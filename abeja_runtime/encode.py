@@ -68,6 +68,11 @@ class EncodedResponse:
     headers: tuple[tuple[str, str], ...]
     body: Body
 
+    def header(self, name: str, default: str = "") -> str:
+        """The value of the header ``name`` (any case), or ``default``."""
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key.lower() == wanted), default)
+
     def with_headers(self, extra: tuple[tuple[str, str], ...]) -> EncodedResponse:
         """The same response with ``extra`` headers, which win over those of the same name."""
         if not extra:

@@ -26,10 +26,11 @@ from abeja_runtime.config import (
     STYLES,
     Config,
     PlatformIds,
+    parse_bool,
     parse_context,
 )
 
-__all__ = ["batch", "cli", "main"]
+__all__ = ["batch", "cli", "kserve", "main"]
 
 #: logrus level names used by the anchor, mapped onto ours.
 _LEVEL_ALIASES: Final = {
@@ -342,11 +343,16 @@ def main(**options: Any) -> None:
     """
     from abeja_runtime.supervisor import run
 
+    sys.exit(run(_config(**options)))
+
+
+def _config(**options: Any) -> Config:
+    """The settings, with the platform's ids from the environment; a bad value is a usage
+    error (one line, exit 2)."""
     try:
-        config = Config(platform=PlatformIds.from_environ(os.environ), **options)
+        return Config(platform=PlatformIds.from_environ(os.environ), **options)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    sys.exit(run(config))
 
 
 #: Options of the server that a batch run has no use for.
@@ -378,10 +384,10 @@ def _batch(inputs: tuple[Path, ...], output: Path, **options: Any) -> None:
     """
     from abeja_runtime.batch import BatchError, run_batch
 
+    config = _config(**options)
     try:
-        config = Config(platform=PlatformIds.from_environ(os.environ), **options)
         code = run_batch(config, inputs, output)
-    except (ValueError, BatchError) as exc:
+    except BatchError as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(code)
 
@@ -405,18 +411,36 @@ batch = click.Command(
 )
 
 
-_KSERVE_USAGE: Final = """\
-Usage: abeja-runtime kserve SCRIPT [KSERVE ARGUMENTS]...
+def _kserve(script: str, arguments: tuple[str, ...]) -> None:
+    """Serve a KServe model file unchanged.
 
-  Serve a KServe model file unchanged: SCRIPT runs as __main__ (with sys.argv as KServe's
-  server would have it) until it calls ModelServer().start([model]), and the runtime serves
-  that model. KServe's --http_port (8080), --grpc_port (8081), --enable_grpc (true) and
-  --workers (1) set the ports and workers; --model_name, --predictor_host, --protocol and
-  the rest are the script's and kserve's, as with `python SCRIPT`. Every other setting of
-  the runtime comes from its environment variables (abeja-runtime --help lists them).
+    SCRIPT runs as __main__ (with sys.argv as KServe's server would have it) until it calls
+    ModelServer().start([model]), and the runtime serves that model. KServe's --http_port
+    (8080), --grpc_port (8081), --enable_grpc (true) and --workers (1) set the ports and
+    workers; --model_name, --predictor_host, --protocol and the rest are the script's and
+    kserve's, as with `python SCRIPT`. Every other setting of the runtime comes from its
+    environment variables (abeja-runtime --help lists them).
 
-  abeja-runtime kserve model.py --model_name custom-model --http_port 8080
-"""
+    \b
+    abeja-runtime kserve model.py --model_name custom-model --http_port 8080
+    """
+    serving = _kserve_parser()
+    try:
+        known, _ = serving.parse_known_args(arguments)
+    except argparse.ArgumentError as exc:
+        raise click.UsageError(str(exc)) from None
+    with main.make_context("abeja-runtime", []) as context:  # the environment's settings
+        options = dict(context.params)
+    options.update(
+        handler=script,
+        style="kserve",
+        port=known.http_port,
+        workers=known.workers,
+        grpc_port=known.grpc_port if known.enable_grpc else None,
+    )
+    from abeja_runtime.supervisor import run
+
+    sys.exit(run(_config(kserve_script=(script, *arguments), **options)))
 
 
 def _kserve_parser() -> argparse.ArgumentParser:
@@ -424,65 +448,43 @@ def _kserve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     parser.add_argument("--http_port", type=int, default=8080)
     parser.add_argument("--grpc_port", type=int, default=8081)
-    parser.add_argument("--enable_grpc", type=_true_or_false, default=True)
+    parser.add_argument("--enable_grpc", type=parse_bool, default=True)
     parser.add_argument("--workers", type=int, default=1)
     return parser
 
 
-def _true_or_false(text: str) -> bool:
-    """distutils' strtobool, which KServe uses for its flags."""
-    lowered = text.lower()
-    if lowered in ("y", "yes", "t", "true", "on", "1"):
-        return True
-    if lowered in ("n", "no", "f", "false", "off", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+kserve = click.Command(
+    "kserve",
+    callback=_kserve,
+    help=_kserve.__doc__,
+    options_metavar=None,
+    # Everything after SCRIPT is the script's: KServe's flags are not ours to parse or refuse.
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+    },
+    params=[
+        click.Argument(["script"]),
+        click.Argument(
+            ["arguments"], nargs=-1, type=click.UNPROCESSED, metavar="[KSERVE ARGUMENTS]..."
+        ),
+    ],
+)
 
-
-def _kserve(args: list[str]) -> None:
-    """``abeja-runtime kserve SCRIPT ...``: KServe's main-script habit (styles/kserve_script)."""
-    if not args or args[0] in ("-h", "--help"):
-        click.echo(_KSERVE_USAGE, nl=False)
-        sys.exit(0 if args else 2)
-    script, *rest = args
-    serving, _ = _kserve_parser().parse_known_args(rest)
-    with main.make_context("abeja-runtime", []) as context:  # the environment's settings
-        options = dict(context.params)
-    options.update(
-        handler=script,
-        style="kserve",
-        port=serving.http_port,
-        workers=serving.workers,
-        grpc_port=serving.grpc_port if serving.enable_grpc else None,
-    )
-    from abeja_runtime.supervisor import run
-
-    try:
-        config = Config(
-            platform=PlatformIds.from_environ(os.environ), kserve_script=tuple(args), **options
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    sys.exit(run(config))
+#: The commands besides serving, by the first argument that names them.
+_SUBCOMMANDS: Final = {"batch": batch, "kserve": kserve}
 
 
 def cli() -> None:
-    """Console-script entry: reads ``.env``, then runs :func:`main` (or ``batch``, when the
-    first argument says so) with one-line usage errors."""
+    """Console-script entry: reads ``.env``, then runs :func:`main` (or ``batch`` or ``kserve``,
+    when the first argument names one) with one-line usage errors."""
     load_dotenv(Path.cwd() / ".env", override=False)
     args = sys.argv[1:]
-    if args[:1] == ["kserve"]:
-        try:
-            _kserve(args[1:])
-        except click.ClickException as exc:
-            click.echo(f"abeja-runtime: error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
-        except argparse.ArgumentError as exc:
-            click.echo(f"abeja-runtime: error: {exc}", err=True)
-            sys.exit(2)
-    command, name = (main, "abeja-runtime")
-    if args[:1] == ["batch"]:
-        command, name, args = batch, "abeja-runtime batch", args[1:]
+    command, name = main, "abeja-runtime"
+    if args[:1] and args[0] in _SUBCOMMANDS:
+        command, name, args = _SUBCOMMANDS[args[0]], f"abeja-runtime {args[0]}", args[1:]
     try:
         command.main(args, standalone_mode=False, prog_name=name)
     except click.ClickException as exc:

@@ -162,9 +162,8 @@ class _Worker:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""
         self._state.draining = True
         await site.stop()
-        rpc_stopped = asyncio.ensure_future(
-            rpc.stop(self._config.grace_period) if rpc is not None else asyncio.sleep(0)
-        )
+        # gRPC refuses new calls at once; running ones are waited for with the others below.
+        rpc_stopped = asyncio.ensure_future(rpc.stop(self._config.grace_period)) if rpc else None
         with contextlib.suppress(OSError):  # the supervisor holds readiness 200 until this
             self._pipe.send(("draining",))
         if self._state.in_flight:
@@ -178,7 +177,8 @@ class _Worker:
                     self._state.in_flight,
                     self._config.grace_period,
                 )
-        await rpc_stopped  # within the grace period too; at once when no call is left
+        if rpc_stopped is not None:
+            await rpc_stopped  # within the grace period too; at once when no call is left
 
 
 async def _start_rpc(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mimetypes
 import re
 import secrets
 import sys
@@ -31,12 +30,13 @@ from typing import BinaryIO, Final
 from abeja_cli.errors import InputError
 
 from abeja_runtime.decode import ALLOWED_METHODS
+from abeja_runtime.media import DEFAULT_TYPE as _DEFAULT_TYPE
+from abeja_runtime.media import guess_content_type
 
 __all__ = [
     "METHODS",
     "ModelRequest",
     "build_request",
-    "guess_content_type",
     "is_json_type",
 ]
 
@@ -44,22 +44,10 @@ __all__ = [
 METHODS: Final = ALLOWED_METHODS
 #: Methods whose request may be sent without any ``--input``.
 _BODYLESS: Final = frozenset({"GET", "DELETE"})
-_DEFAULT_TYPE: Final = "application/octet-stream"
 #: A form field name: what HTML forms and the anchor's samples use. Anything else (a path
 #: such as ``data/a=b.json``) is read as a file path.
 _FIELD_RE: Final = re.compile(r"^(?P<name>[A-Za-z0-9_.\-\[\]]+)=(?P<value>.*)$", re.DOTALL)
 _MEDIA_TYPE_RE: Final = re.compile(r"^[\w.+\-!#$&^]+/[\w.+\-!#$&^]+(\s*;.*)?$")
-
-# Built-in table only: /etc/mime.types differs between machines, and the same file must get
-# the same Content-Type everywhere.
-_MIME: Final = mimetypes.MimeTypes(filenames=())
-for _ext, _type in {
-    ".jsonl": "application/x-ndjson",
-    ".ndjson": "application/x-ndjson",
-    ".webp": "image/webp",
-    ".npy": "application/octet-stream",
-}.items():
-    _MIME.add_type(_type, _ext)
 
 
 @dataclass(frozen=True)
@@ -91,12 +79,6 @@ class _Part:
     data: bytes
     file_name: str | None = None
     content_type: str | None = None
-
-
-def guess_content_type(path: str) -> str:
-    """The media type for a file name, from its extension; octet-stream when unknown."""
-    guessed, _encoding = _MIME.guess_type(path, strict=False)
-    return guessed or _DEFAULT_TYPE
 
 
 def is_json_type(content_type: str | None) -> bool:

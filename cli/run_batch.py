@@ -21,7 +21,7 @@ from abeja_cli.session import (
     ModelOptions,
     exit_on_errors,
     model_options,
-    select_engine,
+    prepare_engine,
     terminate_as_interrupt,
 )
 
@@ -81,9 +81,7 @@ def _run(params: dict[str, Any], console: Console) -> int:
             raise InputError(f"--output {params['output']} is a file; name a folder")
         output.mkdir(parents=True, exist_ok=True)  # a Docker bind mount needs it to exist
     batch = BatchSpec(inputs=inputs, output=output)
-    engine = select_engine(options.engine, console)
-    spec = options.spec()
-    engine.prepare(spec)
+    engine, spec = prepare_engine(options, console)
     described = f"{len(inputs)} input path(s)" if inputs else "the INPUT variable"
     console.info(f"running the batch over {described}")
     sink = LogSink(console, show=not console.quiet)

@@ -27,6 +27,7 @@ from abeja_cli.session import (
 from abeja_cli.try_page import TryPage
 
 from abeja_runtime.launch import free_port
+from abeja_runtime.media import guess_content_type
 
 __all__ = ["run_local_server"]
 
@@ -126,8 +127,6 @@ def _banner(options: ModelOptions, engine: Engine, server: Server, page: str) ->
 
 def _curl_example(project: Path, url: str) -> str:
     """A command that sends the project's own request file, or a JSON body, to the server."""
-    from abeja_cli.inputs import guess_content_type
-
     for candidate in sorted(project.glob("request*")):
         if candidate.is_file():
             kind = guess_content_type(candidate.name)

@@ -31,6 +31,7 @@ __all__ = [
     "ModelOptions",
     "exit_on_errors",
     "model_options",
+    "prepare_engine",
     "select_engine",
     "start_server",
     "terminate_as_interrupt",
@@ -273,6 +274,21 @@ def select_engine(choice: str | None, console: Console) -> Engine:
         return LocalEngine(console)
 
 
+def prepare_engine(
+    options: ModelOptions, console: Console, *, host_port: int | None = None
+) -> tuple[Engine, RunSpec]:
+    """Choose the engine and build (or check) what it needs for the project."""
+    engine = select_engine(options.engine, console)
+    if engine.name == "local" and options.image_given:
+        console.notice(
+            f"-i {options.image} is not used by the local engine: the model runs in this "
+            f"Python ({sys.executable}); use --engine docker to run it on that image"
+        )
+    spec = options.spec(host_port=host_port)
+    engine.prepare(spec)
+    return engine, spec
+
+
 @contextmanager
 def start_server(
     options: ModelOptions,
@@ -282,14 +298,7 @@ def start_server(
     host_port: int | None = None,
 ) -> Iterator[tuple[Engine, Server]]:
     """Choose the engine, build, start, wait until ready; stopped and removed on exit."""
-    engine = select_engine(options.engine, console)
-    if engine.name == "local" and options.image_given:
-        console.notice(
-            f"-i {options.image} is not used by the local engine: the model runs in this "
-            f"Python ({sys.executable}); use --engine docker to run it on that image"
-        )
-    spec = options.spec(host_port=host_port)
-    engine.prepare(spec)
+    engine, spec = prepare_engine(options, console, host_port=host_port)
     console.info("setting up local server")
     with engine.serve(spec, sink) as server:
         console.info(f"waiting server running : {server.url}")

@@ -80,31 +80,37 @@ def running_call(server: Any, port: int, *inputs: Any) -> tuple[threading.Thread
     return caller, answers
 
 
-@pytest.fixture(scope="module")
-def grpc_port() -> int:
-    return free_port()
+def with_grpc(start: Any, handler_dir: str, *flags: str, env: dict[str, str]) -> Any:
+    """A runtime started by ``start`` (a server factory) with a free ``--grpc-port``, which
+    it keeps as ``grpc_port``."""
+    port = free_port()
+    server = start(handler_dir, "--grpc-port", str(port), *flags, env=env)
+    server.grpc_port = port
+    return server
+
+
+ASYNC_MODEL = {"HANDLER": "model:AsyncModel"}
 
 
 @pytest.fixture(scope="module")
-def asynchronous(make_module_server, grpc_port):
-    return make_module_server(
-        "st_kserve_async", "--grpc-port", str(grpc_port), env={"HANDLER": "model:AsyncModel"}
-    )
+def asynchronous(make_module_server):
+    return with_grpc(make_module_server, "st_kserve_async", env=ASYNC_MODEL)
+
+
+@pytest.fixture(scope="module")
+def grpc_port(asynchronous) -> int:
+    return int(asynchronous.grpc_port)
 
 
 @pytest.fixture(scope="module")
 def custom(make_module_server):
-    port = free_port()
-    server = make_module_server(
+    return with_grpc(
+        make_module_server,
         "st_kserve_custom",
-        "--grpc-port",
-        str(port),
         "--model-name",
         "custom-model",
         env={"HANDLER": "model"},
     )
-    server.grpc_port = port
-    return server
 
 
 def test_tritonclient_gets_kserve_answers_over_grpc(asynchronous, grpc_port):
@@ -195,17 +201,10 @@ def test_bad_requests_get_kserve_status_codes(asynchronous, grpc_port):
 
 
 def test_the_runtime_deadline_and_queue_apply_to_grpc_calls(make_server):
-    port = free_port()
-    server = make_server(
-        "st_kserve_async",
-        "--grpc-port",
-        str(port),
-        "--timeout",
-        "3",
-        "--max-queue",
-        "0",
-        env={"HANDLER": "model:AsyncModel"},
+    server = with_grpc(
+        make_server, "st_kserve_async", "--timeout", "3", "--max-queue", "0", env=ASYNC_MODEL
     )
+    port = server.grpc_port
     late = infer(port, fp64("sleep", 30))
     assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "handler timed out after 3 s" in late.details()
@@ -222,15 +221,8 @@ def test_the_runtime_deadline_and_queue_apply_to_grpc_calls(make_server):
 
 
 def test_two_workers_share_the_grpc_port_and_finish_calls_at_shutdown(make_server):
-    port = free_port()
-    server = make_server(
-        "st_kserve_async",
-        "--grpc-port",
-        str(port),
-        "--workers",
-        "2",
-        env={"HANDLER": "model:AsyncModel"},
-    )
+    server = with_grpc(make_server, "st_kserve_async", "--workers", "2", env=ASYNC_MODEL)
+    port = server.grpc_port
     wait_until(
         lambda: sum("serving gRPC" in r.get("message", "") for r in server.records()) == 2,
         20,
@@ -269,8 +261,6 @@ def test_a_style_without_grpc_refuses_the_grpc_port():
 def test_a_grpc_port_in_use_stops_the_start_with_a_clear_message():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        output = start_and_fail(
-            "st_kserve_async", "--grpc-port", str(port), env={"HANDLER": "model:AsyncModel"}
-        )
+        output = start_and_fail("st_kserve_async", "--grpc-port", str(port), env=ASYNC_MODEL)
     assert f"cannot listen for gRPC on 127.0.0.1:{port}" in output
     assert "choose another with --grpc-port" in output

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import HANDLERS, runtime_env
 from PIL import Image
+from test_grpc import ASYNC_MODEL, with_grpc
 
 from abeja_runtime.launch import free_port, runtime_command
 
@@ -85,17 +86,7 @@ def test_grpc_can_be_switched_off_as_in_kserve(make_server):
 
 @pytest.fixture(scope="module")
 def predictor(make_module_server):
-    grpc = free_port()
-    server = make_module_server(
-        "st_kserve_async",
-        "--model-name",
-        NAME,
-        "--grpc-port",
-        str(grpc),
-        env={"HANDLER": "model:AsyncModel"},
-    )
-    server.grpc_port = grpc
-    return server
+    return with_grpc(make_module_server, "st_kserve_async", "--model-name", NAME, env=ASYNC_MODEL)
 
 
 def start_transformer(make_server, predictor_host: str, *more: str):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from abeja_runtime.config import Config
+from abeja_runtime.config import Config, parse_bool
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.handler import LoadedHandler
@@ -113,26 +113,12 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
 
 
-_TRUE: Final = frozenset({"y", "yes", "t", "true", "on", "1"})
-_FALSE: Final = frozenset({"n", "no", "f", "false", "off", "0"})
-
-
-def _truth(value: str) -> bool:
-    """What seldon-core's ``strtobool`` accepts."""
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(value)
-
-
 _PARAMETER_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "INT": int,
     "FLOAT": float,
     "DOUBLE": float,
     "STRING": str,
-    "BOOL": _truth,
+    "BOOL": parse_bool,
 }
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from abeja_cli.environment import DEFAULTS, model_environment, parse_env_option
 from abeja_cli.errors import InputError
-from abeja_cli.inputs import build_request, guess_content_type
+from abeja_cli.inputs import build_request
 from multipart import MultipartParser
+
+from abeja_runtime.media import guess_content_type
 
 
 @pytest.fixture

@@ -1,0 +1,72 @@
+"""Media types and file names, both ways, the same on every machine.
+
+``guess_content_type`` gives a file's ``Content-Type`` from its extension: what
+``abeja model run-local --input FILE`` sends and what ``abeja-runtime batch`` gives the handler
+for an input file. ``extension_for`` is the anchor's table the other way, for the files that
+answers are written to (batch outputs, DataLake uploads).
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from typing import Final
+
+__all__ = ["DEFAULT_TYPE", "extension_for", "guess_content_type"]
+
+DEFAULT_TYPE: Final = "application/octet-stream"
+
+# Built-in table only: /etc/mime.types differs between machines, and the same file must get
+# the same Content-Type everywhere.
+_MIME: Final = mimetypes.MimeTypes(filenames=())
+for _ext, _type in {
+    ".jsonl": "application/x-ndjson",
+    ".ndjson": "application/x-ndjson",
+    ".webp": "image/webp",
+    ".npy": "application/octet-stream",
+}.items():
+    _MIME.add_type(_type, _ext)
+
+#: The anchor's extensions for media types (``util/mimetype_helper.go``).
+_EXTENSIONS: Final = {
+    "application/javascript": ".js",
+    "application/json": ".json",
+    "application/pdf": ".pdf",
+    "application/x-www-form-urlencoded": ".txt",
+    "audio/midi": ".midi",
+    "audio/mpeg": ".mpg",
+    "audio/ogg": ".oga",
+    "audio/wav": ".wav",
+    "audio/webm": ".webm",
+    "image/bmp": ".bmp",
+    "image/gif": ".gif",
+    "image/jpeg": ".jpg",
+    "image/png": ".png",
+    "image/svg+xml": ".svg",
+    "image/webp": ".webp",
+    "text/csv": ".csv",
+    "text/html": ".html",
+    "text/markdown": ".md",
+    "text/plain": ".txt",
+    "text/xml": ".xml",
+    "video/avi": ".avi",
+    "video/mp4": ".mp4",
+    "video/ogg": ".ogv",
+    "video/quicktime": ".qt",
+    "video/webm": ".webm",
+    "video/x-matroska": ".mkv",
+}
+
+
+def guess_content_type(path: str) -> str:
+    """The media type for a file name, from its extension; octet-stream when unknown."""
+    guessed, _encoding = _MIME.guess_type(path, strict=False)
+    return guessed or DEFAULT_TYPE
+
+
+def extension_for(content_type: str) -> str:
+    """The anchor's file extension for a content type: its table, else ``.txt`` for text and
+    ``.bin`` for anything else."""
+    media = content_type.partition(";")[0].strip().lower()
+    if media in _EXTENSIONS:
+        return _EXTENSIONS[media]
+    return ".txt" if not media or media.startswith("text") else ".bin"
