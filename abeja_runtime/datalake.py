@@ -72,7 +72,7 @@ class DataLake:
             raise DataLakeError(
                 f'INPUT names the DataLake file {name!r}; write it as "<channel id>/<file id>"'
             )
-        info = await self._json("GET", self._url(f"/channels/{channel}/{file_id}"))
+        info = await self._json(self._url(f"/channels/{channel}/{file_id}"))
         uri = info.get("download_uri")
         if not isinstance(uri, str) or not uri:
             raise DataLakeError(f"the DataLake gave no download_uri for the file {name}")
@@ -103,9 +103,9 @@ class DataLake:
         except aiohttp.ClientError as exc:
             raise DataLakeError(f"cannot reach the DataLake at {url}: {exc}") from None
 
-    async def _json(self, method: str, url: str) -> dict[str, Any]:
+    async def _json(self, url: str) -> dict[str, Any]:
         try:
-            async with self._session.request(method, url, headers=self._headers) as response:
+            async with self._session.get(url, headers=self._headers) as response:
                 text = await response.text(errors="replace")
                 if response.status > 299:
                     raise DataLakeError(

@@ -292,18 +292,13 @@ class Lifecycle:
     ) -> None:
         try:
             try:
-                outcome = await self._call(handler, request)
+                reply = await self._collected_call(handler, request)
             except HttpError as exc:  # a timeout or a full queue: the answer a client would get
                 reply = self._error_reply(exc)
             except Exception as exc:
                 self._error_reply(exc, handler)  # logged as for any request
                 await self._results.send_failure(async_id, token, "response from runtime")
                 return
-            else:
-                try:
-                    reply = await _collected(outcome)
-                finally:
-                    outcome.release()
             await self._results.send_result(async_id, token, reply.with_headers((tag,)))
         finally:
             request.close()
@@ -340,11 +335,7 @@ class Lifecycle:
         try:
             try:
                 handler = self._state.serving_handler()
-                outcome = await self._call(handler, request)
-                try:
-                    reply = await _collected(outcome)
-                finally:
-                    outcome.release()
+                reply = await self._collected_call(handler, request)
             except Exception as exc:
                 reply = self._error_reply(exc, handler)
             self.account("POST", name, reply.status, received)
@@ -353,6 +344,14 @@ class Lifecycle:
             request.close()
             self._state.request_done()
             request_id_var.reset(token)
+
+    async def _collected_call(self, handler: LoadedHandler, request: Request) -> EncodedResponse:
+        """The call's reply with its whole body in memory (answered to no client directly)."""
+        outcome = await self._call(handler, request)
+        try:
+            return await _collected(outcome)
+        finally:
+            outcome.release()
 
     async def _call(self, handler: LoadedHandler, request: Request) -> Outcome:
         """Admission and the deadline around one handler call."""
