@@ -2,10 +2,13 @@
 
 A project with a ``requirements.txt`` (or a ``Pipfile``) runs in a virtual environment made for
 it, cached per project folder, requirements and Python, so the first run installs them and the
-next runs start at once. The environment sees this Python's packages (``--system-site-packages``)
-so that abeja-runtime itself, and what is already installed, need no second install; the
-requirements are installed on top and win. ``uv`` is used when it is installed (the ``uv``
-package next to the CLI, ``pip install 'abeja-runtime[local]'``, or on PATH): measured on the
+next runs start at once. The environment sees this Python's packages, so that abeja-runtime
+itself, and what is already installed, need no second install; the requirements are installed on
+top and win. ``--system-site-packages`` alone is not enough: made from a virtual environment's
+Python (the usual way to install a CLI), a venv sees the *base* interpreter's packages, not those
+of the CLI's venv, so a ``.pth`` file adds this Python's own site directories after the venv's.
+``uv`` is used when it is installed (the ``uv`` package next to the CLI,
+``pip install 'abeja-runtime[local]'``, or on PATH): measured on the
 2-core development machine, Pillow and numpy into an empty environment without caches took
 pip 4.5-5.2 s and uv 0.6-0.9 s (3 runs each). pip otherwise.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -28,6 +32,8 @@ from abeja_cli.images import cache_dir
 __all__ = ["project_python", "requirements_of"]
 
 _READY: Final = ".abeja-ready"
+#: In the venv's site-packages: puts this Python's site directories after the venv's own.
+_INHERIT_PTH: Final = "_abeja_cli_site.pth"
 #: Environments kept: one per project and requirements, the newest few.
 _KEEP: Final = 16
 
@@ -94,6 +100,7 @@ def project_python(project: Path, console: Console) -> str:
             [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(staging)],
             console,
         )
+        _inherit_site_packages(staging)
         _install(staging / "bin" / "python", requirements, console)
         (staging / _READY).write_text("\n".join(requirements) + "\n")
         try:
@@ -104,6 +111,20 @@ def project_python(project: Path, console: Console) -> str:
     console.info(f"installed the project's requirements ({time.monotonic() - started:.1f} s)")
     _prune(root, keep=venv)
     return str(python)
+
+
+def _inherit_site_packages(venv: Path) -> None:
+    """Let the venv import what this Python imports (abeja-runtime first of all).
+
+    ``site.addsitedir`` rather than plain paths: it also runs the ``.pth`` files there, which is
+    how editable installs (``pip install -e .``) put their source folder on the path.
+    """
+    (own,) = venv.glob("lib/python*/site-packages")
+    paths = site.getsitepackages()
+    if site.ENABLE_USER_SITE:  # pip install --user; a venv turns the user's site off
+        paths.append(site.getusersitepackages())
+    lines = [f"import site; site.addsitedir({path!r})" for path in paths]
+    (own / _INHERIT_PTH).write_text("\n".join(lines) + "\n")
 
 
 def _uv() -> str | None:
