@@ -8,7 +8,8 @@ the same ``{"status": message}`` JSON as every other error.
 
 Two small servers run in the supervisor, not in workers, so that they answer whatever a worker
 does: :class:`ControlServer` on the health-check port (readiness, liveness, metrics), and
-:func:`answer_unavailable` on the service port while no worker is ready.
+:func:`answer_unavailable` (through :class:`ServiceFallback`) on the service port while no
+worker is ready.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -34,6 +37,7 @@ __all__ = [
     "METRICS_PATH",
     "ControlServer",
     "HttpServer",
+    "ServiceFallback",
     "answer_unavailable",
     "make_web_server",
 ]
@@ -49,6 +53,8 @@ METRICS_PATH: Final = "/metrics"
 #: (and, for a small rest, to keep the connection), far from a whole refused body.
 _REFUSED_BODY_READ: Final = 1024 * 1024
 _REFUSED_BODY_WAIT: Final = 1.0
+#: After the service port failed to accept (out of descriptors), when the fallback tries again.
+_ACCEPT_RETRY: Final = 1.0
 _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
 
 
@@ -220,6 +226,75 @@ class ControlServer:
                 f"{METRICS_PATH}",
             )
         )
+
+
+class ServiceFallback:
+    """The supervisor's answers on the shared service socket while no worker is ready.
+
+    It accepts on a duplicate of the socket (closing it stops only the supervisor's accepting)
+    by hand, not through ``loop.create_server``: asyncio's ``Server.close()`` called while a
+    connection it has just accepted still waits for its transport (created one loop iteration
+    later) drops that connection without closing or answering it (CPython 3.11 swallows the
+    failed ``Server._attach`` assertion), so its client waited, unanswered, for as long as it
+    was willing to. That happened when a worker became ready while a request arrived: a CLI
+    request hung after "sending request to model". Here every accepted connection is served.
+    """
+
+    def __init__(
+        self, protocol_factory: Callable[[], asyncio.Protocol], service_socket: socket.socket
+    ) -> None:
+        self._protocol_factory = protocol_factory
+        self._service_socket = service_socket
+        self._listener: socket.socket | None = None
+        #: Connections being set up (the loop keeps tasks only weakly).
+        self._connecting: set[asyncio.Task[Any]] = set()
+
+    @property
+    def active(self) -> bool:
+        return self._listener is not None
+
+    def start(self) -> None:
+        if self._listener is not None:
+            return
+        listener = socket.socket(fileno=os.dup(self._service_socket.fileno()))
+        listener.setblocking(False)
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, listener)
+        self._listener = listener
+
+    def stop(self) -> None:
+        """Stop accepting at once; connections already accepted are still answered."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            asyncio.get_running_loop().remove_reader(listener.fileno())
+            listener.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. out of descriptors: the connection waits in the queue
+                _log.warning("the service port could not accept a connection: %s", exc)
+                loop.remove_reader(listener.fileno())
+                loop.call_later(_ACCEPT_RETRY, self._resume, listener)
+                return
+            connection.setblocking(False)
+            task = loop.create_task(
+                loop.connect_accepted_socket(self._protocol_factory, connection)
+            )
+            self._connecting.add(task)
+            task.add_done_callback(self._connected)
+
+    def _resume(self, listener: socket.socket) -> None:
+        if self._listener is listener:
+            asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, listener)
+
+    def _connected(self, task: asyncio.Task[Any]) -> None:
+        self._connecting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.debug("a connection to the service port failed: %s", task.exception())
 
 
 async def answer_unavailable(request: web.BaseRequest) -> web.StreamResponse:

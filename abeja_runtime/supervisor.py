@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
@@ -46,6 +46,9 @@ from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.loader import install_dependencies, prepare_workdir
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.metrics import SupervisorMetrics, use_directory
+
+if TYPE_CHECKING:  # imported in run(), while the first workers start
+    from abeja_runtime.server import ServiceFallback
 
 __all__ = ["run"]
 
@@ -200,10 +203,8 @@ class _Supervisor:
         self._exit_code = 0
         self._deaths_before_ready = 0
         self._respawns: set[asyncio.TimerHandle] = set()
-        self._fallback: asyncio.AbstractServer | None = None
-        #: While the fallback server is being started (the loop keeps tasks only weakly).
-        self._fallback_task: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
+        self._fallback: ServiceFallback  # set in run()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -214,16 +215,24 @@ class _Supervisor:
         # Imported while the workers start: aiohttp takes a few hundred ms to import.
         from aiohttp import web
 
-        from abeja_runtime.server import ControlServer, answer_unavailable, make_web_server
+        from abeja_runtime.server import (
+            ControlServer,
+            ServiceFallback,
+            answer_unavailable,
+            make_web_server,
+        )
 
+        # Set before the first await: from then on worker messages are handled.
         self._metrics = SupervisorMetrics(__version__, self._config.handler, self._config.style)
+        self._fallback = ServiceFallback(
+            make_web_server(answer_unavailable, self._config), self._service_socket
+        )
         control = ControlServer(self._is_ready, self._metrics.render)
         runner = web.ServerRunner(
             make_web_server(control.handle, self._config), handle_signals=False, shutdown_timeout=1
         )
         await runner.setup()
         await web.SockSite(runner, self._health_socket).start()
-        self._fallback_server = make_web_server(answer_unavailable, self._config)
         self._refresh()
         ticker = asyncio.create_task(self._watch())
         try:
@@ -232,7 +241,7 @@ class _Supervisor:
             ticker.cancel()
             for worker in self._workers:
                 worker.kill()
-            self._fallback_off()
+            self._fallback.stop()
             await runner.cleanup()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
@@ -247,32 +256,14 @@ class _Supervisor:
     def _is_ready(self) -> bool:
         if self._draining:
             return bool(self._accepting) and time.monotonic() < self._ready_until
-        return self._fallback is None and self._a_worker_serves()
+        return not self._fallback.active and self._a_worker_serves()
 
     def _refresh(self) -> None:
         """Answer the service port ourselves exactly while no worker is ready."""
         if self._draining or self._a_worker_serves():
-            self._fallback_off()
-        elif self._fallback is None and self._fallback_task is None:
-            self._fallback_task = asyncio.get_running_loop().create_task(self._fallback_on())
-
-    async def _fallback_on(self) -> None:
-        try:
-            if self._draining:  # the service socket is closed already
-                return
-            # A duplicate of the shared socket: closing it stops only our accepting.
-            sock = socket.socket(fileno=os.dup(self._service_socket.fileno()))
-            self._fallback = await asyncio.get_running_loop().create_server(
-                self._fallback_server, sock=sock
-            )
-        finally:
-            self._fallback_task = None
-        self._refresh()  # a worker may have become ready meanwhile
-
-    def _fallback_off(self) -> None:
-        if self._fallback is not None:
-            self._fallback.close()  # closes the listening socket at once; answers in flight end
-            self._fallback = None
+            self._fallback.stop()
+        else:
+            self._fallback.start()
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -475,7 +466,7 @@ class _Supervisor:
         for handle in self._respawns:
             handle.cancel()
         self._respawns.clear()
-        self._fallback_off()
+        self._fallback.stop()
         # The service port refuses connections once every worker has closed its copy too.
         self._service_socket.close()
         self._shutdown_deadline = time.monotonic() + self._config.grace_period + _KILL_MARGIN

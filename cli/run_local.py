@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from abeja_cli.client import send
+from abeja_cli.client import answer_timeout, send
 from abeja_cli.console import Console
 from abeja_cli.engine import LogSink
 from abeja_cli.errors import InputError
@@ -87,7 +87,9 @@ def _run(params: dict[str, Any], console: Console) -> int:
         console.info(
             f"sending request to model: {request.method} {request.target} {request.summary}"
         )
-        response = send(server.url, request)
+        response = send(
+            server.url, request, timeout=answer_timeout(options.env), progress=console.info
+        )
     # The server is gone now, so its log stream has ended: show its last lines before the answer.
     server.drain_logs()
     console.info(f"finish requesting to model: {response.status} {response.reason}")

@@ -9,8 +9,11 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -236,6 +239,31 @@ def test_method_content_type_and_query(abeja: Abeja, project: Project) -> None:
     )  # fmt: skip
     seen = json.loads(get.stdout)
     assert (seen["method"], seen["body"]) == ("GET", "a=1&b=x+y")
+
+
+def test_many_runs_under_cpu_load_all_answer(abeja: Abeja, project: Project) -> None:
+    """The local engine, started and asked again and again while every core is busy: each run
+    answers. A request that reached the runtime as its worker became ready could hang forever
+    (the supervisor dropped a connection it had just accepted); each run is bounded here."""
+    cwd = project("responder")
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            runs = list(pool.map(
+                lambda _: run_local(abeja, cwd, "-h", "main:describe", "-q", "--method", "PUT",
+                                    "--input", "request.json", timeout=60),
+                range(24),
+            ))  # fmt: skip
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    for run in runs:
+        assert run.returncode == 0, str(run)
+        assert json.loads(run.stdout)["method"] == "PUT"
 
 
 def test_stdin_input(abeja: Abeja, project: Project) -> None:

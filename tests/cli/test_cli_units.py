@@ -4,14 +4,17 @@ build contexts, file watching."""
 from __future__ import annotations
 
 import io
+import socket
 import tarfile
 from pathlib import Path
 
 import pytest
-from abeja_cli import images
+from abeja_cli import client, images
 from abeja_cli.client import ModelResponse
 from abeja_cli.console import Console
 from abeja_cli.engine import format_log_line
+from abeja_cli.errors import ServerError
+from abeja_cli.inputs import ModelRequest
 from abeja_cli.output import render_body, write_response
 from abeja_cli.reload import ChangeWatcher
 
@@ -205,3 +208,28 @@ def test_runtime_wheel_has_every_package(monkeypatch: pytest.MonkeyPatch) -> Non
     }
     missing = sorted(packages - shipped)
     assert not missing, f"not in the wheel (add them to pyproject's packages): {missing}"
+
+
+def test_a_server_that_never_answers_is_given_up_on_with_progress_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(client, "PROGRESS_EVERY", 0.2)
+    lines: list[str] = []
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (the kernel), never reads
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        request = ModelRequest("POST", "application/json", b"{}")
+        with pytest.raises(ServerError) as error:
+            client.send(url, request, timeout=1.0, progress=lines.append)
+    assert f"the model server at {url} did not answer within 1 s" in str(error.value)
+    assert "raise --timeout" in str(error.value)
+    assert lines and lines[0].startswith("still waiting for the model's answer (")
+
+
+@pytest.mark.parametrize(
+    ("env", "wait"),
+    [({}, 90.0), ({"ABEJA_RUNTIME_TIMEOUT": "5"}, 35.0), ({"ABEJA_RUNTIME_TIMEOUT": "0"}, None)],
+)
+def test_the_cli_waits_for_an_answer_as_long_as_the_runtime_may_take(
+    env: dict[str, str], wait: float | None
+) -> None:
+    assert client.answer_timeout(env) == wait
