@@ -20,6 +20,7 @@ import sys
 import sysconfig
 import threading
 import time
+import traceback
 import types
 from contextvars import ContextVar
 from pathlib import Path
@@ -156,6 +157,23 @@ def user_exc_info(
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith((_RUNTIME_DIR, _STDLIB_DIR)):
         tb = tb.tb_next
     return type(exc), exc, tb if tb is not None else exc.__traceback__
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of an error raised in the user's code, with the user's frames only.
+
+    Unlike :func:`user_exc_info` this also drops the frames in between: an import error passes
+    through the import machinery (``<frozen importlib._bootstrap>``) at every level of the
+    user's imports, and none of those frames say anything to the handler's author."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith((_RUNTIME_DIR, _STDLIB_DIR, "<frozen "))
+    ]
+    shown = traceback.format_list(frames)
+    if shown:
+        shown.insert(0, "Traceback (most recent call last):\n")
+    return "".join([*shown, *traceback.format_exception_only(type(exc), exc)])
 
 
 def configure_logging(

@@ -35,7 +35,7 @@ from abeja_runtime.execute import Executor
 from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.lifecycle import Lifecycle, ServingState
 from abeja_runtime.loader import load_handler
-from abeja_runtime.logs import capture_prints, configure_logging
+from abeja_runtime.logs import capture_prints, configure_logging, user_traceback
 from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.server import HttpServer, make_web_server
 
@@ -120,7 +120,7 @@ class _Worker:
             details = "" if isinstance(exc, HandlerLoadError) else traceback.format_exc()
             cause = exc.__cause__
             if isinstance(exc, HandlerLoadError) and cause is not None:
-                details = "".join(traceback.format_exception(cause))
+                details = user_traceback(cause)
             self._pipe.send(("load_failed", str(exc), details))
             await runner.cleanup()
             return 1

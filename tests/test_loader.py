@@ -6,6 +6,7 @@ from a copy of one, served by a real runtime process.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -132,9 +133,14 @@ def test_syntax_error_in_the_module_is_reported(make_server, tmp_path):
 
 
 def test_exception_at_import_is_reported(make_server):
-    message = load_failure(make_server("ld_raises_at_import", wait=False))
+    server = make_server("ld_raises_at_import", wait=False)
+    message = load_failure(server)
     assert "HANDLER[main:handler]" in message
     assert "RuntimeError: weights file model.bin is missing" in message, message
+    # The traceback shows the user's frames only: no runtime or import machinery frames.
+    (record,) = (r for r in server.records() if "traceback" in r)
+    frames = re.findall(r'File "([^"]+)"', record["traceback"])
+    assert frames == [str(HANDLERS / "ld_raises_at_import" / "main.py")], record["traceback"]
 
 
 def test_non_callable_handler_is_reported(make_server):
