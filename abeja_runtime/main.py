@@ -84,7 +84,12 @@ class JsonObject(click.ParamType):  # type: ignore[type-arg,unused-ignore]
 _PORT = click.IntRange(0, 65535)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="\b\nOther commands (each with its own --help):\n"
+    "  abeja-runtime batch [INPUTS]...   run the handler once per input, without a server\n"
+    "  abeja-runtime kserve SCRIPT ...   serve a KServe model file unchanged",
+)
 @click.option(
     "--handler",
     envvar="HANDLER",
@@ -400,7 +405,7 @@ batch = click.Command(
     params=[
         click.Argument(["inputs"], nargs=-1, type=click.Path(path_type=Path)),
         click.Option(
-            ["-o", "--output"],
+            ["--output"],
             type=click.Path(file_okay=False, path_type=Path),
             default=Path("batch-output"),
             show_default=True,

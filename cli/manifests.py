@@ -314,9 +314,7 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
 @click.option("--max-replicas", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--cpu", default="1", show_default=True, help="CPU request of each replica.")
 @click.option("--memory", default="1Gi", show_default=True, help="Memory of each replica.")
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to a file."
-)
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
 def manifests(**params: Any) -> None:
     """Print the YAML that deploys an image built by `abeja model build`.
 

@@ -64,6 +64,7 @@ class ModelOptions:
         module, sep, function = handler.partition(":")
         if not sep or not module or not function or ":" in function:
             raise InputError(f"-h {handler!r} is not MODULE:FUNCTION; write it like main:handler")
+        _check_organization_id(params["organization_id"])
         env_file = params["env_file"]
         env = model_environment(
             handler=handler,
@@ -105,6 +106,16 @@ class ModelOptions:
             host_port=host_port,
             no_cache=self.no_cache,
             inherit_env=self.inherit_env,
+        )
+
+
+def _check_organization_id(value: str | None) -> None:
+    """``-o`` is ABEJA's organization id, in every model command; ``-o answer.jpg`` (meant as
+    an output file) set the id to a file name and wrote nothing."""
+    if value is not None and ("." in value or "/" in value):
+        raise InputError(
+            f"-o {value}: -o is the organization id, as on ABEJA's CLI, and this looks like a "
+            f"file name; to write the answer to a file, use --output {value}"
         )
 
 
@@ -171,7 +182,8 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         "--organization_id",
         "organization_id",
         default=None,
-        help="Sets ABEJA_ORGANIZATION_ID (no account or network call is needed).",
+        help="Sets ABEJA_ORGANIZATION_ID (no account or network call is needed); "
+        "the answer goes to a file with --output.",
     ),
     "no_cache": click.option(
         "--no-cache",

@@ -78,7 +78,7 @@ def test_an_answer_above_299_makes_the_exit_code_1_and_is_named(tmp_path):
     (inputs / "bad.json").write_text('{"no": "field"}')
     (inputs / "broken.txt").write_text("not json")
 
-    done = batch(SAMPLES / "tax", str(inputs), "-o", str(tmp_path / "out"))
+    done = batch(SAMPLES / "tax", str(inputs), "--output", str(tmp_path / "out"))
 
     assert done.returncode == 1, done.stderr
     assert "3 input(s): 1 answered 2xx, 2 failed (400: 1, 500: 1): bad.json, broken.txt" in (
@@ -242,7 +242,7 @@ def test_on_a_terminal_there_is_a_progress_bar_and_the_summary_in_words(tmp_path
     controller, terminal = pty.openpty()
     try:
         done = subprocess.run(
-            runtime_command("batch", str(inputs), "-o", str(tmp_path / "out")),
+            runtime_command("batch", str(inputs), "--output", str(tmp_path / "out")),
             cwd=SAMPLES / "tax",
             env=runtime_env(),
             stdout=subprocess.PIPE,

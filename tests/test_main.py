@@ -114,6 +114,11 @@ def test_help_documents_every_flag_its_variable_and_default(help_text, flag, env
         assert re.search(rf"default: {re.escape(default)}\b", blocks[flag]), blocks[flag]
 
 
+def test_help_names_the_other_commands(help_text):
+    for command in ("abeja-runtime batch", "abeja-runtime kserve"):
+        assert command in help_text, help_text
+
+
 # --- bad values ----------------------------------------------------------------------------------
 
 #: (flag, environment variable, bad value, text the error line must contain)

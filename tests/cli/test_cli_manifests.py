@@ -166,7 +166,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(
 ) -> None:
     cwd = project("tax")
     before = sorted(p.name for p in cwd.iterdir())
-    result = run_abeja("model", "manifests", *args, "-o", "out.yaml", cwd=cwd)
+    result = run_abeja("model", "manifests", *args, "--output", "out.yaml", cwd=cwd)
     assert result.returncode == 2, str(result)
     assert result.stdout == b""
     assert len(result.error_lines()) == 1 and message in result.error_lines()[0], str(result)

@@ -25,6 +25,7 @@ CASES = [
     (["--input", "request.json", "--output", "no/such/dir/x"], "the folder no/such/dir does not"),
     (["--input", "request.json", "--input", "main.py"], "only one body file can be sent"),
     ([], "missing --input"),
+    (["--input", "request.json", "-o", "answer.jpg"], "-o is the organization id, as on ABEJA"),
 ]
 
 
@@ -42,6 +43,24 @@ def test_bad_input_is_one_line_and_exit_2(
     assert len(result.stderr.splitlines()) == 1, result
     assert result.stderr.startswith("[error] ") and message in result.stderr, result
     _assert_nothing_made(cwd)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("model", "manifests", "--image", "m:1", "--target", "kubernetes"),
+        ("model", "run-batch", "-h", "main:echo"),
+    ],
+)
+def test_o_means_the_organization_id_in_every_command(
+    abeja: Callable[..., Result], project: Callable[[str], Path], command: tuple[str, ...]
+) -> None:
+    """No command takes -o for its output file (--output does that everywhere)."""
+    cwd = project("responder")
+    result = abeja(*command, "-o", "out.yaml", "request.json", cwd=cwd)
+    assert result.returncode == 2, str(result)
+    assert "-o is the organization id" in result.stderr or "No such option '-o'" in result.stderr
+    assert not (cwd / "out.yaml").exists()
 
 
 def test_server_port_in_use(abeja: Callable[..., Result], project: Callable[[str], Path]) -> None:
