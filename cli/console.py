@@ -44,7 +44,9 @@ class Console:
             self._write(f"[info] {message}")
 
     def notice(self, message: str) -> None:
-        """An ``[info]`` line shown even with ``-q``: the run differs from what was asked."""
+        """An ``[info]`` line shown even with ``-q``: the result of a command that prints
+        nothing else (init, clean, build), or why the answer is not printed. ``-q`` hides
+        every other line of a successful run."""
         self._write(f"[info] {message}")
 
     def warning(self, message: str) -> None:

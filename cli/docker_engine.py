@@ -137,7 +137,7 @@ class DockerEngine:
 
     def prepare(self, spec: RunSpec) -> None:
         if spec.inherit_env:
-            self._console.notice(
+            self._console.warning(
                 "--inherit-env applies to the local engine only; the container gets only the "
                 "model's variables (-e, --env-file)"
             )
@@ -221,20 +221,7 @@ class DockerEngine:
                 self.client.api.remove_container(name, force=True)
 
     def _remove_orphans(self) -> None:
-        """Remove containers of ours whose CLI, on this machine, was killed before it could."""
-        from docker.errors import APIError
-
-        host = socket.gethostname()
-        filters = {"label": [f"{LABEL_PREFIX}.kind=container", f"{LABEL_PREFIX}.cli-host={host}"]}
-        for container in self.client.containers.list(all=True, filters=filters):
-            pid = container.labels.get(f"{LABEL_PREFIX}.cli-pid", "")
-            if not pid.isdigit() or _process_exists(int(pid)):
-                continue
-            with suppress(APIError):
-                container.remove(force=True)
-                self._console.notice(
-                    f"removed container {container.name}, left by an earlier run that was killed"
-                )
+        remove_orphans(self.client, self._console)
 
     def _create(
         self,
@@ -280,6 +267,35 @@ class DockerEngine:
             user=user,
             **options,
         )
+
+
+def remove_orphans(client: docker.DockerClient, console: Console) -> None:
+    """Remove containers of ours whose CLI, on this machine, was killed before it could."""
+    from docker.errors import APIError
+
+    host = socket.gethostname()
+    filters = {"label": [f"{LABEL_PREFIX}.kind=container", f"{LABEL_PREFIX}.cli-host={host}"]}
+    for container in client.containers.list(all=True, filters=filters):
+        pid = container.labels.get(f"{LABEL_PREFIX}.cli-pid", "")
+        if not pid.isdigit() or _process_exists(int(pid)):
+            continue
+        with suppress(APIError):
+            container.remove(force=True)
+            console.info(
+                f"removed container {container.name}, left by an earlier run that was killed"
+            )
+
+
+def remove_orphans_if_reachable(console: Console) -> None:
+    """:func:`remove_orphans`, where Docker answers at once; nothing otherwise."""
+    try:
+        client = connect_docker(timeout=5)
+    except EngineUnavailable:
+        return
+    try:
+        remove_orphans(client, console)
+    finally:
+        client.close()
 
 
 def connect_docker(timeout: float) -> docker.DockerClient:

@@ -59,7 +59,21 @@ def run_local_server(**params: Any) -> None:
     exit_on_errors(console, lambda: _run(params, console))
 
 
-def _check_port(port: int) -> None:
+def _check_port(port: int, engine: str | None, console: Console) -> None:
+    """The port is free, or held by a container that a killed run of this CLI left (removed
+    now, as the next run would remove it anyway)."""
+    if _port_free(port):
+        return
+    if engine != "local":
+        from abeja_cli.docker_engine import remove_orphans_if_reachable
+
+        remove_orphans_if_reachable(console)
+        if _port_free(port):
+            return
+    raise InputError(f"port {port} on 127.0.0.1 is already in use; choose another with -p")
+
+
+def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As the runtime binds: a port whose last connections are in TIME_WAIT (the previous
         # run, stopped a moment ago) is free to listen on again.
@@ -67,16 +81,15 @@ def _check_port(port: int) -> None:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            raise InputError(
-                f"port {port} on 127.0.0.1 is already in use; choose another with -p"
-            ) from None
+            return False
+        return True
 
 
 def _run(params: dict[str, Any], console: Console) -> int:
     options = ModelOptions.from_params(params)
     port = params["port"]
     if port is not None:
-        _check_port(port)
+        _check_port(port, options.engine, console)
     sink = LogSink(console)
     with (
         terminate_as_interrupt(),

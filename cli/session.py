@@ -279,8 +279,7 @@ def select_engine(choice: str | None, console: Console) -> Engine:
     except EngineUnavailable as exc:
         if choice == "docker":
             raise
-        # Shown even with -q: the model then runs without its requirements.txt installed.
-        console.notice(
+        console.info(
             f"{exc.reason}; running the model with the local engine instead (--engine local)"
         )
         return LocalEngine(console)
@@ -292,7 +291,7 @@ def prepare_engine(
     """Choose the engine and build (or check) what it needs for the project."""
     engine = select_engine(options.engine, console)
     if engine.name == "local" and options.image_given:
-        console.notice(
+        console.warning(
             f"-i {options.image} is not used by the local engine: the model runs in this "
             f"Python ({sys.executable}); use --engine docker to run it on that image"
         )

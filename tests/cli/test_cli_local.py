@@ -329,7 +329,7 @@ def test_a_base_image_the_local_engine_ignores_is_named(abeja: Abeja, project: P
                       "-i", "python:3.12-slim")  # fmt: skip
     default = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json")
     assert given.returncode == default.returncode == 0, str(given)
-    notice = "[info] -i python:3.12-slim is not used by the local engine"
+    notice = "[warning] -i python:3.12-slim is not used by the local engine"
     assert notice in given.stderr
     assert "is not used by the local engine" not in default.stderr
 
@@ -422,10 +422,13 @@ def test_unreachable_docker_falls_back_to_local(
     )  # fmt: skip
     assert result.returncode == 0, str(result)
     assert json.loads(result.stdout) == {"total": 108.0}
-    assert result.stderr == (
+    assert result.stderr == "", "-q prints the answer only"
+    told = abeja("model", "run-local", "-h", "main:handler", "--input", "request.json",
+                 cwd=project("tax"), env=env)  # fmt: skip
+    assert (
         f"[info] Docker is not reachable at unix://{tmp_path}/no-docker.sock (no such file or "
         "directory); running the model with the local engine instead (--engine local)\n"
-    )
+    ) in told.stderr
     required = abeja(
         "model", "run-local", "-h", "main:handler", "--input", "sales.csv", "--engine", "docker",
         cwd=project("csv_table"), env=env,
