@@ -9,6 +9,7 @@ containers stay (a run-local-server in another terminal), and so do the images y
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,15 +36,34 @@ _STOPPED = ("created", "exited", "dead")
     help="Every project's images and stopped containers, and the shared runtime images.",
 )
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
-def clean(everything: bool, dry_run: bool) -> None:
+@click.option(
+    "--yes", "-y", is_flag=True, help="With --all: remove without asking (needed off a terminal)."
+)
+def clean(everything: bool, dry_run: bool, yes: bool) -> None:
     """Remove this project's run-local images and stopped containers, and show what it frees.
 
     \b
     abeja model clean          # the project in the current folder
-    abeja model clean --all    # everything the CLI made (images built with `build` stay)
+    abeja model clean --all    # everything the CLI made (asks; images built with `build` stay)
     """
     console = Console()
+    if everything and not dry_run and not yes:
+        _confirm_all(console)
     exit_on_errors(console, lambda: _clean(console, everything=everything, dry_run=dry_run))
+
+
+def _confirm_all(console: Console) -> None:
+    """--all reaches beyond this project: asked on a terminal, --yes anywhere else."""
+    what = "every project's run-local images and stopped containers, and the runtime images"
+    if not sys.stdin.isatty():
+        console.error(
+            f"clean --all removes {what}; add --yes to confirm (there is no terminal to ask on), "
+            "or --dry-run to see the list first"
+        )
+        sys.exit(2)
+    if not click.confirm(f"Remove {what}?", default=False, err=True):
+        console.error("nothing was removed")
+        sys.exit(1)
 
 
 def _clean(console: Console, *, everything: bool, dry_run: bool) -> int:

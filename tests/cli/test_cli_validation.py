@@ -6,6 +6,11 @@ build would be caught: the project must have no image and no container afterward
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pty
+import select
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,6 +66,32 @@ def test_o_means_the_organization_id_in_every_command(
     assert result.returncode == 2, str(result)
     assert "-o is the organization id" in result.stderr or "No such option '-o'" in result.stderr
     assert not (cwd / "out.yaml").exists()
+
+
+def test_clean_all_asks_first(abeja: Callable[..., Result], tmp_path: Path) -> None:
+    """Off a terminal --all needs --yes; on one, it asks, and "no" removes nothing."""
+    refused = abeja("model", "clean", "--all", cwd=tmp_path)
+    assert refused.returncode == 2, str(refused)
+    assert refused.stderr.startswith("[error] clean --all removes every project's"), refused
+    assert "add --yes to confirm" in refused.stderr
+
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the CLI on a terminal
+        os.chdir(tmp_path)
+        os.execv(sys.executable, [sys.executable, "-m", "abeja_cli", "model", "clean", "--all"])
+    seen = b""
+    with open(terminal, "r+b", buffering=0) as tty:
+        while b"[y/N]" not in seen:
+            ready, _, _ = select.select([tty], [], [], 30)
+            assert ready, f"no question within 30 s: {seen!r}"
+            seen += os.read(terminal, 1024)
+        tty.write(b"n\n")
+        with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
+            while chunk := os.read(terminal, 1024):
+                seen += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1, seen
+    assert b"nothing was removed" in seen, seen
 
 
 def test_server_port_in_use(abeja: Callable[..., Result], project: Callable[[str], Path]) -> None:
