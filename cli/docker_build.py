@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Final
@@ -27,12 +28,21 @@ __all__ = ["ImageBuilder"]
 
 #: The classic builder's line naming the image a step produced (`` ---> 1a2b3c4d5e6f``).
 _LAYER_RE: Final = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+#: While a build phase goes on, a line says so this often.
+_PROGRESS_EVERY: Final = 10.0
+_INSTALLED_REQUIREMENTS: Final = (
+    "installed the project's requirements",
+    "installing the project's requirements",
+)
+_ADDED_PROJECT: Final = ("added the project", "adding the project")
 #: The classic builder's step header (``Step 3/5 : RUN ...``).
 _STEP_RE: Final = re.compile(r"^Step \d+/\d+ : (\S+) ?(.*)$")
 
 
 class _Phases:
-    """One ``[info]`` line per build phase, with how long it took, as each phase ends.
+    """One ``[info]`` line per build phase, with how long it took, as each phase ends, and a
+    line every :data:`_PROGRESS_EVERY` seconds while a phase goes on (a first build spends a
+    minute on the runtime wheels, which must not look like a hang).
 
     The full output goes to the builder's ``log`` (shown with ``-v``); these lines are what a
     user sees of a build otherwise: base image, runtime wheels, runtime image, requirements,
@@ -41,26 +51,51 @@ class _Phases:
 
     def __init__(self, info: Callable[[str], None]) -> None:
         self._info = info
-        self._current: str | None = None
+        self._lock = threading.Lock()
+        self._current: tuple[str, str] | None = None  # (what it did, what it is doing)
         self._started = 0.0
+        self._ticker: threading.Thread | None = None
+        self._phase_changed = threading.Event()
 
-    def start(self, name: str) -> None:
+    def start(self, done: str, doing: str) -> None:
+        """A phase begins: ``doing`` names it while it runs, ``done`` once it has ended."""
         self.end()
-        self._current, self._started = name, time.monotonic()
+        with self._lock:
+            self._current, self._started = (done, doing), time.monotonic()
+            self._phase_changed.clear()
+        self._ticker = threading.Thread(target=self._tick, name="build-progress", daemon=True)
+        self._ticker.start()
 
     def abandon(self) -> None:
         """The phase failed: its error says so, not a time."""
-        self._current = None
+        self._stop(report=False)
 
     def end(self) -> None:
-        if self._current is not None:
-            self._info(f"{self._current} ({time.monotonic() - self._started:.1f} s)")
-            self._current = None
+        self._stop(report=True)
 
     def step(self, instruction: str, argument: str) -> None:
         """A Dockerfile step began: copying the project ends the requirements' phase."""
         if instruction == "COPY" and argument.startswith("project/"):
-            self.start("added the project")
+            current = self._current
+            if current is None or current[0] != _ADDED_PROJECT[0]:
+                self.start(*_ADDED_PROJECT)
+
+    def _stop(self, *, report: bool) -> None:
+        with self._lock:
+            current, self._current = self._current, None
+            self._phase_changed.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+        if current is not None and report:
+            self._info(f"{current[0]} ({time.monotonic() - self._started:.1f} s)")
+
+    def _tick(self) -> None:
+        while not self._phase_changed.wait(_PROGRESS_EVERY):
+            with self._lock:
+                if self._current is None:
+                    return
+                self._info(f"{self._current[1]}... ({time.monotonic() - self._started:.0f} s)")
 
 
 class ImageBuilder:
@@ -93,7 +128,7 @@ class ImageBuilder:
             pass
         repository, tag = parse_repository_tag(base_image)
         self._info(f"base image {base_image} is not present locally; pulling it")
-        self._phases.start(f"pulled the base image {base_image}")
+        self._phases.start(f"pulled the base image {base_image}", f"pulling {base_image}")
         try:
             pulled = str(self._client.images.pull(repository, tag=tag or "latest").id)
             self._phases.end()
@@ -118,9 +153,9 @@ class ImageBuilder:
         found = None if no_cache else self._find(key.digest)
         if found is not None:
             return found, key
-        self._phases.start("runtime wheels ready")
+        self._phases.start("runtime wheels ready", "building the runtime's wheels")
         wheels = images.runtime_wheels(self._source, self._log)
-        self._phases.start("built the runtime image")
+        self._phases.start("built the runtime image", "building the runtime image")
         self._info(f"building the runtime image {key.tag} (abeja-runtime {key.runtime_version})")
         with images.runtime_context(self._source, wheels, key.labels()) as context:
             image = self._build(
@@ -148,7 +183,8 @@ class ImageBuilder:
             self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
             return found
         self._info(f"building the image {key.tag} for {project}")
-        self._phases.start("installed the project's requirements.txt")
+        requirements = key.requirements != "none"
+        self._phases.start(*(_INSTALLED_REQUIREMENTS if requirements else _ADDED_PROJECT))
         with images.project_context(self._source, project, key.labels()) as context:
             image = self._build(
                 context,
@@ -182,7 +218,7 @@ class ImageBuilder:
             f"{LABEL_PREFIX}.handler": env.get("HANDLER", ""),
         }
         self._info(f"building the production image {tag}")
-        self._phases.start(f"built the production image {tag}")
+        self._phases.start(f"built the production image {tag}", f"building {tag}")
         with images.production_context(self._source, env, labels) as context:
             return self._build(
                 context,

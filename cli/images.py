@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from abeja_cli.errors import BuildError, EngineUnavailable
+from abeja_cli.requirements import requirements_text
 
 __all__ = [
     "LABEL_PREFIX",
@@ -233,9 +234,10 @@ def _run_logged(command: list[str], log: Callable[[str], None]) -> str | None:
 
 
 def requirements_digest(project: Path) -> str:
-    """SHA-256 of the project's ``requirements.txt``, or ``none`` when it has none."""
-    path = project / "requirements.txt"
-    return _sha256(path.read_bytes()) if path.is_file() else "none"
+    """SHA-256 of the project's requirements (``requirements.txt`` or a Pipfile's packages),
+    or ``none`` when it has none."""
+    text = requirements_text(project)
+    return _sha256(text) if text else "none"
 
 
 @dataclass(frozen=True)
@@ -386,19 +388,15 @@ def project_context(
 ) -> IO[bytes]:
     """Build context of a project image: the Dockerfile, ``project/`` and the requirements.
 
-    ``requirements.txt`` is also stored on its own (empty when absent) so that the pip layer
-    is cached independently of code changes.
+    The requirements (``requirements.txt``, or a Pipfile's packages) are also stored on their
+    own (empty when there are none) so that the pip layer is cached independently of code
+    changes.
     """
     buffer = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - returned open
-    requirements = project / "requirements.txt"
     dockerfile = source.project_dockerfile.read_bytes() + label_instruction(labels or {})
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         _add_bytes(tar, "Dockerfile", dockerfile)
-        _add_bytes(
-            tar,
-            "abeja-build/requirements.txt",
-            requirements.read_bytes() if requirements.is_file() else b"",
-        )
+        _add_bytes(tar, "abeja-build/requirements.txt", requirements_text(project))
         tar.add(project, arcname="project", recursive=False)
         for path in project_files(project):
             tar.add(path, arcname=f"project/{path.relative_to(project).as_posix()}")

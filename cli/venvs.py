@@ -23,57 +23,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from abeja_cli.console import Console
-from abeja_cli.errors import BuildError, InputError
+from abeja_cli.errors import BuildError
 from abeja_cli.images import cache_dir
+from abeja_cli.requirements import requirements_of
 
-__all__ = ["project_python", "requirements_of"]
+__all__ = ["project_python"]
 
 _READY: Final = ".abeja-ready"
 #: In the venv's site-packages: puts this Python's site directories after the venv's own.
 _INHERIT_PTH: Final = "_abeja_cli_site.pth"
 #: Environments kept: one per project and requirements, the newest few.
 _KEEP: Final = 16
-
-
-def requirements_of(project: Path) -> list[str] | None:
-    """The project's requirement lines, from requirements.txt or else a Pipfile; None if none."""
-    requirements = project / "requirements.txt"
-    if requirements.is_file():
-        lines = requirements.read_text("utf-8").splitlines()
-        wanted = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-        return wanted or None
-    pipfile = project / "Pipfile"
-    if pipfile.is_file():
-        return _pipfile_packages(pipfile) or None
-    return None
-
-
-def _pipfile_packages(pipfile: Path) -> list[str]:
-    """``[packages]`` of a Pipfile as requirement strings (``name``, ``name==1.2``, extras)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        raise InputError(
-            f"{pipfile}: reading a Pipfile needs Python 3.11 or later; write the packages in "
-            "requirements.txt instead"
-        ) from None
-    try:
-        packages: dict[str, Any] = tomllib.loads(pipfile.read_text("utf-8")).get("packages", {})
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{pipfile} is not valid TOML ({exc}); fix it") from None
-    result = []
-    for name, spec in packages.items():
-        version, extras = (
-            (spec, [])
-            if isinstance(spec, str)
-            else (spec.get("version", "*"), spec.get("extras", []))
-        )
-        extra = f"[{','.join(extras)}]" if extras else ""
-        result.append(f"{name}{extra}{'' if version in ('*', '') else version}")
-    return result
 
 
 def project_python(project: Path, console: Console) -> str:

@@ -234,6 +234,28 @@ def test_gpu_request(
     )
 
 
+def test_a_pipfile_is_installed_in_the_image(
+    run: Callable[..., Result], docker_tmp_projects: Projects
+) -> None:
+    """ABEJA's handler guide allows "requirements.txt (or Pipfile)"."""
+    cwd = docker_tmp_projects("responder")
+    (cwd / "needs.py").write_text(
+        "import importlib.metadata\n\nimport tinydb\n\n\ndef handler(request, context):\n"
+        "    return {'content_type': 'text/plain',\n"
+        "            'content': importlib.metadata.version('tinydb')}\n"
+    )
+    plain = run(cwd, "-h", "main:echo", "--input", "request.json")
+    assert plain.returncode == 0, str(plain)
+    assert "requirements" not in plain.stderr, "no requirements: no phase that says it installed"
+    assert "[info] added the project (" in plain.stderr
+
+    (cwd / "Pipfile").write_text('[packages]\ntinydb = "==4.8.0"\n')
+    result = run(cwd, "-h", "needs:handler", "--input", "request.json")
+    assert result.returncode == 0, str(result)
+    assert result.stdout == b"4.8.0"
+    assert "[info] installed the project's requirements (" in result.stderr
+
+
 # -- the image cache ----------------------------------------------------------------------
 
 
@@ -251,9 +273,7 @@ def test_image_cache(
     assert first.returncode == 0, str(first)
     assert "[info] building the image abeja-local/tax-" in first.stderr
     # One line per phase with its time; the build's own output only with -v.
-    assert re.search(
-        r"\[info\] installed the project's requirements.txt \(\d+\.\d s\)", first.stderr
-    )
+    assert re.search(r"\[info\] installed the project's requirements \(\d+\.\d s\)", first.stderr)
     assert re.search(r"\[info\] added the project \(\d+\.\d s\)", first.stderr), first.stderr
     assert "Step 1/" not in first.stderr
     built = project_image(docker_client, cwd)

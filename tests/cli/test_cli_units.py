@@ -4,12 +4,14 @@ build contexts, file watching."""
 from __future__ import annotations
 
 import io
+import re
 import socket
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
-from abeja_cli import client, images
+from abeja_cli import client, docker_build, images
 from abeja_cli.client import ModelResponse
 from abeja_cli.console import Console
 from abeja_cli.engine import format_log_line
@@ -233,3 +235,21 @@ def test_the_cli_waits_for_an_answer_as_long_as_the_runtime_may_take(
     env: dict[str, str], wait: float | None
 ) -> None:
     assert client.answer_timeout(env) == wait
+
+
+def test_a_long_build_phase_says_that_it_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docker_build, "_PROGRESS_EVERY", 0.05)
+    lines: list[str] = []
+    said = threading.Event()
+
+    def info(line: str) -> None:
+        lines.append(line)
+        said.set()
+
+    phases = docker_build._Phases(info)
+    phases.start("runtime wheels ready", "building the runtime's wheels")
+    assert said.wait(10), "no progress line while the phase went on"
+    phases.end()
+    assert re.fullmatch(r"building the runtime's wheels\.\.\. \(\d+ s\)", lines[0]), lines
+    assert re.fullmatch(r"runtime wheels ready \(\d+\.\d s\)", lines[-1]), lines
+    assert phases._ticker is None  # the ticker stopped with the phase
