@@ -137,7 +137,8 @@ class ImageBuilder:
             self._phases.abandon()
             raise BuildError(
                 f"base image {base_image} is not present locally and could not be pulled "
-                f"({_explain(exc)}); pull or build it first, or choose another with -i"
+                f"({_explain(exc)}); pull or build it first, choose another with -i, or run "
+                "without Docker with --engine local"
             ) from None
 
     # -- the two images ------------------------------------------------------------------

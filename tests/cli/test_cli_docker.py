@@ -352,7 +352,9 @@ def test_missing_base_image_is_one_error(
     assert result.returncode == 1, str(result)
     (line,) = result.error_lines()
     assert line.startswith(f"[error] base image {image} is not present locally and could not be")
-    assert line.endswith("pull or build it first, or choose another with -i")
+    assert line.endswith(
+        "pull or build it first, choose another with -i, or run without Docker with --engine local"
+    )
     assert f"[info] base image {image} is not present locally; pulling it" in result.stderr
     assert ours(docker_client, cwd) == []
 
