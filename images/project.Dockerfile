@@ -7,6 +7,9 @@ ARG RUNTIME_IMAGE=abeja-runtime
 FROM ${RUNTIME_IMAGE}
 
 WORKDIR /srv/app
+# Cortex's handlers read their project at /mnt/project ("the contents of the project directory
+# is available in /mnt/project/"): the same folder under both names.
+RUN mkdir -p /mnt && ln -sfn /srv/app /mnt/project
 COPY abeja-build/requirements.txt /srv/app/requirements.txt
 RUN if [ -s requirements.txt ]; then \
         python -m pip install --no-cache-dir --disable-pip-version-check -r requirements.txt; \

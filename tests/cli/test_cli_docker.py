@@ -256,6 +256,22 @@ def test_a_pipfile_is_installed_in_the_image(
     assert "[info] installed the project's requirements (" in result.stderr
 
 
+def test_the_project_is_at_mnt_project_too(
+    run: Callable[..., Result], docker_tmp_projects: Projects
+) -> None:
+    """Cortex handlers open their files at /mnt/project/ (Cortex's own containers' path)."""
+    cwd = docker_tmp_projects("responder")
+    (cwd / "config.json").write_text('{"threshold": 0.5}')
+    (cwd / "cortexish.py").write_text(
+        "def handler(request, context):\n"
+        "    with open('/mnt/project/config.json') as file:\n"
+        "        return {'content_type': 'application/json', 'content': file.read()}\n"
+    )
+    result = run(cwd, "-h", "cortexish:handler", "--input", "request.json", "-q")
+    assert result.returncode == 0, str(result)
+    assert json.loads(result.stdout) == {"threshold": 0.5}
+
+
 # -- the image cache ----------------------------------------------------------------------
 
 
