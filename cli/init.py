@@ -16,8 +16,10 @@ from abeja_cli.console import Console
 from abeja_cli.errors import InputError
 from abeja_cli.session import DEFAULT_IMAGE, exit_on_errors
 
-__all__ = ["TEMPLATES", "init"]
+__all__ = ["README_CURL", "TEMPLATES", "init"]
 
+#: How the README's curl line starts (run-local-server's banner shows that line, on its URL).
+README_CURL: Final = "curl -s localhost:8080"
 _TEMPLATES_DIR: Final = Path(__file__).resolve().parent / "templates"
 
 
@@ -43,12 +45,13 @@ Serve it until Ctrl+C, and send requests with curl:
 
 ```sh
 abeja model run-local-server -h main:handler -i {DEFAULT_IMAGE} -p 8080
-curl -s localhost:8080 {self.curl_body}
+{README_CURL} {self.curl_body}
 ```
 
 Packages the model needs go in `requirements.txt`; trained files in
 `abejainc_training_result/` (read through `ABEJA_TRAINING_RESULT_DIR`). Without Docker, add
-`--engine local` (install `requirements.txt` in this Python first). For production:
+`--engine local`: the model runs in this Python, with `requirements.txt` installed in an
+environment of its own (once, then reused). For production:
 `abeja model build -h main:handler -t {name}:1`.
 """
 
@@ -135,7 +138,10 @@ def _init(console: Console, target: Path, name: str) -> int:
     target.mkdir(parents=True, exist_ok=True)
     for file, data in files.items():
         (target / file).write_bytes(data)
-    console.notice(f"created a {name} project in {target.resolve()}: {', '.join(sorted(files))}")
+    console.notice(
+        f"created a project from the {name} template in {target.resolve()}: "
+        f"{', '.join(sorted(files))}"
+    )
     where = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
     console.notice(
         f"try it: {where}abeja model run-local -h main:handler -i {DEFAULT_IMAGE} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import threading
@@ -14,6 +15,7 @@ import click
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, LogSink, Server, wait_ready
 from abeja_cli.errors import InputError, ServerError
+from abeja_cli.init import README_CURL
 from abeja_cli.reload import ChangeWatcher
 from abeja_cli.session import (
     STOP_SIGNALS,
@@ -139,11 +141,22 @@ def _banner(options: ModelOptions, engine: Engine, server: Server, page: str) ->
 
 
 def _curl_example(project: Path, url: str) -> str:
-    """A command that sends the project's own request file, or a JSON body, to the server."""
+    """A command that sends the project's own request to the server: the curl line of its
+    README (``abeja model init`` writes one that fits the model: a multipart form, an image
+    answer written to a file), else its request file, else a JSON body."""
+    readme = project / "README.md"
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in readme.read_text("utf-8").splitlines() if readme.is_file() else ():
+            if line.startswith(README_CURL):
+                return f"curl -s {url}{line.removeprefix(README_CURL)}"
     for candidate in sorted(project.glob("request*")):
         if candidate.is_file():
             kind = guess_content_type(candidate.name)
-            return f"curl -s {url} -H 'Content-Type: {kind}' --data-binary @{candidate.name}"
+            # An image in, most likely an image out: to a file, not the terminal.
+            output = f" -o answer{candidate.suffix}" if kind.startswith("image/") else ""
+            return (
+                f"curl -s {url} -H 'Content-Type: {kind}' --data-binary @{candidate.name}{output}"
+            )
     return f"curl -s {url} -H 'Content-Type: application/json' -d '{{}}'"
 
 

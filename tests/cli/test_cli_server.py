@@ -7,13 +7,14 @@ import contextlib
 import http.client
 import json
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from waiting import wait_until
 
-from .helpers import CliProcess, http_request
+from .helpers import CliProcess, Result, http_request
 
 Start = Callable[..., CliProcess]
 
@@ -151,3 +152,28 @@ def test_a_killed_cli_takes_its_local_runtime_along(
         return False
 
     wait_until(gone, 30, "the runtime of the killed CLI to stop")
+
+
+@pytest.mark.parametrize("template", ["multipart", "image"])
+def test_the_banners_curl_command_works_as_shown(
+    start_abeja: Start, abeja: Callable[..., Result], tmp_path: Path, template: str
+) -> None:
+    """The banner's curl, run as shown, gets the answer the template makes (a multipart form,
+    not text/plain; an image written to a file, not dumped on the terminal)."""
+    made = abeja("model", "init", "m", "--template", template, cwd=tmp_path)
+    assert made.returncode == 0, str(made)
+    cwd = tmp_path / "m"
+    cli = start_abeja("model", "run-local-server", "--engine", "local", "-h", "main:handler",
+                      cwd=cwd)  # fmt: skip
+    cli.endpoint()
+    line = cli.wait_for(r" Try :      curl ", stream="stdout")
+    command = line.split(" Try :      ", 1)[1]
+    ran = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, timeout=60)
+    assert ran.returncode == 0, ran
+    if template == "multipart":
+        answer = json.loads(ran.stdout)
+        assert answer["fields"] == {"title": "notes"}, answer
+        assert answer["files"][0]["file_name"] == "request.txt", answer
+    else:
+        assert ran.stdout == b""
+        assert (cwd / "answer.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
