@@ -8,10 +8,11 @@ rather than the anchor's silent fallback to a stale image.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from abeja_cli import images
@@ -151,21 +152,24 @@ class ImageBuilder:
             runtime_version=self._source.version,
             recipe=images.recipe_digest(self._source.runtime_dockerfile),
         )
-        found = None if no_cache else self._find(key.digest)
-        if found is not None:
-            return found, key
-        self._phases.start("runtime wheels ready", "building the runtime's wheels")
-        wheels = images.runtime_wheels(self._source, self._log)
-        self._phases.start("built the runtime image", "building the runtime image")
-        self._info(f"building the runtime image {key.tag} (abeja-runtime {key.runtime_version})")
-        with images.runtime_context(self._source, wheels, key.labels()) as context:
-            image = self._build(
-                context,
-                tag=key.tag,
-                buildargs={"BASE_IMAGE": key.base_image_id},
-                no_cache=no_cache,
-                what=f"the runtime image on {base_image}",
+        with self._building(key.digest):
+            found = None if no_cache else self._find(key.digest)
+            if found is not None:
+                return found, key
+            self._phases.start("runtime wheels ready", "building the runtime's wheels")
+            wheels = images.runtime_wheels(self._source, self._log)
+            self._phases.start("built the runtime image", "building the runtime image")
+            self._info(
+                f"building the runtime image {key.tag} (abeja-runtime {key.runtime_version})"
             )
+            with images.runtime_context(self._source, wheels, key.labels()) as context:
+                image = self._build(
+                    context,
+                    tag=key.tag,
+                    buildargs={"BASE_IMAGE": key.base_image_id},
+                    no_cache=no_cache,
+                    what=f"the runtime image on {base_image}",
+                )
         # Older runtime images on this base go; those still under a project image stay.
         self._remove_others(f"{LABEL_PREFIX}.base-image={base_image}", "runtime", keep=image)
         return image, key
@@ -179,21 +183,22 @@ class ImageBuilder:
             requirements=images.requirements_digest(project),
             recipe=images.recipe_digest(self._source.project_dockerfile),
         )
-        found = None if no_cache else self._find(key.digest)
-        if found is not None:
-            self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
-            return found
-        self._info(f"building the image {key.tag} for {project}")
-        requirements = key.requirements != "none"
-        self._phases.start(*(_INSTALLED_REQUIREMENTS if requirements else _ADDED_PROJECT))
-        with images.project_context(self._source, project, key.labels()) as context:
-            image = self._build(
-                context,
-                tag=key.tag,
-                buildargs={"RUNTIME_IMAGE": str(runtime.id)},
-                no_cache=no_cache,
-                what=f"the image of {project}",
-            )
+        with self._building(key.digest):
+            found = None if no_cache else self._find(key.digest)
+            if found is not None:
+                self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
+                return found
+            self._info(f"building the image {key.tag} for {project}")
+            requirements = key.requirements != "none"
+            self._phases.start(*(_INSTALLED_REQUIREMENTS if requirements else _ADDED_PROJECT))
+            with images.project_context(self._source, project, key.labels()) as context:
+                image = self._build(
+                    context,
+                    tag=key.tag,
+                    buildargs={"RUNTIME_IMAGE": str(runtime.id)},
+                    no_cache=no_cache,
+                    what=f"the image of {project}",
+                )
         # This project's older images (other requirements, older runtime) are stale now.
         self._remove_others(f"{LABEL_PREFIX}.project={key.project}", "project", keep=image)
         return image
@@ -230,6 +235,21 @@ class ImageBuilder:
             )
 
     # -- helpers -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _building(self, digest: str) -> Iterator[None]:
+        """One build of an image at a time on this machine: a second command that wants the
+        same image (two terminals, parallel tests) waits, then finds it built, instead of
+        building it again and leaving the first one untagged (dangling)."""
+        locks = images.cache_dir() / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{digest}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._info("waiting for another abeja command that builds the same image")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            yield  # the lock goes with the file
 
     def _find(self, digest: str) -> Image | None:
         found = self._client.images.list(filters={"label": f"{LABEL_PREFIX}.cache-key={digest}"})

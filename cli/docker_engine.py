@@ -15,6 +15,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from abeja_cli.console import Console
@@ -44,6 +45,11 @@ _GRACE: Final = 10
 _PROJECT_MOUNT: Final = "/srv/app"
 _BATCH_INPUTS: Final = "/srv/batch/in"
 _BATCH_OUTPUT: Final = "/srv/batch/out"
+#: Folders of a project image that a batch's input or output must not be mounted over.
+_IMAGE_PATHS: Final = tuple(
+    Path(f"/{name}")
+    for name in ("srv", "usr", "bin", "sbin", "lib", "lib64", "etc", "proc", "sys", "dev")
+) + tuple(Path(f"/{name}") for name in ("boot", "run", "var", "opt", "mnt"))
 
 
 def docker_host() -> str:
@@ -181,7 +187,9 @@ class DockerEngine:
 
     def run_batch(self, spec: RunSpec, batch: BatchSpec, sink: LogSink, answer: BinaryIO) -> int:
         """``abeja-runtime batch`` in a container of the project image: each input mounted
-        read-only under ``/srv/batch/in``, the output folder at ``/srv/batch/out``."""
+        read-only, the output folder writable, each at its own path (see :func:`_mount_point`),
+        so that what the runtime says of them (the failed inputs, where the answers are) names
+        the user's files."""
         from docker.errors import APIError, NotFound
         from docker.types import Mount
 
@@ -190,13 +198,13 @@ class DockerEngine:
         self._remove_orphans()
         mounts, inputs = [], []
         for number, path in enumerate(batch.inputs):
-            inside = f"{_BATCH_INPUTS}/{number}/{path.name}"
+            inside = _mount_point(path, f"{_BATCH_INPUTS}/{number}/{path.name}")
             mounts.append(Mount(inside, str(path), type="bind", read_only=True))
             inputs.append(inside)
         output = None
         if batch.output is not None:
-            mounts.append(Mount(_BATCH_OUTPUT, str(batch.output), type="bind", read_only=False))
-            output = _BATCH_OUTPUT
+            output = _mount_point(batch.output, _BATCH_OUTPUT)
+            mounts.append(Mount(output, str(batch.output), type="bind", read_only=False))
         command = ["abeja-runtime", *batch.arguments(inputs, output)]
         name = f"abeja-batch-{secrets.token_hex(6)}"
         try:
@@ -267,6 +275,14 @@ class DockerEngine:
             user=user,
             **options,
         )
+
+
+def _mount_point(path: Path, elsewhere: str) -> str:
+    """Where a host path is mounted in a container: at the same path, unless that would cover
+    a part of the image (the system's folders, the project at /srv/app); then ``elsewhere``."""
+    if path.is_absolute() and not any(path.is_relative_to(taken) for taken in _IMAGE_PATHS):
+        return str(path)
+    return elsewhere
 
 
 def remove_orphans(client: docker.DockerClient, console: Console) -> None:

@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,7 @@ def test_run_batch_runs_in_a_container_and_leaves_none(
     assert json.loads((output / "a.json.json").read_text()) == {"total": 10.8}
     assert json.loads((output / "b.json.json").read_text()) == {"total": 21.6}
     assert "2 input(s): 2 answered 2xx" in result.stderr
+    assert f"answers in {output}" in result.stderr  # the user's folder, not the container's
 
     one = abeja(*batch, "-q", "-e", 'INPUT={"other": 1}', cwd=cwd)
     assert one.returncode == 1, str(one)  # the answer is a 400
@@ -270,6 +272,23 @@ def test_the_project_is_at_mnt_project_too(
     result = run(cwd, "-h", "cortexish:handler", "--input", "request.json", "-q")
     assert result.returncode == 0, str(result)
     assert json.loads(result.stdout) == {"threshold": 0.5}
+
+
+def test_parallel_first_builds_make_one_image(
+    run: Callable[..., Result], docker_tmp_projects: Projects, docker_client: Any
+) -> None:
+    """Two commands that need the same new image: one builds it, the other waits and uses it
+    (two builds left the first image untagged, a dangling image that clean never named)."""
+    cwd = docker_tmp_projects("tax")
+    with ThreadPoolExecutor(2) as pool:
+        results = list(
+            pool.map(lambda _: run(cwd, "-h", "main:handler", "--input", "request.json"), range(2))
+        )
+    for result in results:
+        assert result.returncode == 0, str(result)
+    assert sum("[info] building the image " in result.stderr for result in results) == 1
+    assert sum("[info] using the cached image" in result.stderr for result in results) == 1
+    project_image(docker_client, cwd)  # exactly one, tagged or not
 
 
 # -- the image cache ----------------------------------------------------------------------
