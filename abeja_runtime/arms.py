@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from typing import Final
 
 import aiohttp
@@ -23,7 +24,13 @@ import aiohttp
 from abeja_runtime.config import PlatformIds
 from abeja_runtime.encode import EncodedResponse
 
-__all__ = ["ASYNC_ID_HEADER", "ASYNC_TOKEN_HEADER", "MAX_PENDING", "ResultSender"]
+__all__ = [
+    "ASYNC_ID_HEADER",
+    "ASYNC_TOKEN_HEADER",
+    "MAX_PENDING",
+    "ResultSender",
+    "async_id_problem",
+]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -31,9 +38,22 @@ ASYNC_ID_HEADER: Final = "x-abeja-arms-async-request-id"
 ASYNC_TOKEN_HEADER: Final = "x-abeja-arms-async-request-token"
 #: Async requests a worker holds at once (the anchor's channel capacity); more get 503.
 MAX_PENDING: Final = 10_000
+#: The ids an async request may carry: one path segment of the result's URL, never more (a
+#: ``../`` or ``?`` in it would send the result, with the caller's token, somewhere else).
+_ASYNC_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ATTEMPTS: Final = 3
 _FIRST_BACKOFF: Final = 1.0
 _TIMEOUT: Final = aiohttp.ClientTimeout(total=30)
+
+
+def async_id_problem(async_id: str) -> str | None:
+    """Why ``async_id`` cannot name a result, or ``None`` when it can."""
+    if _ASYNC_ID.fullmatch(async_id):
+        return None
+    return (
+        f"{ASYNC_ID_HEADER} must be 1 to 128 letters, digits, '.', '_' or '-', starting with a "
+        "letter or a digit"
+    )
 
 
 class ResultSender:

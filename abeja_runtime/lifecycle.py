@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 
 from abeja_runtime import __version__
-from abeja_runtime.arms import ASYNC_ID_HEADER, ASYNC_TOKEN_HEADER, MAX_PENDING, ResultSender
+from abeja_runtime.arms import (
+    ASYNC_ID_HEADER,
+    ASYNC_TOKEN_HEADER,
+    MAX_PENDING,
+    ResultSender,
+    async_id_problem,
+)
 from abeja_runtime.config import Config
 from abeja_runtime.decode import BodyLimits, decode_request
 from abeja_runtime.encode import EncodedResponse, encode_result, status_reply
@@ -267,7 +273,8 @@ class Lifecycle:
         received: float,
     ) -> None:
         """Answer 202 now; the call runs in a task, and its answer goes to the platform."""
-        refusal = self._async_refusal
+        problem = async_id_problem(async_id)
+        refusal = status_reply(400, problem) if problem else self._async_refusal
         if refusal is None and len(self._async_jobs) >= MAX_PENDING:
             refusal = self._error_reply(ServiceBusy())
         if refusal is not None:

@@ -187,6 +187,18 @@ def test_the_result_is_retried_on_errors_but_not_after_429(make_server, platform
     assert len(platform_api.puts) == 4  # the 429 was not retried
 
 
+@pytest.mark.parametrize("async_id", ["../../../../admin/x", "a?injected=1", "a/b", ".", "x" * 129])
+def test_an_async_id_that_is_not_one_path_segment_is_refused(make_server, platform_api, async_id):
+    server = start(make_server, platform_api)
+    answer = server.post_json({"x": 1}, headers=ASYNC | {"x-abeja-arms-async-request-id": async_id})
+    assert answer.status == 400
+    assert "x-abeja-arms-async-request-id must be 1 to 128 letters" in answer.json()["status"]
+    fine = server.post_json({"x": 1}, headers=ASYNC | {"x-abeja-arms-async-request-id": "a.b_c-9"})
+    assert fine.status == 202
+    (put,) = platform_api.wait_for_puts(1)
+    assert put.path == RESULT_PATH.replace("job-1", "a.b_c-9")
+
+
 def test_async_requests_without_the_platform_api_settings_are_refused_clearly(make_server):
     server = make_server("as_jobs", env={"ABEJA_ORGANIZATION_ID": "org1"})
     answer = server.request("GET", "/", headers=ASYNC)
