@@ -48,6 +48,7 @@ from abeja_runtime.loader import install_dependencies, load_handler, prepare_wor
 from abeja_runtime.logs import capture_prints, configure_logging
 from abeja_runtime.media import extension_for, guess_content_type
 from abeja_runtime.metrics import WorkerMetrics
+from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.request import Content, Request
 
 __all__ = ["BatchError", "collect_files", "run_batch"]
@@ -136,6 +137,7 @@ def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
         _log.error("failed to setup model: %s", exc)
         return 1
     capture_prints()  # the handler's print() becomes log records, off stdout
+    limit_image_pixels(config.max_image_pixels)
     return asyncio.run(_Batch(config).run(files, output, os.environ))
 
 

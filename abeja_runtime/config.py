@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from abeja_runtime.pixels import DEFAULT_MAX_IMAGE_PIXELS
+
 __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "DEFAULT_MAX_PARTS",
     "DEFAULT_SPOOL_THRESHOLD",
     "LOG_LEVELS",
     "LOOPS",
@@ -37,6 +41,9 @@ MiB: Final = 1024 * 1024
 DEFAULT_MAX_BODY_SIZE: Final = 100 * MiB
 #: Bodies up to this size stay in memory; most inference payloads (JSON, a photo) fit.
 DEFAULT_SPOOL_THRESHOLD: Final = 1 * MiB
+#: A hundred thousand empty parts took 3.5 s to parse and were all handed over; real forms have
+#: a few. Starlette and Werkzeug stop at 1,000 too.
+DEFAULT_MAX_PARTS: Final = 1000
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 #: Handler styles (``abeja_runtime.styles``); ``auto`` picks one from what HANDLER names.
 STYLES: Final = ("auto", "abeja", "abeja-v1", "cortex", "kserve", "seldon")
@@ -110,6 +117,10 @@ class Config:
     timeout: float = 60.0
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     spool_threshold: int = DEFAULT_SPOOL_THRESHOLD
+    #: Parts a multipart/form-data body may have (Starlette's and Werkzeug's default); 0 = any.
+    max_parts: int = DEFAULT_MAX_PARTS
+    #: Pixels an image may have when the handler side opens it with Pillow; 0 = no check.
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     #: Seconds that in-flight requests get to finish at shutdown; also the time past ``timeout``
     #: after which a worker whose handler is still running is recycled.
     grace_period: float = 30.0
@@ -203,7 +214,7 @@ class Config:
         for name in ("keepalive_timeout", "request_head_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be more than 0, got {getattr(self, name)}")
-        for name in ("max_body_size", "spool_threshold"):
+        for name in ("max_body_size", "spool_threshold", "max_parts", "max_image_pixels"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must not be negative, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import IO, Final
 import multipart
 from multidict import MultiDict, MultiDictProxy
 
-from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge
+from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, TooManyParts
 from abeja_runtime.request import Content, Request
 from abeja_runtime.spool import Scratch, Spool
 
@@ -41,6 +42,8 @@ _DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 _MAX_PART_HEADER_SIZE: Final = 16 * 1024
 _MAX_PART_HEADER_COUNT: Final = 32
 _NO_QUERY: Final[MultiDictProxy[str]] = MultiDictProxy(MultiDict())
+#: C0 controls and DEL: no file name carries them honestly.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,8 @@ class BodyLimits:
     max_body_size: int
     spool_threshold: int
     scratch_root: str | None = None
+    #: Parts of a multipart/form-data body; 0 means no limit.
+    max_parts: int = 0
 
 
 def check_method(method: str) -> None:
@@ -203,6 +208,8 @@ async def _read_multipart(
             counter.add(chunk)
             for event in parser.parse(chunk):
                 if isinstance(event, multipart.MultipartSegment):
+                    if limits.max_parts and len(contents) >= limits.max_parts:
+                        raise TooManyParts(limits.max_parts)
                     segment, spool = event, Spool(scratch, limits.spool_threshold)
                 elif event is None:
                     assert segment is not None and spool is not None
@@ -227,8 +234,9 @@ def _part_content(segment: multipart.MultipartSegment, spool: Spool) -> Content:
     # The base name only, whichever separator the client used ("../../etc/cat.jpg" → "cat.jpg");
     # a name with no base name or one that means a directory ("", ".", "..", "dir/") → None, so
     # that a handler joining it to a folder never leaves that folder.
+    # A name with a control character (a NUL cuts a C string short: "a\x00.py") → None too.
     file_name: str | None = posixpath.basename((segment.filename or "").replace("\\", "/"))
-    if file_name in ("", ".", ".."):
+    if file_name in ("", ".", "..") or _CONTROL.search(file_name or ""):
         file_name = None
     return Content(
         spool.finish(),

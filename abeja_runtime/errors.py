@@ -13,10 +13,12 @@ __all__ = [
     "HandlerResultError",
     "HandlerTimeout",
     "HttpError",
+    "ImageTooLarge",
     "MethodNotAllowed",
     "PayloadTooLarge",
     "ServiceBusy",
     "ServiceUnavailable",
+    "TooManyParts",
 ]
 
 
@@ -67,6 +69,30 @@ class PayloadTooLarge(HttpError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body too large (limit {limit} bytes)")
         self.limit = limit
+
+
+class TooManyParts(PayloadTooLarge):
+    """A multipart/form-data body with more parts than allowed (refused like a large body)."""
+
+    def __init__(self, limit: int) -> None:
+        HttpError.__init__(
+            self,
+            f"multipart/form-data body has more than {limit} parts; the limit is "
+            "ABEJA_RUNTIME_MAX_PARTS (--max-parts)",
+        )
+        self.limit = limit
+
+
+class ImageTooLarge(HttpError):
+    """An image the handler side opened has more pixels than ``--max-image-pixels``."""
+
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"an image in the request has more than {limit} pixels; the limit is "
+            "ABEJA_RUNTIME_MAX_IMAGE_PIXELS (--max-image-pixels)"
+        )
 
 
 class ServiceUnavailable(HttpError):

@@ -55,6 +55,7 @@ from abeja_runtime.errors import (
     HandlerResultError,
     HandlerTimeout,
     HttpError,
+    ImageTooLarge,
     PayloadTooLarge,
     ServiceBusy,
     ServiceUnavailable,
@@ -63,6 +64,7 @@ from abeja_runtime.execute import Call, Executor, Outcome, claim
 from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var, user_exc_info
 from abeja_runtime.metrics import WorkerMetrics
+from abeja_runtime.pixels import is_image_bomb
 from abeja_runtime.request import Request
 
 if sys.version_info >= (3, 11):
@@ -180,7 +182,9 @@ class Lifecycle:
         self._state = state
         self._metrics = metrics
         self._limits = BodyLimits(
-            max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
+            max_body_size=config.max_body_size,
+            spool_threshold=config.spool_threshold,
+            max_parts=config.max_parts,
         )
         self._timeout = config.timeout
         self._async_slots = asyncio.Semaphore(config.concurrency)
@@ -417,6 +421,8 @@ class Lifecycle:
 
     def _error_reply(self, exc: Exception, handler: LoadedHandler | None = None) -> EncodedResponse:
         """The one error → response ladder: what the client is told, and what is logged."""
+        if is_image_bomb(exc):
+            exc = ImageTooLarge(self._config.max_image_pixels)
         if isinstance(exc, HttpError):
             self._count_refusal(exc)
             return status_reply(exc.status, exc.message, exc.headers.items())

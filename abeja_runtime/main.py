@@ -20,6 +20,8 @@ from dotenv import load_dotenv
 from abeja_runtime import __version__
 from abeja_runtime.config import (
     DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_PARTS,
     DEFAULT_SPOOL_THRESHOLD,
     LOG_LEVELS,
     LOOPS,
@@ -178,6 +180,25 @@ _PORT = click.IntRange(0, 65535)
     default=DEFAULT_SPOOL_THRESHOLD,
     show_default=True,
     help="Bodies larger than this many bytes are spooled to a temporary file.",
+)
+@click.option(
+    "--max-parts",
+    envvar="ABEJA_RUNTIME_MAX_PARTS",
+    show_envvar=True,
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_PARTS,
+    show_default=True,
+    help="Most parts a multipart/form-data body may have (413 above); 0: no limit.",
+)
+@click.option(
+    "--max-image-pixels",
+    envvar="ABEJA_RUNTIME_MAX_IMAGE_PIXELS",
+    show_envvar=True,
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_IMAGE_PIXELS,
+    show_default=True,
+    help="Most pixels of an image opened with Pillow on the handler side (413 above, checked "
+    "before decoding); 0: no limit.",
 )
 @click.option(
     "--grace-period",

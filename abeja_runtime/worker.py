@@ -37,6 +37,7 @@ from abeja_runtime.lifecycle import Lifecycle, ServingState
 from abeja_runtime.loader import load_handler
 from abeja_runtime.logs import capture_prints, configure_logging, user_traceback
 from abeja_runtime.metrics import WorkerMetrics
+from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.server import HttpServer, make_web_server
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def run_worker(config: Config, service_socket: socket.socket, pipe: Connection) 
     capture_prints()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the supervisor, which decides
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL)
+    limit_image_pixels(config.max_image_pixels)
     try:
         code = _run(_Worker(config, service_socket, pipe).serve(), config.event_loop)
     except Exception:

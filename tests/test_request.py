@@ -102,6 +102,9 @@ def test_other_methods_are_delivered_like_post(echo, method):
         ("a/..", None),
         ("", None),
         ("x/.hidden", ".hidden"),
+        ("a\x00.py", None),  # a NUL would cut the name short in C code
+        ("a\x1b[2J.txt", None),
+        ("a\x7f", None),
     ],
 )
 def test_part_file_names_never_carry_path_meaning(echo, sent, seen):
@@ -195,3 +198,24 @@ def test_handler_may_return_the_request_body_itself(make_server):
     payload = b"echo me" * 1000
     answer = server.request("POST", "/", payload, {"Content-Type": "application/octet-stream"})
     assert answer.status == 200 and answer.body == payload
+
+
+def test_a_multipart_body_with_too_many_parts_is_refused(make_server):
+    server = make_server("rq_echo", "--max-parts", "3")
+    many = _multipart("B", [(f"f{n}", None, None, b"x") for n in range(4)])
+    answer = server.request("POST", "/", many, {"Content-Type": "multipart/form-data; boundary=B"})
+    assert answer.status == 413
+    assert answer.json() == {
+        "status": "multipart/form-data body has more than 3 parts; the limit is "
+        "ABEJA_RUNTIME_MAX_PARTS (--max-parts)"
+    }
+    three = _multipart("B", [(f"f{n}", None, None, b"x") for n in range(3)])
+    fine = server.request("POST", "/", three, {"Content-Type": "multipart/form-data; boundary=B"})
+    assert fine.status == 200 and len(fine.json()["contents"]) == 3
+
+
+def test_by_default_a_thousand_parts_pass_and_more_do_not(echo):
+    form = {"Content-Type": "multipart/form-data; boundary=B"}
+    for count, status in ((1000, 200), (1001, 413)):
+        body = _multipart("B", [(f"f{n}", None, None, b"") for n in range(count)])
+        assert echo.request("POST", "/", body, form).status == status, count
