@@ -32,14 +32,16 @@ class TryPage:
     def __init__(self, model_url: str, example: str = "") -> None:
         page = _PAGE_FILE.read_text("utf-8").replace("__EXAMPLE__", json.dumps(example))
         target = urllib.parse.urlsplit(model_url)
-        handler = type(
+        handler: type[_Handler] = type(
             "_Handler",
             (_Handler,),
             {"page": page.encode(), "host": target.hostname, "port": target.port},
         )
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/"
+        port = int(self._server.server_address[1])
+        handler.page_port = port
+        self.url = f"http://127.0.0.1:{port}/"
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="try-page", daemon=True
         )
@@ -56,12 +58,38 @@ class _Handler(BaseHTTPRequestHandler):
     page: bytes = b""
     host: str | None = None
     port: int | None = None
+    #: The page's own port: requests must name it (see _refused).
+    page_port: int = 0
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet: the model's own access log already shows each request."""
 
+    def _refused(self) -> bool:
+        """Only the page itself may use this server: another site the user visits must not
+        drive the local model through it. A request naming another host (DNS rebinding: a
+        page of evil.example whose name now resolves to 127.0.0.1) or sent from another
+        origin (a form or fetch of that page) is answered 403."""
+        port = self.page_port
+        ours = {f"127.0.0.1:{port}", f"localhost:{port}"}
+        origin = self.headers.get("Origin")
+        site = self.headers.get("Sec-Fetch-Site")
+        if (
+            self.headers.get("Host") in ours
+            and (origin is None or origin.removeprefix("http://") in ours)
+            and site in (None, "same-origin", "none")
+        ):
+            return False
+        self._answer(
+            403,
+            {"Content-Type": "text/plain; charset=utf-8"},
+            f"forbidden: the try-it page serves only itself, at http://127.0.0.1:{port}/".encode(),
+        )
+        return True
+
     def do_GET(self) -> None:
+        if self._refused():
+            return
         if self.path in ("/", "/index.html"):
             self._answer(200, {"Content-Type": "text/html; charset=utf-8"}, self.page)
         elif self.path.startswith("/model/"):
@@ -70,7 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(404, {"Content-Type": "text/plain"}, b"not found")
 
     def do_POST(self) -> None:
-        self._forward()
+        if not self._refused():
+            self._forward()
 
     do_PUT = do_PATCH = do_DELETE = do_POST
 

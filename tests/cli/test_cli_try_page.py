@@ -4,6 +4,7 @@ screenshots checked by looking at their pixels."""
 
 from __future__ import annotations
 
+import http.client
 import io
 import shutil
 from collections.abc import Callable, Iterator
@@ -141,3 +142,38 @@ def test_other_answers_are_a_download(browser: Any, start_abeja: Start, tmp_path
     assert send_and_wait(browser) == "200 OK"
     link = browser.find_element(By.ID, "answer-download")
     assert link.text == "download the answer (9 bytes, application/octet-stream)"
+
+
+@pytest.mark.parametrize(
+    ("headers", "allowed"),
+    [
+        ({}, True),  # curl, the page's own GET
+        ({"Origin": "{page}"}, True),
+        ({"Origin": "{page}", "Sec-Fetch-Site": "same-origin"}, True),
+        ({"Host": "evil.example:{port}"}, False),  # DNS rebinding
+        ({"Origin": "http://evil.example"}, False),  # a form or fetch of another site
+        ({"Sec-Fetch-Site": "cross-site"}, False),
+        ({"Origin": "null"}, False),
+    ],
+    ids=lambda value: "" if isinstance(value, bool) else "+".join(value) or "plain",
+)
+def test_only_the_page_itself_may_drive_the_model(
+    start_abeja: Start, tmp_path: Path, headers: dict[str, str], allowed: bool
+) -> None:
+    url = page_of(start_abeja, copy("tax", tmp_path))
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    sent = {k: v.format(page=url.rstrip("/"), port=port) for k, v in headers.items()}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        body = b'{"total_without_tax": 100}'
+        json_type = {"Content-Type": "application/json"}
+        connection.request("POST", "/model/", body=body, headers={**json_type, **sent})
+        answer = connection.getresponse()
+        body = answer.read()
+    finally:
+        connection.close()
+    if allowed:
+        assert (answer.status, body) == (200, b'{"total": 108.0}')
+    else:
+        assert answer.status == 403, body
+        assert body.startswith(b"forbidden: the try-it page serves only itself"), body
