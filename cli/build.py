@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import click
 from abeja_cli.console import Console
+from abeja_cli.environment import secret_names
 from abeja_cli.errors import InputError
 from abeja_cli.session import ModelCommand, ModelOptions, exit_on_errors, model_options
 
@@ -65,6 +66,12 @@ def check_handler_file(handler: str, project: Path) -> None:
     help="Name of the image to build, e.g. mymodel:1 (push it to your registry afterwards).",
 )
 @click.option(
+    "--allow-secrets",
+    is_flag=True,
+    help="Bake -e / --env-file variables whose names look like secrets (TOKEN, SECRET, "
+    "PASSWORD, KEY) into the image anyway.",
+)
+@click.option(
     "-q", "--quiet", is_flag=True, help="Print only errors and the final line, no build output."
 )
 def build(**params: Any) -> None:
@@ -80,6 +87,14 @@ def build(**params: Any) -> None:
 
 def _build(params: dict[str, Any], console: Console) -> int:
     options = ModelOptions.from_params(params)
+    secrets = secret_names(list(options.env))
+    if secrets and not params["allow_secrets"]:
+        raise InputError(
+            f"{', '.join(secrets)} would be baked into the image, where anyone who has it can "
+            "read it (docker inspect); give it when the container runs instead (docker run -e "
+            f"{secrets[0]}, or a Kubernetes Secret: abeja model manifests --secret NAME), or "
+            "add --allow-secrets if it is no secret"
+        )
     tag = check_image_tag(params["tag"].strip())
     check_handler_file(options.handler, options.project)
     from abeja_cli.docker_build import ImageBuilder

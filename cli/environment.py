@@ -63,6 +63,15 @@ def local_environment(
     return {**base, **model}
 
 
+#: Names of variables that hold credentials (a token, a password, an API key).
+_SECRET_NAME: Final = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY", re.IGNORECASE)
+
+
+def secret_names(names: Sequence[str]) -> list[str]:
+    """The names that look like they hold a secret, in order."""
+    return [name for name in names if _SECRET_NAME.search(name)]
+
+
 def parse_env_option(value: str) -> tuple[str, str]:
     """Split one ``-e`` value at its first ``:`` or ``=`` (anchor form and shell form)."""
     match = re.search(r"[:=]", value)

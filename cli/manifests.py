@@ -38,6 +38,7 @@ _PRE_STOP_SECONDS: Final = 5
 #: The runtime kills stragglers this long after its grace period (supervisor._KILL_MARGIN).
 _KILL_MARGIN: Final = 5
 _DNS_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Deployment:
     image: str
     name: str
     env: dict[str, str]
+    #: Kubernetes Secrets whose keys become the container's variables (envFrom).
+    secrets: tuple[str, ...] = ()
     workers: int = 1
     concurrency: int = 1
     timeout: float = 60.0
@@ -62,6 +65,12 @@ class Deployment:
                 f"--name {self.name!r} is not a Kubernetes name; use lower-case letters, digits "
                 "and '-', starting with a letter, at most 63 characters"
             )
+        for secret in self.secrets:
+            if not _DNS_SUBDOMAIN.match(secret):
+                raise InputError(
+                    f"--secret {secret!r} is not a Kubernetes Secret name; use lower-case "
+                    "letters, digits, '-' and '.'"
+                )
         if not 1 <= self.replicas <= self.max_replicas:
             raise InputError(
                 f"--replicas {self.replicas} must be from 1 to --max-replicas {self.max_replicas}"
@@ -123,6 +132,11 @@ def _container(d: Deployment, *, name: str, ports: list[dict[str, Any]]) -> dict
         "image": d.image,
         "ports": ports,
         "env": [{"name": key, "value": value} for key, value in d.runtime_env.items()],
+        **(
+            {"envFrom": [{"secretRef": {"name": secret}} for secret in d.secrets]}
+            if d.secrets
+            else {}
+        ),
         "resources": {
             "requests": {"cpu": d.cpu, "memory": d.memory},
             "limits": {"memory": d.memory},  # no CPU limit: throttling hurts tail latency
@@ -306,6 +320,14 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
     "-e", "--environment", multiple=True, metavar="KEY=VALUE", help="Variable for the model."
 )
 @click.option("--env-file", type=click.Path(dir_okay=False), default=None, help="Dotenv file.")
+@click.option(
+    "--secret",
+    "secrets",
+    multiple=True,
+    metavar="NAME",
+    help="A Kubernetes Secret whose keys become the model's variables (tokens, passwords: "
+    "never in -e, whose values are written into the YAML); repeatable.",
+)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True)
@@ -341,6 +363,7 @@ def _manifests(params: dict[str, Any]) -> int:
         image=image,
         name=params["name"] or default_name(image),
         env=env,
+        secrets=params["secrets"],
         workers=params["workers"],
         concurrency=params["concurrency"],
         timeout=params["timeout"],

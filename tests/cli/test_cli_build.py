@@ -26,6 +26,8 @@ TIMEOUT = 60.0
         (["-t", "mymodel:1:2"], "is not an image name Docker accepts"),
         (["-t", "ok:1", "-e", "NOVALUE"], "-e 'NOVALUE' has no value"),
         (["-t", "ok:1", "-h", "missing:handler"], "-h missing:handler: missing.py is not in"),
+        (["-t", "ok:1", "-e", "API_TOKEN:abc"], "API_TOKEN would be baked into the image"),
+        (["-t", "ok:1", "-e", "db_password=x"], "db_password would be baked into the image"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_built(

@@ -96,6 +96,40 @@ def test_kubernetes_documents_are_valid_and_production_ready(tmp_path: Path) -> 
     assert container["resources"]["requests"] and container["resources"]["limits"]
 
 
+@pytest.mark.parametrize("target", ["kubernetes", "knative", "kserve"])
+def test_secrets_reach_the_container_by_reference(tmp_path: Path, target: str) -> None:
+    result, documents = manifests(
+        "--image", "m:1", "--target", target, "--secret", "model-token", "--secret", "db",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    text = result.stdout.decode()
+    assert "secretRef" in text
+    found = [
+        item["secretRef"]["name"]
+        for container in _containers(documents[0])
+        for item in container.get("envFrom", [])
+    ]
+    assert found == ["model-token", "db"]
+    if target == "kubernetes":
+        validate_kubernetes(documents[0])
+
+
+def _containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's containers, wherever the target keeps them."""
+    spec = document["spec"]
+    if document["kind"] == "InferenceService":
+        return list(spec["predictor"]["containers"])
+    return list(spec["template"]["spec"]["containers"])
+
+
+def test_a_bad_secret_name_is_refused(tmp_path: Path) -> None:
+    result = run_abeja("model", "manifests", "--image", "m:1", "--target", "kubernetes",
+                       "--secret", "Bad_Name", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, str(result)
+    assert "--secret 'Bad_Name' is not a Kubernetes Secret name" in result.stderr
+
+
 def test_knative_service_is_valid(tmp_path: Path) -> None:
     import jsonschema
 
