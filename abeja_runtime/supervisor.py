@@ -77,6 +77,15 @@ _MAX_BACKOFF: Final = 30.0
 def run(config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
     configure_logging(config.log_level, config.platform.log_fields())
+    try:
+        tempfile.gettempdir()  # metrics files and request bodies above the spool threshold
+    except FileNotFoundError:
+        _log.error(
+            "cannot start: no writable temporary directory (TMPDIR, /tmp, /var/tmp); in a "
+            "read-only container mount one on /tmp (docker run --read-only --tmpfs /tmp, or an "
+            "emptyDir volume on /tmp in Kubernetes), or set TMPDIR to a writable folder"
+        )
+        return 1
     workdir = prepare_workdir(config.user_model_root, config.training_result_dir)
     try:
         if config.install_requirements:
@@ -299,6 +308,8 @@ class _Supervisor:
                 self._ever_ready = True
                 self._deaths_before_ready = 0
                 _log.info("worker %s is ready", worker.pid)
+            self._refresh()  # the fallback stops before the worker accepts
+            worker.tell(("accept",))
         if kind in ("heartbeat", "ready"):
             self._rebalance()
         elif kind == "draining":

@@ -3,7 +3,9 @@
 A worker takes no connection before its handler is loaded: until some worker is ready the
 supervisor answers the service port itself (503), so a loading worker never refuses traffic
 that a ready one could serve. The import runs on the first slot's thread, the thread that will
-call the handler. Messages to the supervisor go through a pipe: ``ready``, ``load_failed``, and
+call the handler. Once it is loaded the worker says ``ready`` and starts accepting when the
+supervisor answers ``accept`` (it has stopped answering the service port itself by then).
+Messages to the supervisor go through a pipe: ``ready``, ``load_failed``, and
 a ``heartbeat`` twice a second carrying how long the oldest handler call has been running and
 how many connections the worker holds; the supervisor may answer ``shed`` (close that many
 connections after their next response) when this worker holds more than its share. The
@@ -55,6 +57,8 @@ _ORPHAN_CHECK_INTERVAL: Final = 0.5
 #: Seconds between heartbeats; the supervisor's judgements (supervisor._UNRESPONSIVE_AFTER,
 #: timeout + grace) are several of these.
 _HEARTBEAT_INTERVAL: Final = 0.5
+#: How long a loaded worker waits for the supervisor's ``accept`` (it comes at once).
+_ACCEPT_WAIT: Final = 10.0
 
 
 def main() -> None:
@@ -98,10 +102,13 @@ class _Worker:
         self._pipe = pipe
         self._state = ServingState(concurrency=config.concurrency, max_queue=config.max_queue)
         self._stop = asyncio.Event()
+        #: Set when the supervisor, told that the handler is loaded, lets this worker accept.
+        self._accept: asyncio.Future[None] | None = None
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        accept = self._accept = loop.create_future()
         # Kept referenced for the life of the worker; asyncio.run cancels it at the end.
         self._orphan_watch = asyncio.create_task(_exit_when_orphaned(os.getppid()))
         config = self._config
@@ -126,10 +133,17 @@ class _Worker:
             self._pipe.send(("load_failed", str(exc), details))
             await runner.cleanup()
             return 1
-        site = web.SockSite(runner, self._socket)
-        await site.start()
+        # Ready first, accepting once the supervisor says so: it stops answering the service
+        # port itself before, so no new connection can reach its 503 after a client has seen
+        # this worker answer (a CLI that saw /health_check say 200 got 503 for its request).
         loop.add_reader(self._pipe.fileno(), self._on_supervisor_message)
         self._pipe.send(("ready",))
+        try:
+            await asyncio.wait_for(accept, _ACCEPT_WAIT)
+        except asyncio.TimeoutError:  # not the builtin one before Python 3.11
+            _log.warning("the supervisor did not answer 'ready' in %g s; accepting", _ACCEPT_WAIT)
+        site = web.SockSite(runner, self._socket)
+        await site.start()
         self._heartbeat = asyncio.create_task(self._beat(executor, metrics, runner))
         await self._stop.wait()
         await self._drain(site, rpc)
@@ -159,6 +173,8 @@ class _Worker:
             return
         if message[0] == "shed":
             self._state.shed = message[1]
+        elif message[0] == "accept" and self._accept is not None and not self._accept.done():
+            self._accept.set_result(None)
 
     async def _drain(self, site: web.BaseSite, rpc: RpcServer | None) -> None:
         """Stop accepting, answer health with 503, give in-flight requests the grace period."""

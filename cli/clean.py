@@ -101,14 +101,17 @@ def _remove_containers(
     from docker.errors import NotFound
 
     count = 0
-    for container in client.containers.list(all=True, filters=_filters("container", project)):
-        if container.status not in _STOPPED:
-            console.info(f"keeping container {container.name}: it is {container.status}")
+    # The low-level listings (here and for images): the high-level ones inspect each item
+    # again, and fail on one that another command removed in between.
+    for container in client.api.containers(all=True, filters=_filters("container", project)):
+        name, state = container["Names"][0].lstrip("/"), container["State"]
+        if state not in _STOPPED:
+            console.info(f"keeping container {name}: it is {state}")
             continue
-        console.info(f"{'would remove' if dry_run else 'removing'} container {container.name}")
+        console.info(f"{'would remove' if dry_run else 'removing'} container {name}")
         if not dry_run:
             try:
-                container.remove(force=True)
+                client.api.remove_container(container["Id"], force=True)
             except NotFound:
                 continue
         count += 1
@@ -124,12 +127,13 @@ def _remove_images(
     count = freed = 0
     kinds = _IMAGE_KINDS if project is None else ("project",)
     for kind in kinds:
-        for image in client.images.list(filters=_filters(kind, project)):
-            name = image.tags[0] if image.tags else image.short_id
-            size = int(image.attrs.get("Size", 0))
+        for image in client.api.images(filters=_filters(kind, project)):
+            tags = [tag for tag in image.get("RepoTags") or () if tag != "<none>:<none>"]
+            name = tags[0] if tags else image["Id"].removeprefix("sha256:")[:12]
+            size = int(image.get("Size", 0))
             if not dry_run:
                 try:
-                    client.images.remove(str(image.id), force=False, noprune=False)
+                    client.images.remove(image["Id"], force=False, noprune=False)
                 except APIError as exc:  # a container or an image of yours still uses it
                     console.info(f"keeping image {name}: {_reason(exc)}")
                     continue

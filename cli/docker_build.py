@@ -219,7 +219,8 @@ class ImageBuilder:
         base = self.project_image(project, base_image, no_cache=no_cache)
         labels = {
             f"{LABEL_PREFIX}.kind": "production",
-            f"{LABEL_PREFIX}.project": str(project),
+            # The folder's name, not its path: the image is shipped, the builder's home is not.
+            f"{LABEL_PREFIX}.project": project.name,
             f"{LABEL_PREFIX}.runtime-version": self._source.version,
             f"{LABEL_PREFIX}.handler": env.get("HANDLER", ""),
         }
@@ -251,20 +252,28 @@ class ImageBuilder:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             yield  # the lock goes with the file
 
+    # Listings go through the low-level API: the high-level one inspects each image again, and
+    # fails on one that another command (another terminal, a parallel test) removed meanwhile.
+
     def _find(self, digest: str) -> Image | None:
-        found = self._client.images.list(filters={"label": f"{LABEL_PREFIX}.cache-key={digest}"})
-        return found[0] if found else None
+        from docker.errors import NotFound
+
+        filters = {"label": f"{LABEL_PREFIX}.cache-key={digest}"}
+        for found in self._client.api.images(filters=filters, quiet=True):
+            with contextlib.suppress(NotFound):
+                return self._client.images.get(found)
+        return None
 
     def _remove_others(self, label: str, kind: str, *, keep: Image) -> None:
         """Remove our images with ``label`` of this kind except ``keep``, if nothing uses them."""
         from docker.errors import APIError
 
         filters = {"label": [label, f"{LABEL_PREFIX}.kind={kind}"]}
-        for image in self._client.images.list(filters=filters):
-            if image.id != keep.id:
+        for image in self._client.api.images(filters=filters, quiet=True):
+            if image != keep.id:
                 # Used by a container or a child image: docker refuses, and it stays.
                 with contextlib.suppress(APIError):
-                    self._client.images.remove(str(image.id), noprune=False)
+                    self._client.images.remove(image, noprune=False)
 
     def _remove_failed_layers(self, layers: list[str]) -> None:
         """Drop the untagged layers a failed build left behind (never a tagged image)."""

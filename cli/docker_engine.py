@@ -291,15 +291,16 @@ def remove_orphans(client: docker.DockerClient, console: Console) -> None:
 
     host = socket.gethostname()
     filters = {"label": [f"{LABEL_PREFIX}.kind=container", f"{LABEL_PREFIX}.cli-host={host}"]}
-    for container in client.containers.list(all=True, filters=filters):
-        pid = container.labels.get(f"{LABEL_PREFIX}.cli-pid", "")
+    # The low-level listing: the high-level one inspects each container again, and fails on
+    # one that another command (another terminal) removed in between.
+    for container in client.api.containers(all=True, filters=filters):
+        pid = (container.get("Labels") or {}).get(f"{LABEL_PREFIX}.cli-pid", "")
         if not pid.isdigit() or _process_exists(int(pid)):
             continue
         with suppress(APIError):
-            container.remove(force=True)
-            console.info(
-                f"removed container {container.name}, left by an earlier run that was killed"
-            )
+            client.api.remove_container(container["Id"], force=True)
+            name = container["Names"][0].lstrip("/")
+            console.info(f"removed container {name}, left by an earlier run that was killed")
 
 
 def remove_orphans_if_reachable(console: Console) -> None:

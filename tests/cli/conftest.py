@@ -155,8 +155,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(scope="session")
-def production_image(docker_projects: Callable[[str], Path], base_image: str) -> tuple[str, Path]:
-    """``abeja model build`` of the ``replica`` project, once per session: (tag, project)."""
+def production_image(
+    docker_projects: Callable[[str], Path], base_image: str, docker_client: Any
+) -> Iterator[tuple[str, Path]]:
+    """``abeja model build`` of the ``replica`` project, once per session: (tag, project);
+    removed (with its containers) at the end."""
     cwd = docker_projects("replica")
     tag = f"abeja-test/replica:{secrets.token_hex(4)}"
     result = run_abeja(
@@ -164,4 +167,7 @@ def production_image(docker_projects: Callable[[str], Path], base_image: str) ->
         "-e", "BAKED=yes", cwd=cwd,
     )  # fmt: skip
     assert result.returncode == 0, str(result)
-    return tag, cwd
+    yield tag, cwd
+    for container in docker_client.containers.list(all=True, filters={"ancestor": tag}):
+        container.remove(force=True)
+    docker_client.images.remove(tag, force=True)

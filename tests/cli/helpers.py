@@ -174,18 +174,21 @@ def ours(client: Any, project: Path, kind: str = "containers") -> list[Any]:
 
 
 def remove_project_images(client: Any, root: Path) -> None:
-    """Remove the images the CLI built for projects under ``root`` (and their containers);
-    production images first, as they are built on the project images."""
+    """Remove the project images the CLI built for projects under ``root`` (and their
+    containers). Production images are built on them: the ``production_image`` fixture, the
+    one test that builds one, removes it first."""
     from docker.errors import APIError
 
-    for kind in ("production", "project"):
-        for image in client.images.list(filters={"label": f"{LABEL}.kind={kind}"}):
-            project = image.labels.get(f"{LABEL}.project", "")
-            if project.startswith(str(root)):
-                for container in client.containers.list(all=True, filters={"ancestor": image.id}):
+    # The low-level listing: images.list() fetches each image again, and fails on one that
+    # another test process removed in between.
+    for image in client.api.images(filters={"label": f"{LABEL}.kind=project"}):
+        if (image.get("Labels") or {}).get(f"{LABEL}.project", "").startswith(str(root)):
+            with contextlib.suppress(APIError):
+                for container in client.containers.list(
+                    all=True, filters={"ancestor": image["Id"]}
+                ):
                     container.remove(force=True)
-                with contextlib.suppress(APIError):
-                    client.images.remove(image.id, force=True)
+                client.images.remove(image["Id"], force=True)
 
 
 def assert_flipped(original: Path, answer: bytes) -> None:

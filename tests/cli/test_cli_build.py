@@ -89,6 +89,22 @@ def wait_healthy(container: Any) -> str:
 
 
 @pytest.mark.docker
+def test_read_only_without_a_writable_tmp_says_which_mount_is_needed(
+    production_image: tuple[str, Path], docker_client: Any
+) -> None:
+    tag, _project = production_image
+    container = docker_client.containers.run(tag, read_only=True, detach=True)
+    try:
+        code = container.wait(timeout=60)["StatusCode"]
+        logs = container.logs().decode()
+    finally:
+        container.remove(force=True)
+    assert code == 1, logs
+    assert "no writable temporary directory" in logs and "--tmpfs /tmp" in logs, logs
+    assert "Traceback" not in logs, logs
+
+
+@pytest.mark.docker
 def test_the_image_runs_read_only_as_non_root_with_plain_docker_run(
     production_image: tuple[str, Path], docker_client: Any, run_container: Callable[..., Any]
 ) -> None:
@@ -100,6 +116,7 @@ def test_the_image_runs_read_only_as_non_root_with_plain_docker_run(
     assert config["Healthcheck"]["Test"] == ["CMD", "python", "-m", "abeja_runtime.probe"]
     assert "HANDLER=main:handler" in config["Env"]
     assert "BAKED=yes" in config["Env"]  # -e at build time
+    assert image.labels["org.abeja-runtime.project"] == "replica"  # not the builder's path
 
     container = run_container(
         tag,

@@ -54,10 +54,18 @@ def test_clean_removes_the_projects_images_and_stopped_containers(
 
 
 def test_clean_all_dry_run_removes_nothing(
-    abeja: Callable[..., Result], docker_client: Any, tmp_path: Path
+    abeja: Callable[..., Result],
+    base_image: str,
+    docker_client: Any,
+    docker_tmp_projects: Callable[[str], Path],
 ) -> None:
-    before = {image.id for image in docker_client.images.list(filters={"label": f"{LABEL}.kind"})}
-    result = abeja("model", "clean", "--all", "--dry-run", cwd=tmp_path)
+    """An image of this test's own (other test processes add and remove theirs meanwhile)."""
+    cwd = docker_tmp_projects("tax")
+    built = abeja("model", "run-local", "-i", base_image, "--engine", "docker",
+                  "-h", "main:handler", "--input", "request.json", "-q", cwd=cwd)  # fmt: skip
+    assert built.returncode == 0, str(built)
+    (image,) = ours(docker_client, cwd, "images")
+    result = abeja("model", "clean", "--all", "--dry-run", cwd=cwd)
     assert result.returncode == 0, str(result)
-    after = {image.id for image in docker_client.images.list(filters={"label": f"{LABEL}.kind"})}
-    assert after == before
+    assert f"would remove image {image.tags[0]}" in result.stderr, result
+    assert [found.id for found in ours(docker_client, cwd, "images")] == [image.id]
