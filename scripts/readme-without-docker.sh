@@ -2,7 +2,7 @@
 # The README's two commands (install and run a sample; run the tests), exactly as written, on a
 # fresh machine without Docker: a clean container of BASE_IMAGE with no Docker socket, a copy of
 # this checkout and nothing installed. Docker tests must be skipped there (with their reason),
-# everything else must pass.
+# everything else must pass. Then docs/first-model.md is walked through the same way.
 #
 #   BASE_IMAGE=abeja-runtime-base:bookworm bash scripts/readme-without-docker.sh
 set -euo pipefail
@@ -34,4 +34,7 @@ docker run --rm --network bridge -v "$SNAPSHOT":/snapshot:ro \
         echo "$answer" | grep -q "\"total\": 108.0"
         echo "== the test command"
         cd /repo && bash -c "$TEST_COMMAND"
+        echo "== docs/first-model.md, step by step (curl as a user would have it)"
+        apt-get update -qq && apt-get install -y -qq curl > /dev/null
+        cd /repo && python scripts/first_model_walkthrough.py
     '
