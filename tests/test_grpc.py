@@ -67,16 +67,16 @@ def running_call(server: Any, port: int, *inputs: Any) -> tuple[threading.Thread
     """A ModelInfer call on a thread of its own, once the worker has it in flight; its
     answer lands in the list."""
     answers: list[Any] = []
+
+    def in_flight(count: int) -> bool:
+        metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
+        return f"abeja_runtime_in_flight_requests {count}.0".encode() in metrics
+
+    # The gauge is sampled twice a second: a call that just ended may still show as 1.
+    wait_until(lambda: in_flight(0), 10, "no call to be in flight")
     caller = threading.Thread(target=lambda: answers.append(infer(port, *inputs)))
     caller.start()
-    wait_until(
-        lambda: (
-            b"abeja_runtime_in_flight_requests 1.0"
-            in server.request("GET", "/metrics", port=server.healthcheck_port).body
-        ),
-        10,
-        "the call to run",
-    )
+    wait_until(lambda: in_flight(1), 10, "the call to run")
     return caller, answers
 
 

@@ -49,6 +49,9 @@ def test_each_template_runs_as_generated(abeja: Abeja, tmp_path: Path, template:
     assert {"main.py", "requirements.txt", "README.md", ".dockerignore"} <= set(files)
     readme = (project / "README.md").read_text()
     assert "abeja model run-local-server -h main:handler" in readme and "curl -s " in readme
+    assert f"[info] created a project from the {template} template in " in made.stderr
+    # The local engine installs requirements.txt itself: the README does not ask the user to.
+    assert "installed in an\nenvironment of its own" in readme, readme
 
     result = abeja(*readme_run_local(project), "--engine", "local", "-q", cwd=project)
     assert result.returncode == 0, str(result)
