@@ -9,11 +9,13 @@ from __future__ import annotations
 __all__ = [
     "AbejaRuntimeError",
     "BadRequest",
+    "BodyTimeout",
     "HandlerLoadError",
     "HandlerResultError",
     "HandlerTimeout",
     "HttpError",
     "ImageTooLarge",
+    "InsufficientStorage",
     "MethodNotAllowed",
     "PayloadTooLarge",
     "ServiceBusy",
@@ -42,6 +44,8 @@ class HttpError(AbejaRuntimeError):
     """An error with a status code and a message meant for the client."""
 
     status: int = 500
+    #: The body was not read whole: the answer goes out, then the connection is closed.
+    ends_connection: bool = False
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -65,6 +69,7 @@ class MethodNotAllowed(HttpError):
 
 class PayloadTooLarge(HttpError):
     status = 413
+    ends_connection = True
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body too large (limit {limit} bytes)")
@@ -92,6 +97,32 @@ class ImageTooLarge(HttpError):
         super().__init__(
             f"an image in the request has more than {limit} pixels; the limit is "
             "ABEJA_RUNTIME_MAX_IMAGE_PIXELS (--max-image-pixels)"
+        )
+
+
+class BodyTimeout(HttpError):
+    """The request's body stopped arriving (a client that stalls, or trickles nothing)."""
+
+    status = 408
+    ends_connection = True
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"request body made no progress for {seconds:g} s; the limit is "
+            "ABEJA_RUNTIME_REQUEST_HEAD_TIMEOUT (--request-head-timeout)"
+        )
+
+
+class InsufficientStorage(HttpError):
+    """The disk that holds large request bodies is full."""
+
+    status = 507
+    ends_connection = True
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no space left on the device to hold the request body; free space in the "
+            "temporary directory (TMPDIR) or send a smaller body"
         )
 
 

@@ -56,7 +56,6 @@ from abeja_runtime.errors import (
     HandlerTimeout,
     HttpError,
     ImageTooLarge,
-    PayloadTooLarge,
     ServiceBusy,
     ServiceUnavailable,
 )
@@ -238,13 +237,13 @@ class Lifecycle:
                 limits=self._limits,
                 request_id=request_id,
             )
-        except PayloadTooLarge as exc:
-            reply = self._error_reply(exc)
-            self._account(exchange, reply.status, received)
-            await exchange.refuse(reply.with_headers((tag,)))
-            return
         except HttpError as exc:
-            await self._send(exchange, self._error_reply(exc).with_headers((tag,)), received)
+            reply = self._error_reply(exc).with_headers((tag,))
+            if exc.ends_connection:  # the body was not read whole
+                self._account(exchange, reply.status, received)
+                await exchange.refuse(reply)
+            else:
+                await self._send(exchange, reply, received)
             return
         async_id = exchange.header(ASYNC_ID_HEADER)
         if async_id:

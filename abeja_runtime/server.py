@@ -26,6 +26,7 @@ from aiohttp import web, web_protocol
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
+from abeja_runtime.errors import BodyTimeout
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:  # the supervisor imports this module, and needs none of the lifecycle
@@ -112,6 +113,10 @@ class _AiohttpExchange:
 
     def body(self) -> AsyncIterator[bytes]:
         request = self._request
+        if not request.content.is_eof():
+            protocol = request.protocol
+            assert isinstance(protocol, _RequestHandler)
+            protocol.watch_body(request)
         if request.headers.get("Expect", "").lower() == "100-continue":
             return self._continue_then(request.content.iter_any())
         return request.content.iter_any()
@@ -182,7 +187,8 @@ class _AiohttpExchange:
         with contextlib.suppress(ConnectionError):
             await response.prepare(request)
             await response.write_eof()
-            await self._discard_rest()
+            if request.content.exception() is None:  # a stalled body: nothing more to read
+                await self._discard_rest()
         request.protocol.force_close()
 
 
@@ -313,6 +319,9 @@ class _RequestHandler(web_protocol.RequestHandler):
       connection, for the first request): a client trickling its request line and headers
       (slowloris) is answered ``408`` and cut off. aiohttp's keep-alive timer covers idle
       connections, but not one that keeps sending a byte now and then.
+    * A body being read must make progress: no byte for ``head_timeout`` seconds fails its
+      reading with :class:`BodyTimeout` (``408``, the connection closed), where aiohttp would
+      wait for ever.
     """
 
     def __init__(self, manager: web.Server, *, head_timeout: float, **kwargs: Any) -> None:
@@ -320,12 +329,16 @@ class _RequestHandler(web_protocol.RequestHandler):
         self._head_timeout = head_timeout
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_started = False
+        #: When bytes last arrived, and the watch over a body being read (see watch_body).
+        self._last_data = 0.0
+        self._body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        self._last_data = self._loop.time()
         super().data_received(data)
         if self._messages or self._current_request is not None:
             self._disarm_head_timer()  # a whole head arrived
@@ -335,7 +348,33 @@ class _RequestHandler(web_protocol.RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm_head_timer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().connection_lost(exc)
+
+    def watch_body(self, request: web.BaseRequest) -> None:
+        """Fail the reading of ``request``'s body if no byte arrives for ``head_timeout``.
+
+        One timer per body still arriving, which looks at when bytes last came (a float that
+        ``data_received`` sets) rather than being reset for every packet.
+        """
+        self._last_data = self._loop.time()
+        if self._body_timer is None:
+            self._body_timer = self._loop.call_later(self._head_timeout, self._check_body, request)
+
+    def _check_body(self, request: web.BaseRequest) -> None:
+        self._body_timer = None
+        content = request.content
+        if content.is_eof() or content.exception() is not None:
+            return
+        idle = self._loop.time() - self._last_data
+        if idle >= self._head_timeout:
+            content.set_exception(BodyTimeout(self._head_timeout))
+        else:
+            self._body_timer = self._loop.call_later(
+                self._head_timeout - idle, self._check_body, request
+            )
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:

@@ -7,12 +7,20 @@ a real ``name`` so that handlers may pass a path to libraries that want one.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import shutil
 import tempfile
-from typing import IO
+from collections.abc import Iterator
+from typing import IO, Final
+
+from abeja_runtime.errors import InsufficientStorage
 
 __all__ = ["Scratch", "Spool"]
+
+#: A full disk, or a user's disk quota used up.
+_NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class Scratch:
@@ -48,15 +56,28 @@ class Spool:
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         self.size += len(chunk)
-        if self.size > self._threshold and isinstance(self._file, io.BytesIO):
-            in_memory = self._file
-            self._file = self._scratch.new_file()
-            self._file.write(in_memory.getbuffer())
-        self._file.write(chunk)
+        with _disk_full_is_507():
+            if self.size > self._threshold and isinstance(self._file, io.BytesIO):
+                in_memory = self._file
+                self._file = self._scratch.new_file()
+                self._file.write(in_memory.getbuffer())
+            self._file.write(chunk)
 
     def finish(self) -> IO[bytes]:
-        self._file.seek(0)
+        with _disk_full_is_507():
+            self._file.seek(0)  # flushes what a spooled file still buffers
         return self._file
 
     def discard(self) -> None:
         self._file.close()
+
+
+@contextlib.contextmanager
+def _disk_full_is_507() -> Iterator[None]:
+    """A full disk while spooling is the client's ``507``, not an unexpected error."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            raise InsufficientStorage() from None
+        raise

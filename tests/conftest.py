@@ -184,7 +184,7 @@ class ServerFactory:
         runtime = RuntimeProcess(
             runtime_command(*args, *flags),
             cwd=cwd or directory,
-            env=runtime_env(TMPDIR=str(self._tmp_dir), **(env or {})),
+            env=runtime_env(**{"TMPDIR": str(self._tmp_dir), **(env or {})}),
             on_line=keep,
         )
         if ports is not None:

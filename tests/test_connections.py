@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import RunningServer, ServerFactory, wait_until
@@ -32,19 +35,11 @@ def read_until_closed(sock: socket.socket, limit: int = 65536) -> bytes:
     return data
 
 
-@pytest.mark.parametrize("framing", ["content-length", "chunked"])
-def test_a_refused_body_is_answered_413_and_not_read(make_server: ServerFactory, framing: str):
-    """A fast client that keeps sending 2 GiB gets its 413; the server takes in a few MiB."""
-    server = make_server("ld_sync", "--max-body-size", "1MiB")
-    size = 2 * 1024 * MiB
-    length = (
-        f"Content-Length: {size}" if framing == "content-length" else "Transfer-Encoding: chunked"
-    )
-    sock = connect(server)
-    head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n{length}"
-    sock.sendall(head.encode() + b"\r\n\r\n")
+def send_until_answered(sock: socket.socket, size: int, *, chunked: bool) -> tuple[bool, int]:
+    """Send a body of ``size`` bytes (headers already sent) until the server answers, like
+    curl (an early answer stops the upload), for 30 s at most: (answered, bytes sent)."""
     block = b"x" * MiB
-    if framing == "chunked":
+    if chunked:
         block = f"{len(block):x}\r\n".encode() + block + b"\r\n"
     sent = 0
     deadline = time.monotonic() + 30
@@ -52,7 +47,7 @@ def test_a_refused_body_is_answered_413_and_not_read(make_server: ServerFactory,
     sock.setblocking(False)
     while sent < size and time.monotonic() < deadline:
         readable, writable, _ = select.select([sock], [sock], [], 1.0)
-        if readable:  # like curl: an early answer stops the upload
+        if readable:
             answered = True
             break
         if writable:
@@ -64,6 +59,21 @@ def test_a_refused_body_is_answered_413_and_not_read(make_server: ServerFactory,
                 break
     sock.setblocking(True)
     sock.settimeout(10)
+    return answered, sent
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_refused_body_is_answered_413_and_not_read(make_server: ServerFactory, framing: str):
+    """A fast client that keeps sending 2 GiB gets its 413; the server takes in a few MiB."""
+    server = make_server("ld_sync", "--max-body-size", "1MiB")
+    size = 2 * 1024 * MiB
+    length = (
+        f"Content-Length: {size}" if framing == "content-length" else "Transfer-Encoding: chunked"
+    )
+    sock = connect(server)
+    head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n{length}"
+    sock.sendall(head.encode() + b"\r\n\r\n")
+    answered, sent = send_until_answered(sock, size, chunked=framing == "chunked")
     answer = read_until_closed(sock)
     sock.close()
 
@@ -120,3 +130,81 @@ def test_connection_timeouts_are_validated(make_server: ServerFactory):
     server = make_server("ld_sync", "--keepalive-timeout", "0", wait=False)
     assert server.wait_exit() == 2
     wait_until(lambda: any("keepalive-timeout" in line for line in server.lines), 5, "the error")
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_that_stops_arriving_gets_408_and_is_counted(
+    make_server: ServerFactory, framing: str
+):
+    """Headers, a part of the body, then nothing: the body's reading fails after the head
+    timeout without progress (aiohttp alone waits for ever), the client is told, the
+    connection closed, the answer counted; the server stays up."""
+    server = make_server("ld_sync", "--request-head-timeout", "1")
+    sock = connect(server)
+    if framing == "content-length":
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+    else:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\na\r\n")
+        sock.sendall(b"x" * 10 + b"\r\n")
+    began = time.monotonic()
+    answer = read_until_closed(sock)
+    waited = time.monotonic() - began
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b'"request body made no progress for 1 s; the limit is' in answer
+    assert 0.9 < waited < 8, f"answered after {waited:.1f} s with a 1 s timeout"
+    assert server.request("GET", "/").status == 200
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
+    assert b'abeja_runtime_requests_total{code="408"} 1.0' in metrics
+    assert server.wait_for_record(lambda r: r.get("http_status") == 408)
+
+
+def test_a_trickling_body_that_keeps_making_progress_is_read(make_server: ServerFactory):
+    server = make_server("rq_echo", "--request-head-timeout", "1")
+    sock = connect(server)
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n"
+    sock.sendall(head + b"\r\n")
+    for byte in b"abcd":  # 2 s in all, never 1 s without a byte
+        sock.sendall(bytes([byte]))
+        time.sleep(0.5)  # the client's pace (what is tested), not a wait for the server
+    answer = read_until_closed(sock, limit=20)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: a disk that a request body fills (root, and a system that lets it mount)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (root and mount rights needed): "
+                    f"{mounted.stderr.strip()}")  # fmt: skip
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_while_spooling_is_a_counted_507(make_server: ServerFactory, small_disk):
+    server = make_server("ld_sync", env={"TMPDIR": str(small_disk)})
+    sock = connect(server)
+    size = 8 * MiB  # above the 1 MiB spool threshold: to the disk, which holds 2
+    head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
+    sock.sendall(head.encode())
+    answered, _ = send_until_answered(sock, size, chunked=False)
+    answer = read_until_closed(sock)
+    sock.close()
+    assert answered and answer.startswith(b"HTTP/1.1 507 "), answer[:200]
+    assert b'"no space left on the device to hold the request body' in answer
+    assert server.request("GET", "/").status == 200
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
+    assert b'abeja_runtime_requests_total{code="507"} 1.0' in metrics
+    assert server.wait_for_record(lambda r: r.get("http_status") == 507)
+    assert list(small_disk.iterdir()) and not list(small_disk.glob("abeja-request-*"))
