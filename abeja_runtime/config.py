@@ -121,6 +121,11 @@ class Config:
     max_parts: int = DEFAULT_MAX_PARTS
     #: Pixels an image may have when the handler side opens it with Pillow; 0 = no check.
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    #: Requests a worker serves before it is replaced (plus up to 10 % so that workers do not
+    #: all restart at once); 0 = never. For handlers that leak.
+    max_requests: int = 0
+    #: Resident memory of a worker above which it is replaced; 0 = no limit.
+    max_worker_memory: int = 0
     #: Seconds that in-flight requests get to finish at shutdown; also the time past ``timeout``
     #: after which a worker whose handler is still running is recycled.
     grace_period: float = 30.0
@@ -214,7 +219,14 @@ class Config:
         for name in ("keepalive_timeout", "request_head_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be more than 0, got {getattr(self, name)}")
-        for name in ("max_body_size", "spool_threshold", "max_parts", "max_image_pixels"):
+        for name in (
+            "max_body_size",
+            "spool_threshold",
+            "max_parts",
+            "max_image_pixels",
+            "max_requests",
+            "max_worker_memory",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must not be negative, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:

@@ -121,6 +121,10 @@ class ServingState:
     handler: LoadedHandler | None = None
     draining: bool = False
     in_flight: int = 0
+    #: Requests answered so far, and when to call ``on_request_limit`` (--max-requests).
+    answered: int = 0
+    request_limit: int | None = None
+    on_request_limit: Callable[[], None] | None = None
     admitted: int = 0
     #: Connections to close after their next response, as the supervisor asked (rebalancing).
     shed: int = 0
@@ -455,6 +459,10 @@ class Lifecycle:
         """Counted before the first byte leaves, so that a client never holds an answer that a
         scrape (or a crash of this worker right after it) does not count."""
         responded = time.time()
+        state = self._state
+        state.answered += 1
+        if state.answered == state.request_limit and state.on_request_limit is not None:
+            state.on_request_limit()
         self._access_log.record(method, path, status, received, responded)
         self._metrics.observe(status, responded - received)
 

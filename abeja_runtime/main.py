@@ -201,6 +201,26 @@ _PORT = click.IntRange(0, 65535)
     "before decoding); 0: no limit.",
 )
 @click.option(
+    "--max-requests",
+    envvar="ABEJA_RUNTIME_MAX_REQUESTS",
+    show_envvar=True,
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Requests a worker serves before a fresh one replaces it (plus up to 10 %), without "
+    "failing a request: for handlers that leak; 0: never.",
+)
+@click.option(
+    "--max-worker-memory",
+    envvar="ABEJA_RUNTIME_MAX_WORKER_MEMORY",
+    show_envvar=True,
+    type=ByteSize(),
+    default=0,
+    show_default=True,
+    help="Resident memory above which a worker is replaced by a fresh one, without failing a "
+    "request; 0: no limit.",
+)
+@click.option(
     "--grace-period",
     envvar="ABEJA_RUNTIME_GRACE_PERIOD",
     show_envvar=True,

@@ -132,11 +132,12 @@ class SupervisorMetrics:
         self._restarts = Counter(
             f"{_PREFIX}_worker_restarts",
             "Workers replaced after they died (crashed), their handler got stuck past "
-            "timeout + grace (stuck), or their event loop stopped answering (blocked).",
+            "timeout + grace (stuck), their event loop stopped answering (blocked), they served "
+            "--max-requests (max_requests) or grew past --max-worker-memory (memory).",
             ["reason"],
             registry=None,
         )
-        for reason in ("crashed", "stuck", "blocked"):
+        for reason in ("crashed", "stuck", "blocked", "max_requests", "memory"):
             self._restarts.labels(reason=reason)  # present at 0 from the first scrape
         info = Gauge(
             f"{_PREFIX}_build_info",

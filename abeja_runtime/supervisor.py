@@ -72,6 +72,8 @@ _STOP_ACCEPTING_WAIT: Final = 5.0
 #: Back-off before the next replacement while replacements keep dying before they are ready:
 #: the first is immediate, then 0.5 s doubling up to this.
 _MAX_BACKOFF: Final = 30.0
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+MiB: Final = 1024 * 1024
 
 
 def run(config: Config) -> int:
@@ -168,6 +170,10 @@ class _WorkerProcess:
         self.reported_silent = False
         self.connections = 0  # as of the last heartbeat
         self.shed_settles_at = 0.0
+        #: Being replaced (its replacement starts; it drains once that one is ready).
+        self.retiring = False
+        #: The worker this one replaces, until it is ready.
+        self.replaces: _WorkerProcess | None = None
 
     def serving(self, now: float) -> bool:
         return self.state == "ready" and now - self.last_beat < _UNRESPONSIVE_AFTER
@@ -276,7 +282,30 @@ class _Supervisor:
 
     # -- workers -----------------------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    def _retire(self, worker: _WorkerProcess, reason: str, why: str) -> None:
+        """Replace a worker that reached a limit without failing a request: its replacement
+        starts now, and it drains (finishing what it has) once that one is ready."""
+        if worker.retiring or worker.state != "ready" or self._draining:
+            return
+        worker.retiring = True
+        _log.info("replacing worker %s: %s", worker.pid, why)
+        self._metrics.worker_restarted(reason)
+        self._spawn().replaces = worker
+
+    def _check_memory(self, worker: _WorkerProcess) -> None:
+        limit = self._config.max_worker_memory
+        if not limit or worker.retiring:
+            return
+        resident = _resident(worker.pid)
+        if resident is not None and resident > limit:
+            self._retire(
+                worker,
+                "memory",
+                f"it holds {resident / MiB:.0f} MiB, more than --max-worker-memory "
+                f"{limit / MiB:.0f} MiB",
+            )
+
+    def _spawn(self) -> _WorkerProcess:
         worker = _WorkerProcess(self._config, self._service_socket)
         self._workers.append(worker)
         loop = asyncio.get_running_loop()
@@ -284,6 +313,7 @@ class _Supervisor:
         if worker.exit_fd is not None:
             loop.add_reader(worker.exit_fd, self._on_exit, worker)
         _log.debug("started worker %s", worker.pid)
+        return worker
 
     def _on_message(self, worker: _WorkerProcess) -> None:
         try:
@@ -310,10 +340,16 @@ class _Supervisor:
                 _log.info("worker %s is ready", worker.pid)
             self._refresh()  # the fallback stops before the worker accepts
             worker.tell(("accept",))
+            retired, worker.replaces = worker.replaces, None
+            if retired is not None and retired.state == "ready":
+                retired.state = "stopping"
+                retired.send_signal(signal.SIGTERM)  # it drains: nothing in flight is lost
         if kind in ("heartbeat", "ready"):
             self._rebalance()
         elif kind == "draining":
             self._accepting.discard(worker.pid)
+        elif kind == "retire":
+            self._retire(worker, "max_requests", f"it has served {message[1]} requests")
         elif kind == "load_failed":
             _, text, details = message
             fields = {"traceback": details.rstrip()} if details else {}
@@ -376,6 +412,8 @@ class _Supervisor:
         self._close_pipe(worker)
         self._workers.remove(worker)
         self._accepting.discard(worker.pid)
+        if worker.replaces is not None:  # died before it was ready: the retiree may try again
+            worker.replaces.retiring = False
         self._metrics.worker_gone(worker.pid)
         if self._draining:
             if not self._workers:
@@ -429,6 +467,7 @@ class _Supervisor:
                     continue
                 if worker.state != "ready":
                     continue
+                self._check_memory(worker)
                 silent = now - worker.last_beat
                 if limit is not None and silent > limit:
                     _log.error(
@@ -486,6 +525,15 @@ class _Supervisor:
             worker.send_signal(signal.SIGTERM)
         if not self._workers:
             self._finished.set()
+
+
+def _resident(pid: int) -> int | None:
+    """A process's resident memory in bytes (Linux); ``None`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _backoff(deaths_before_ready: int) -> float:

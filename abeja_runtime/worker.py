@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -101,6 +102,11 @@ class _Worker:
         self._socket = service_socket
         self._pipe = pipe
         self._state = ServingState(concurrency=config.concurrency, max_queue=config.max_queue)
+        if config.max_requests:  # a little more for some, so that workers retire apart
+            self._state.request_limit = config.max_requests + random.randint(
+                0, config.max_requests // 10
+            )
+            self._state.on_request_limit = self._request_limit_reached
         self._stop = asyncio.Event()
         #: Set when the supervisor, told that the handler is loaded, lets this worker accept.
         self._accept: asyncio.Future[None] | None = None
@@ -164,6 +170,11 @@ class _Worker:
             except OSError:  # the supervisor is gone; the orphan watch ends this process
                 return
             await asyncio.sleep(_HEARTBEAT_INTERVAL)
+
+    def _request_limit_reached(self) -> None:
+        """Asks for a replacement; this worker serves on until the supervisor drains it."""
+        with contextlib.suppress(OSError):
+            self._pipe.send(("retire", self._state.answered))
 
     def _on_supervisor_message(self) -> None:
         try:

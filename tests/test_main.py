@@ -75,6 +75,8 @@ DOCUMENTED = [
     ("--max-body-size", "ABEJA_RUNTIME_MAX_BODY_SIZE", "104857600"),
     ("--spool-threshold", "ABEJA_RUNTIME_SPOOL_THRESHOLD", "1048576"),
     ("--max-parts", "ABEJA_RUNTIME_MAX_PARTS", "1000"),
+    ("--max-requests", "ABEJA_RUNTIME_MAX_REQUESTS", "0"),
+    ("--max-worker-memory", "ABEJA_RUNTIME_MAX_WORKER_MEMORY", "0"),
     ("--max-image-pixels", "ABEJA_RUNTIME_MAX_IMAGE_PIXELS", "89478485"),
     ("--grace-period", "ABEJA_RUNTIME_GRACE_PERIOD", "30"),
     ("--log-level", "LOG_LEVEL", "info"),

@@ -259,3 +259,40 @@ def _stop_fallback_while_accepting(trigger_first: bool) -> list[bytes | None]:
 
     with listener:
         return asyncio.run(race())
+
+
+def test_max_requests_replaces_the_worker_without_failing_a_request(start: ServerFactory) -> None:
+    server = start("sv_pid", "--max-requests", "10")
+    pids: set[int] = set()
+    served = 0
+    deadline = time.monotonic() + 60
+    with ThreadPoolExecutor(4) as pool:  # load from 4 clients until two workers have retired
+        while len(pids) < 3:
+            assert time.monotonic() < deadline, f"{served} requests, served by {pids}"
+            for answer in pool.map(lambda _: server.request("GET", "/"), range(8)):
+                assert answer.status == 200, answer.body  # no request fails meanwhile
+                pids.add(answer.json()["pid"])
+                served += 1
+    server.wait_for_record(lambda r: "has served" in r.get("message", ""))
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
+    assert b'abeja_runtime_worker_restarts_total{reason="max_requests"}' in metrics
+    assert b'abeja_runtime_worker_restarts_total{reason="crashed"} 0.0' in metrics
+
+
+def test_a_worker_past_its_memory_limit_is_replaced_without_failing_a_request(
+    start: ServerFactory,
+) -> None:
+    server = start("sv_pid", "--max-worker-memory", "150MiB")
+    first = server.request("GET", "/").json()["pid"]
+    for _ in range(4):  # 40 MB more each: past 150 MiB after a few
+        assert server.request("GET", "/?leak=40").status == 200
+
+    def replaced() -> int | None:
+        answer = server.request("GET", "/")
+        assert answer.status == 200, answer.body
+        pid = answer.json()["pid"]
+        return pid if pid != first else None
+
+    wait_until(replaced, 20, "a fresh worker to serve")
+    record = server.wait_for_record(lambda r: "--max-worker-memory" in r.get("message", ""))
+    assert f"replacing worker {first}" in record["message"]
