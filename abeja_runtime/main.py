@@ -346,6 +346,16 @@ _PORT = click.IntRange(0, 65535)
     help="Seldon style: this unit's image, named with its id in meta.requestPath.",
 )
 @click.option(
+    "--service-type",
+    "seldon_service_type",
+    envvar="SERVICE_TYPE",
+    show_envvar=True,
+    default=Config.seldon_service_type,
+    help="Seldon style: seldon-core's service type (MODEL, ROUTER, TRANSFORMER, COMBINER, "
+    "OUTPUT_TRANSFORMER, OUTLIER_DETECTOR); each route answers by the methods the class has, "
+    "as in seldon-core.",
+)
+@click.option(
     "--model-name",
     envvar="ABEJA_RUNTIME_MODEL_NAME",
     show_envvar=True,

@@ -279,6 +279,14 @@ def test_a_parameter_that_does_not_parse_stops_the_start_with_seldons_message(ma
     )
 
 
+def test_an_unknown_service_type_stops_the_start(make_server):
+    server = make_server("st_seldon_identity", env={"HANDLER": "MyModel", "SERVICE_TYPE": "MDL"},
+                         wait=False)  # fmt: skip
+    assert server.wait_exit() == 1
+    failure = server.wait_for_record(lambda r: "failed to setup model" in r.get("message", ""))
+    assert "--service-type (SERVICE_TYPE) 'MDL' is not one of MODEL, ROUTER" in failure["message"]
+
+
 def test_model_metadata_from_the_environment_is_under_the_models_own(make_server):
     metadata = "name: from-env\nplatform: sklearn\ncustom:\n  team: vision\n"
     server = make_server(

@@ -62,7 +62,14 @@ def seldon_core() -> Path:
 class Control:
     """seldon-core's microservice for one component."""
 
-    def __init__(self, command: Path, handler_dir: str, interface: str, service_type: str):
+    def __init__(
+        self,
+        command: Path,
+        handler_dir: str,
+        interface: str,
+        service_type: str,
+        env: dict[str, str],
+    ):
         self.port = free_port()
         self.process = subprocess.Popen(
             [
@@ -75,7 +82,7 @@ class Control:
                 "--log-level", "WARNING",
             ],
             cwd=HANDLERS / handler_dir,
-            env={**runtime_env(), **UNIT},
+            env={**runtime_env(), **UNIT, **env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its gunicorn, gRPC and metrics processes: one group
@@ -118,13 +125,24 @@ def ask(port: int, method: str, path: str, body: Any = None, content_type: str =
 
 @pytest.fixture
 def both(make_server, seldon_core) -> Iterator[Any]:
-    """``both(handler_dir, interface, service_type)``: the control and the runtime, started."""
+    """``both(handler_dir, interface, service_type, env)``: the control and the runtime,
+    started with the same environment."""
     controls: list[Control] = []
 
-    def start(handler_dir: str, interface: str, service_type: str = "MODEL") -> tuple[int, int]:
-        control = Control(seldon_core, handler_dir, interface, service_type)
+    def start(
+        handler_dir: str,
+        interface: str,
+        service_type: str = "MODEL",
+        env: dict[str, str] | None = None,
+    ) -> tuple[int, int]:
+        control = Control(seldon_core, handler_dir, interface, service_type, env or {})
         controls.append(control)
-        ours = make_server(handler_dir, env={"HANDLER": interface, **UNIT})
+        ours = make_server(
+            handler_dir,
+            "--service-type",
+            service_type,
+            env={"HANDLER": interface, **UNIT, **(env or {})},
+        )
         return control.port, ours.port
 
     yield start
@@ -161,6 +179,10 @@ def test_the_identity_model_answers_as_seldon_core(both):
         ("POST", "/transform-output", {"data": {"ndarray": [[5]]}}),
         ("GET", "/predict?json=%7B%22data%22%3A%7B%22ndarray%22%3A%5B7%5D%7D%7D"),
         ("POST", "/predict", b"json=%7B%22strData%22%3A%22f%22%7D", FORM),
+        # What a model without route, aggregate or send_feedback answers there.
+        ("POST", "/route", {"data": {"ndarray": [[1]]}}),
+        ("POST", "/aggregate", {"seldonMessages": [{"data": {"ndarray": [[1]]}}]}),
+        ("POST", "/send-feedback", {"request": {"data": {"ndarray": [[1]]}}, "reward": 1}),
     ]  # fmt: skip
     assert_same(ports, requests)
 
@@ -179,6 +201,16 @@ def test_a_full_component_answers_as_seldon_core(both):
         ("GET", "/metadata"),
     ]
     assert_same(ports, requests)
+
+
+@pytest.mark.parametrize("include", ["true", "false"])
+def test_custom_metrics_reach_the_client_as_seldon_core_says(both, include):
+    """INCLUDE_METRICS_IN_CLIENT_RESPONSE: with false, meta.metrics is left out."""
+    env = {"INCLUDE_METRICS_IN_CLIENT_RESPONSE": include}
+    requests = [("POST", "/predict", {"data": {"ndarray": [[1.0, 2.0]]}})]
+    assert_same(both("st_seldon_full", "Classifier", env=env), requests)
+    raw = [("POST", "/predict", {"jsonData": {"metric": True}})]
+    assert_same(both("st_seldon_raw", "Raw", env=env), raw)
 
 
 def test_graph_units_answer_as_seldon_core(both):

@@ -25,6 +25,7 @@ import binascii
 import inspect
 import json
 import logging
+import os
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +80,14 @@ _METADATA_DEFAULTS: Final = {
 }
 
 
+class _NotDefined(Exception):
+    """The component has no such method."""
+
+
+#: ``_call``'s fallback for a method that seldon-core refuses to do without.
+_UNDEFINED: Final = object()
+
+
 class _SeldonError(Exception):
     """Seldon's ``SeldonMicroserviceException``: a status code and a reason for the client."""
 
@@ -92,6 +101,11 @@ class _SeldonError(Exception):
 
 def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     """Instantiate the class with its parameters (or take the instance), call ``load()``."""
+    if config.seldon_service_type not in _SERVICE_TYPES:
+        raise HandlerLoadError(
+            f"--service-type (SERVICE_TYPE) {config.seldon_service_type!r} is not one of "
+            f"{', '.join(_SERVICE_TYPES)}"
+        )
     numpy = require("numpy", "seldon")
     parameters = parse_parameters(config.seldon_parameters)
     if parameters and not inspect.isclass(subject):
@@ -112,6 +126,17 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     component = _Component(numpy, model, metadata, unit, _error_handlers(model))
     return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
 
+
+#: seldon-core's microservice types (its --service-type), and the output transformer of its
+#: graph documentation.
+_SERVICE_TYPES: Final = (
+    "MODEL",
+    "ROUTER",
+    "TRANSFORMER",
+    "COMBINER",
+    "OUTPUT_TRANSFORMER",
+    "OUTLIER_DETECTOR",
+)
 
 _PARAMETER_TYPES: Final[dict[str, Callable[[str], Any]]] = {
     "INT": int,
@@ -246,6 +271,11 @@ class _Component:
         self._unit = unit
         self._metadata = self._init_metadata(environment_metadata)
         self._error_handlers = error_handlers
+        #: seldon-core's INCLUDE_METRICS_IN_CLIENT_RESPONSE (default true): with false, custom
+        #: metrics are exported on /metrics but left out of the client's ``meta.metrics``.
+        self._metrics_to_client = (
+            os.environ.get("INCLUDE_METRICS_IN_CLIENT_RESPONSE", "true").lower() == "true"
+        )
 
     def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
@@ -288,7 +318,7 @@ class _Component:
         fallback = [] if action == "predict" else features
         result = self._call(action, features, _names(message), meta, fallback)
         data, tags, metrics = _unpack(result)
-        return self._response(message, data, meta, _reported(self._metrics(metrics)), tags)
+        return self._response(message, data, meta, self._to_client(self._metrics(metrics)), tags)
 
     def _route(self, message: Any) -> Any:
         """A router: ``route(X, names)`` picks a child by index, -1 for none (seldon-core)."""
@@ -296,11 +326,11 @@ class _Component:
         if raw:
             return answer
         features, meta = self._features(message)
-        routing = self._call("route", features, _names(message), meta, -1)
+        routing = self._call("route", features, _names(message), meta, _UNDEFINED)
         if not isinstance(routing, int):
             raise _SeldonError(f"Routing response must be int but got {routing}")
         routed = self._np.array([[routing]])
-        return self._response(message, routed, meta, _reported(self._metrics([])), {})
+        return self._response(message, routed, meta, self._to_client(self._metrics([])), {})
 
     def _aggregate(self, message: Any) -> Any:
         """A combiner: ``aggregate(Xs, names_list)`` over a ``SeldonMessageList``."""
@@ -313,11 +343,13 @@ class _Component:
         features_list = [self._features(item)[0] for item in messages]
         names_list = [_names(item) for item in messages]
         method = getattr(self._model, "aggregate", None)
-        result = method(features_list, names_list) if callable(method) else features_list[0]
+        if not callable(method):  # seldon-core's words, for a component that is no combiner
+            raise _SeldonError("Aggregate not defined")
+        result = method(features_list, names_list)
         data, tags, metrics = _unpack(result)
         first_meta = messages[0].get("meta") if isinstance(messages[0], dict) else None
         return self._response(
-            messages[0], data, first_meta, _reported(self._metrics(metrics)), tags
+            messages[0], data, first_meta, self._to_client(self._metrics(metrics)), tags
         )
 
     def _feedback(self, message: Any) -> Any:
@@ -344,35 +376,50 @@ class _Component:
         if callable(method):
             result = method(features, _names(request), reward, truth, routing=routing)
         answer = self._np.array([] if result is None else result)
-        response = self._response(request, answer, None, _reported(self._metrics([])), {})
+        response = self._response(request, answer, None, self._to_client(self._metrics([])), {})
         data = response.get("data")
         if isinstance(data, dict) and not data.get("names"):
             del data["names"]  # seldon-core answers feedback through protobuf, which drops it
         return response
+
+    def _to_client(self, metrics: list[Any]) -> list[Any]:
+        """The metrics exported on /metrics; those that also go into the client's answer."""
+        exported = _reported(metrics)
+        return exported if self._metrics_to_client else []
 
     def _raw(self, action: str, message: Any) -> tuple[bool, Any]:
         """``<action>_raw(message)`` when the class has it (and it is implemented)."""
         raw = getattr(self._model, f"{action}_raw", None)
         if callable(raw):
             try:
-                return True, raw(message)
+                answer = raw(message)
+                meta = answer.get("meta") if isinstance(answer, dict) else None
+                metrics = meta.get("metrics") if isinstance(meta, dict) else None
+                # as seldon-core's handle_raw_custom_metrics: exported, and kept or not
+                if metrics and _valid_metrics(metrics) and not self._to_client(metrics):
+                    del answer["meta"]["metrics"]
+                return True, answer
             except Exception as exc:
                 if not _not_implemented(exc):
                     raise
         return False, None
 
     def _call(self, name: str, features: Any, names: Any, meta: Any, fallback: Any) -> Any:
+        """The component's ``name`` method, or ``fallback`` where it has none (``_UNDEFINED``:
+        seldon-core's 400 "<Name> not defined", as for a router's ``route``)."""
         method = getattr(self._model, name, None)
-        if not callable(method):
-            return fallback
         try:
+            if not callable(method):
+                raise _NotDefined()
             if _takes_meta(method):
                 return method(features, names, meta=meta)
             return method(features, names)
         except Exception as exc:
-            if _not_implemented(exc):
-                return fallback
-            raise
+            if not isinstance(exc, _NotDefined) and not _not_implemented(exc):
+                raise
+            if fallback is _UNDEFINED:
+                raise _SeldonError(f"{name.capitalize()} not defined") from None
+            return fallback
 
     def _features(self, message: Any) -> tuple[Any, Any]:
         """Seldon's ``extract_request_parts_json``: the payload as the model receives it."""
@@ -505,7 +552,7 @@ class _Component:
                 if not _not_implemented(exc):
                     raise
                 status = "not implemented - assuming healthy"
-        return self._response({}, status, None, _reported(self._metrics([])), {})
+        return self._response({}, status, None, self._to_client(self._metrics([])), {})
 
     def _image_metadata(self) -> dict[str, Any]:
         """seldon-core names a model after its image (``PREDICTIVE_UNIT_IMAGE``) by default."""

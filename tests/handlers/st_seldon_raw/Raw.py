@@ -9,6 +9,9 @@ class Raw:
     def predict_raw(self, msg):
         if "jsonData" in msg and msg["jsonData"].get("fallback"):
             raise SeldonNotImplementedError("predict_raw is not implemented")
+        if "jsonData" in msg and msg["jsonData"].get("metric"):
+            metric = {"type": "COUNTER", "key": "raw_calls", "value": 1}
+            return {"data": {"ndarray": [[1]]}, "meta": {"metrics": [metric]}}
         if "jsonData" in msg and "code" in msg["jsonData"]:
             return {"status": {"code": msg["jsonData"]["code"], "info": "custom"}}
         return {"data": {"ndarray": [[len(msg)]]}, "meta": {"raw": True}}
