@@ -81,6 +81,12 @@ TEMPLATES: Final = {
         "--input request.csv",
         "-H 'Content-Type: text/csv' --data-binary @request.csv",
     ),
+    "cortex": Template(
+        "A Cortex request handler (pre_inference, post_inference) in front of an ONNX model.",
+        "request.json",
+        "--input request.json",
+        "-H 'Content-Type: application/json' --data-binary @request.json",
+    ),
     "numpy": Template(
         "A numpy model (a linear layer) that answers JSON rows of numbers.",
         "request.json",

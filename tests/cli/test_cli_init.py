@@ -27,6 +27,7 @@ CHECKS: dict[str, Callable[[bytes], bool]] = {
     ),
     "csv": lambda out: json.loads(out) == {"rows": 2, "sums": {"price": 3.5, "quantity": 7.0}},
     "numpy": lambda out: len(json.loads(out)["outputs"]) == 2,
+    "cortex": lambda out: json.loads(out) == "iris-setosa",
 }
 
 
