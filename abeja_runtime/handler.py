@@ -54,3 +54,6 @@ class LoadedHandler:
     style: str = "abeja"
     #: The style's gRPC services; None for styles that have no gRPC protocol.
     rpc: RpcService | None = None
+    #: The style's teardown, called once at shutdown after the last request (KServe's
+    #: ``Model.stop()``, which its ModelServer calls as it stops).
+    stop: Callable[[], object] | None = None

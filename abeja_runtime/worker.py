@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import random
@@ -58,6 +59,8 @@ _ORPHAN_CHECK_INTERVAL: Final = 0.5
 #: Seconds between heartbeats; the supervisor's judgements (supervisor._UNRESPONSIVE_AFTER,
 #: timeout + grace) are several of these.
 _HEARTBEAT_INTERVAL: Final = 0.5
+#: The longest a handler's teardown may take at shutdown when the grace period is 0.
+_HANDLER_STOP_WAIT: Final = 5.0
 #: How long a loaded worker waits for the supervisor's ``accept`` (it comes at once).
 _ACCEPT_WAIT: Final = 10.0
 
@@ -153,6 +156,7 @@ class _Worker:
         self._heartbeat = asyncio.create_task(self._beat(executor, metrics, runner))
         await self._stop.wait()
         await self._drain(site, rpc)
+        await self._stop_handler(executor)
         await runner.cleanup()
         executor.stop_threads()
         return 0
@@ -208,6 +212,20 @@ class _Worker:
                 )
         if rpc_stopped is not None:
             await rpc_stopped  # within the grace period too; at once when no call is left
+
+    async def _stop_handler(self, executor: Executor) -> None:
+        """The style's teardown (KServe's ``Model.stop()``), after the last request, on the
+        handler thread; within the grace period, and a failure is only logged."""
+        handler = self._state.handler
+        if handler is None or handler.stop is None:
+            return
+        wait = self._config.grace_period or _HANDLER_STOP_WAIT
+        try:
+            result = await asyncio.wait_for(executor.run_on_thread(handler.stop), wait)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, wait)
+        except Exception:
+            _log.exception("stopping the handler %s failed", handler.name)
 
 
 async def _start_rpc(

@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from importlib import metadata
@@ -212,6 +213,18 @@ def test_a_model_that_becomes_unready_answers_503(make_server):
         assert answer.status == 503
         assert answer.json() == {"error": "Model with name model is not ready."}
     assert server.health() == 200  # the ABEJA health check reports the process, not the model
+
+
+def test_each_worker_stops_its_model_after_the_last_request(make_server):
+    """KServe's ModelServer calls Model.stop() as it stops; so does each worker, once drained."""
+    server = make_server("st_kserve_async", "--workers", "2", env={"HANDLER": "model:AsyncModel"})
+    assert server.request("POST", "/v1/models/model:predict", b'{"instances": [1]}').status == 200
+    assert server.stop(signal.SIGTERM) == 0
+    messages = [record.get("message", "") for record in server.records()]
+    assert messages.count("model model stopped") == 2, messages
+    answered = max(i for i, record in enumerate(server.records()) if "http_status" in record)
+    stopped = messages.index("model model stopped")
+    assert stopped > answered, "stop() ran before the last answer"
 
 
 def test_a_model_still_unready_after_load_stops_the_start(make_server, tmp_path):

@@ -114,14 +114,18 @@ def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None)
         from abeja_runtime.styles.kserve_grpc import GrpcService  # grpcio only when asked for
 
         rpc = GrpcService(dataplane, repository, is_async=is_async, enter=enter)
+    # As kserve's ModelRepository.unload, which its ModelServer calls for each model as it stops.
+    stop = model.stop if callable(getattr(model, "stop", None)) else None
     if is_async:
-        return LoadedHandler(server.handle, True, config.handler, style="kserve", rpc=rpc)
+        return LoadedHandler(
+            server.handle, True, config.handler, style="kserve", rpc=rpc, stop=stop
+        )
 
     def handle(request: Request, context: dict[str, Any]) -> EncodedResponse:
         answer: EncodedResponse = finish_now(server.handle(request, context))
         return answer
 
-    return LoadedHandler(handle, False, config.handler, style="kserve", rpc=rpc)
+    return LoadedHandler(handle, False, config.handler, style="kserve", rpc=rpc, stop=stop)
 
 
 def _predictor_setter(predictor: Any) -> Callable[[], None]:

@@ -1,5 +1,6 @@
 """A KServe model with async methods, typed inputs/outputs and a switch to become unready;
-an input named ``sleep`` waits that many seconds first, one named ``fail`` raises."""
+an input named ``sleep`` waits that many seconds first, one named ``fail`` raises; ``stop()``
+says that it ran."""
 
 import asyncio
 import threading
@@ -14,6 +15,10 @@ class AsyncModel(Model):
     def load(self):
         self.ready = True
         return self.ready
+
+    def stop(self):
+        print(f"model {self.name} stopped")  # KServe's teardown hook
+        super().stop()
 
     async def preprocess(self, payload, headers=None):
         await asyncio.sleep(0)
