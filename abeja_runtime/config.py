@@ -165,6 +165,8 @@ class Config:
     #: KServe's main-script habit: the model file and its arguments, run as ``__main__``
     #: (``abeja-runtime kserve model.py ...``); empty = import ``handler`` as usual.
     kserve_script: tuple[str, ...] = ()
+    #: KServe's ``--enable_docs_url``: ``/docs`` serves the Swagger UI of ``/openapi.json``.
+    kserve_docs: bool = False
     #: Cortex style: the ONNX model file or SavedModel directory, relative to the working
     #: directory; empty = the one found in the training-result directory or the working one.
     cortex_model: str = ""

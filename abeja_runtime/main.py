@@ -493,6 +493,7 @@ def _kserve(script: str, arguments: tuple[str, ...]) -> None:
         port=known.http_port,
         workers=known.workers,
         grpc_port=known.grpc_port if known.enable_grpc else None,
+        kserve_docs=known.enable_docs_url,
     )
     from abeja_runtime.supervisor import run
 
@@ -506,6 +507,7 @@ def _kserve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grpc_port", type=int, default=8081)
     parser.add_argument("--enable_grpc", type=parse_bool, default=True)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--enable_docs_url", type=parse_bool, default=False)
     return parser
 
 

@@ -303,3 +303,26 @@ def test_a_v2_body_kserve_refuses_is_refused_alike(custom, kserve_itself, conten
     expected = ask(kserve_itself, "POST", path, content_type, body)
     assert ask(custom.port, "POST", path, content_type, body) == expected
     assert expected[0] in (400, 422)
+
+
+def test_openapi_docs_and_metrics_are_served_as_kserve_serves_them(custom, kserve_itself):
+    """/openapi.json is KServe's own document for the model; /docs is off unless asked for
+    (--enable_docs_url, see test_styles_kserve_script.py); /metrics is on the HTTP port."""
+    assert ask(custom.port, "GET", "/openapi.json", None, None) == ask(
+        kserve_itself, "GET", "/openapi.json", None, None
+    )
+    for port in (custom.port, kserve_itself):
+        assert ask(port, "GET", "/docs", None, None) == (404, {"detail": "Not Found"})
+    for port in (custom.port, kserve_itself):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("GET", "/metrics")
+            answer = connection.getresponse()
+            body = answer.read().decode()
+        finally:
+            connection.close()
+        assert answer.status == 200
+        assert answer.getheader("Content-Type").startswith("text/plain")
+        assert "# TYPE " in body, body[:300]
+    ours = custom.request("GET", "/metrics").body.decode()
+    assert "abeja_runtime_requests_total" in ours

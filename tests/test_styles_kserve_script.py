@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import http.client
 import io
 import json
+import shutil
 import subprocess
+import sys
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import HANDLERS, runtime_env
+from conftest import HANDLERS, runtime_env, wait_until
 from PIL import Image
 from test_grpc import ASYNC_MODEL, with_grpc
 
@@ -82,6 +86,41 @@ def test_grpc_can_be_switched_off_as_in_kserve(make_server):
     )
     assert server.request("GET", "/v1/models/m").status == 200
     assert not any("serving gRPC" in r.get("message", "") for r in server.records())
+
+
+def test_enable_docs_url_serves_the_swagger_ui_as_kserve_does(make_server, tmp_path):
+    docs_on = ("--model_name", "m", "--enable_docs_url", "true")
+    server = start_script(make_server, "st_kserve_custom", "model.py", *docs_on)
+    ours = server.request("GET", "/docs")
+    folder = tmp_path / "model"
+    shutil.copytree(HANDLERS / "st_kserve_custom", folder)
+    port = free_port()
+    command = [sys.executable, "model.py", "--model_name", "m", "--http_port", str(port),
+               "--grpc_port", str(free_port()), "--enable_docs_url", "true"]  # fmt: skip
+    kserve = subprocess.Popen(
+        command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+
+        def docs() -> tuple[int, bytes] | None:
+            assert kserve.poll() is None, "KServe's ModelServer exited"
+            with contextlib.suppress(OSError):
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                try:
+                    connection.request("GET", "/docs")
+                    answer = connection.getresponse()
+                    return answer.status, answer.read()
+                finally:
+                    connection.close()
+            return None
+
+        theirs = wait_until(docs, 60, "KServe's ModelServer to serve /docs")
+    finally:
+        kserve.terminate()
+        kserve.wait(15)
+    assert (ours.status, ours.body) == theirs
+    assert ours.headers["Content-Type"].startswith("text/html")
+    assert b"swagger-ui" in ours.body and b"/openapi.json" in ours.body
 
 
 @pytest.fixture(scope="module")

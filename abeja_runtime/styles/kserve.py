@@ -30,6 +30,7 @@ import inspect
 import json
 import logging
 import re
+import types
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -39,6 +40,8 @@ from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.handler import LoadedHandler
+from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from abeja_runtime.metrics import SupervisorMetrics
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import (
     JSON,
@@ -76,6 +79,25 @@ _BINARY_HEADER: Final = "inference-header-content-length"
 _NOT_FOUND: Final = ({"detail": "Not Found"}, 404)
 
 
+def _kserve_app(dataplane: Any) -> Any:
+    """KServe's own FastAPI application with its routes for ``dataplane``, as its ModelServer
+    builds it (never run: only its OpenAPI document is used)."""
+    fastapi = require("fastapi", "kserve")
+    rest = require("kserve.protocol.rest.server", "kserve")
+    extension = require("kserve.protocol.model_repository_extension", "kserve")
+    app = fastapi.FastAPI(
+        title="KServe ModelServer", version=metadata.version("kserve"), redoc_url=None
+    )
+    routes = types.SimpleNamespace(
+        dataplane=dataplane,
+        model_repository_extension=extension.ModelRepositoryExtension(
+            model_registry=dataplane.model_registry
+        ),
+    )
+    rest.RESTServer._register_endpoints(routes, app)
+    return app
+
+
 def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None) -> LoadedHandler:
     """Instantiate and load the model; route KServe's REST protocols to it.
 
@@ -104,7 +126,7 @@ def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None)
     repository.update(model)
     dataplane = dataplane_module.DataPlane(model_registry=repository)
     enter = _predictor_setter(predictor)
-    server = _Server(dataplane, datamodels, enter)
+    server = _Server(dataplane, datamodels, enter, docs=config.kserve_docs)
     server.model_name = model.name
     # kserve's own predict() awaits the network to reach a transformer's predictor.
     forwards = getattr(predictor, "predictor_host", None) and not _overrides(model, "predict")
@@ -191,10 +213,14 @@ class _Server:
 
     model_name = ""
 
-    def __init__(self, dataplane: Any, datamodels: Any, enter: Callable[[], None]) -> None:
+    def __init__(
+        self, dataplane: Any, datamodels: Any, enter: Callable[[], None], *, docs: bool
+    ) -> None:
         self._dataplane = dataplane
         self._enter = enter
         self._datamodels = datamodels
+        self._docs = docs
+        self._openapi_document: bytes | None = None
         self._errors = require("kserve.errors", "kserve")
         pydantic = require("pydantic", "kserve")
         # The type of the V2 infer endpoint's body parameter in KServe's FastAPI server.
@@ -217,7 +243,11 @@ class _Server:
             "/v2/health/ready": self._ready,
             "/v1/models": self._models,
             "/v2/models": self._models,
+            "/openapi.json": self._openapi,
+            "/metrics": self._metrics,
         }
+        if self._docs:
+            fixed["/docs"] = self._swagger_ui
         if path == "/" and method == "POST":
             return await self._run_local(request)
         if path in fixed:
@@ -247,6 +277,28 @@ class _Server:
         if method == allowed:
             return None
         return json_result({"detail": "Method Not Allowed"}, 405, headers={"Allow": allowed})
+
+    async def _openapi(self) -> EncodedResponse:
+        """The OpenAPI document of KServe's own FastAPI server for this model (built once)."""
+        if self._openapi_document is None:
+            self._openapi_document = json.dumps(_kserve_app(self._dataplane).openapi()).encode()
+        return text_result(self._openapi_document, content_type="application/json")
+
+    async def _swagger_ui(self) -> EncodedResponse:
+        """KServe's ``/docs`` (``--enable_docs_url``): FastAPI's Swagger UI page."""
+        docs = require("fastapi.openapi.docs", "kserve")
+        page = docs.get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="KServe ModelServer - Swagger UI",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+        )
+        return text_result(bytes(page.body), content_type="text/html; charset=utf-8")
+
+    @staticmethod
+    async def _metrics() -> EncodedResponse:
+        """KServe serves Prometheus metrics on its HTTP port: the runtime's, of every worker
+        (the same as ``/metrics`` on the health-check port)."""
+        return text_result(SupervisorMetrics.render(), content_type=METRICS_CONTENT_TYPE)
 
     async def _live_root(self) -> EncodedResponse:
         return json_result(await self._dataplane.live())
