@@ -12,6 +12,7 @@ import json
 import urllib.parse
 import uuid
 
+import numpy as np
 import pytest
 
 
@@ -65,6 +66,28 @@ def test_the_identity_model_answers_a_seldon_message(identity, path):
 def test_the_answer_keeps_the_request_s_data_form(identity, request_data, expected):
     answer = identity.post_json({"data": request_data})
     assert answer.json() == {"data": expected, "meta": {}}
+
+
+def test_a_tftensor_is_read_and_answered_as_seldon_core_does_with_tensorflow(identity):
+    """seldon-core reads data.tftensor with tf.make_ndarray and answers with
+    tf.make_tensor_proto; no TensorFlow is needed here (the codec is checked against
+    TensorFlow's own in test_tftensor.py)."""
+    sent = {"dtype": "DT_FLOAT", "tensorShape": {"dim": [{"size": "1"}, {"size": "2"}]},
+            "floatVal": [0.5, 1.5]}  # fmt: skip
+    answer = identity.post_json({"data": {"tftensor": sent}})
+    assert answer.status == 200, answer.body
+    content = base64.b64encode(np.array([0.5, 1.5], dtype="<f4").tobytes()).decode()
+    assert answer.json()["data"] == {
+        "names": ["t:0", "t:1"],
+        "tftensor": {
+            "dtype": "DT_FLOAT",
+            "tensorShape": {"dim": [{"size": "1"}, {"size": "2"}]},
+            "tensorContent": content,
+        },
+    }
+    bad = identity.post_json({"data": {"tftensor": {"dtype": "DT_FLOAT", "floatVal": "x"}}})
+    assert bad.status == 400
+    assert bad.json()["status"]["info"].startswith("Invalid tftensor in request: ")
 
 
 @pytest.mark.parametrize(

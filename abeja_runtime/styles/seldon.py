@@ -38,6 +38,7 @@ from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.metrics import reported_metrics
 from abeja_runtime.request import Request
+from abeja_runtime.styles import tftensor
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
 
 __all__ = ["adapt"]
@@ -437,7 +438,10 @@ class _Component:
             if "ndarray" in data:
                 return self._np.array(data["ndarray"]), meta
             if "tftensor" in data:
-                raise _SeldonError("data.tftensor needs TensorFlow, which is not supported here")
+                try:
+                    return tftensor.to_array(data["tftensor"], self._np), meta
+                except tftensor.TensorError as exc:
+                    raise _SeldonError(f"Invalid tftensor in request: {exc}") from None
             return self._np.array([]), meta
         if "jsonData" in message:
             return message["jsonData"], meta
@@ -471,6 +475,8 @@ class _Component:
             asked = request.get("data") if isinstance(request, dict) else None
             if numeric and (asked is None or "tensor" in asked):
                 payload = {"tensor": {"values": array.ravel().tolist(), "shape": list(array.shape)}}
+            elif numeric and "tftensor" in (asked or {}):
+                payload = {"tftensor": tftensor.from_array(array, self._np)}
             else:
                 payload = {"ndarray": array.tolist()}
             response["data"] = {**payload, "names": self._class_names(array)}
