@@ -181,8 +181,9 @@ class Config:
     #: Seldon style: this unit's image (PREDICTIVE_UNIT_IMAGE), named with the unit id in the
     #: ``meta.requestPath`` of its answers.
     seldon_unit_image: str = ""
-    #: Seldon style: seldon-core's ``--service-type`` (SERVICE_TYPE). seldon-core 1.18 checks it
-    #: and answers each route by the methods the class has, whatever the type; so does this.
+    #: Seldon style: seldon-core's ``--service-type``. seldon-core 1.18 checks it and answers
+    #: each route by the methods the class has, whatever the type; so does this. (Not from
+    #: SERVICE_TYPE, which ABEJA Platform sets to HTTP for its own purpose.)
     seldon_service_type: str = "MODEL"
     #: Cortex style: the ``metadata`` dict passed to ``pre_inference`` / ``post_inference``.
     cortex_metadata: Mapping[str, Any] = field(default_factory=dict)

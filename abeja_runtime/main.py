@@ -348,12 +348,10 @@ _PORT = click.IntRange(0, 65535)
 @click.option(
     "--service-type",
     "seldon_service_type",
-    envvar="SERVICE_TYPE",
-    show_envvar=True,
     default=Config.seldon_service_type,
     help="Seldon style: seldon-core's service type (MODEL, ROUTER, TRANSFORMER, COMBINER, "
     "OUTPUT_TRANSFORMER, OUTLIER_DETECTOR); each route answers by the methods the class has, "
-    "as in seldon-core.",
+    "as in seldon-core. A flag only: SERVICE_TYPE is ABEJA Platform's variable (HTTP).",
 )
 @click.option(
     "--model-name",

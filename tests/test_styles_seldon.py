@@ -303,11 +303,14 @@ def test_a_parameter_that_does_not_parse_stops_the_start_with_seldons_message(ma
 
 
 def test_an_unknown_service_type_stops_the_start(make_server):
-    server = make_server("st_seldon_identity", env={"HANDLER": "MyModel", "SERVICE_TYPE": "MDL"},
+    server = make_server("st_seldon_identity", "--service-type", "MDL", env={"HANDLER": "MyModel"},
                          wait=False)  # fmt: skip
     assert server.wait_exit() == 1
     failure = server.wait_for_record(lambda r: "failed to setup model" in r.get("message", ""))
-    assert "--service-type (SERVICE_TYPE) 'MDL' is not one of MODEL, ROUTER" in failure["message"]
+    assert "--service-type 'MDL' is not one of MODEL, ROUTER" in failure["message"]
+    # SERVICE_TYPE is ABEJA Platform's variable (HTTP): the Seldon style does not read it.
+    abeja = make_server("st_seldon_identity", env={"HANDLER": "MyModel", "SERVICE_TYPE": "HTTP"})
+    assert abeja.post_json({"data": {"ndarray": [1]}}).status == 200
 
 
 def test_model_metadata_from_the_environment_is_under_the_models_own(make_server):

@@ -104,7 +104,7 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     """Instantiate the class with its parameters (or take the instance), call ``load()``."""
     if config.seldon_service_type not in _SERVICE_TYPES:
         raise HandlerLoadError(
-            f"--service-type (SERVICE_TYPE) {config.seldon_service_type!r} is not one of "
+            f"--service-type {config.seldon_service_type!r} is not one of "
             f"{', '.join(_SERVICE_TYPES)}"
         )
     numpy = require("numpy", "seldon")
