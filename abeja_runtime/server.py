@@ -353,6 +353,12 @@ class _RequestHandler(web_protocol.RequestHandler):
             self._body_timer = None
         super().connection_lost(exc)
 
+    @property
+    def fresh(self) -> bool:
+        """Accepted, and not a byte received yet: a request is on its way (or the client
+        will be cut off at ``head_timeout``)."""
+        return self._last_data == 0.0
+
     def watch_body(self, request: web.BaseRequest) -> None:
         """Fail the reading of ``request``'s body if no byte arrives for ``head_timeout``.
 

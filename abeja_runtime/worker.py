@@ -59,6 +59,8 @@ _ORPHAN_CHECK_INTERVAL: Final = 0.5
 #: Seconds between heartbeats; the supervisor's judgements (supervisor._UNRESPONSIVE_AFTER,
 #: timeout + grace) are several of these.
 _HEARTBEAT_INTERVAL: Final = 0.5
+#: While draining, how often a connection accepted just before the stop is looked at again.
+_FRESH_CONNECTION_POLL: Final = 0.02
 #: The longest a handler's teardown may take at shutdown when the grace period is 0.
 _HANDLER_STOP_WAIT: Final = 5.0
 #: How long a loaded worker waits for the supervisor's ``accept`` (it comes at once).
@@ -155,7 +157,7 @@ class _Worker:
         await site.start()
         self._heartbeat = asyncio.create_task(self._beat(executor, metrics, runner))
         await self._stop.wait()
-        await self._drain(site, rpc)
+        await self._drain(site, rpc, runner)
         await self._stop_handler(executor)
         await runner.cleanup()
         executor.stop_threads()
@@ -191,25 +193,41 @@ class _Worker:
         elif message[0] == "accept" and self._accept is not None and not self._accept.done():
             self._accept.set_result(None)
 
-    async def _drain(self, site: web.BaseSite, rpc: RpcServer | None) -> None:
-        """Stop accepting, answer health with 503, give in-flight requests the grace period."""
+    async def _drain(
+        self, site: web.BaseSite, rpc: RpcServer | None, runner: web.ServerRunner
+    ) -> None:
+        """Stop accepting, answer health with 503, give in-flight requests the grace period.
+
+        A connection accepted just before the stop whose request has not arrived yet is
+        waited for too (its request is on the way; closing it would leave the client without
+        an answer); it is answered with ``Connection: close``, like every request now.
+        """
         self._state.draining = True
         await site.stop()
         # gRPC refuses new calls at once; running ones are waited for with the others below.
         rpc_stopped = asyncio.ensure_future(rpc.stop(self._config.grace_period)) if rpc else None
         with contextlib.suppress(OSError):  # the supervisor holds readiness 200 until this
             self._pipe.send(("draining",))
-        if self._state.in_flight:
-            idle = asyncio.get_running_loop().create_future()
-            self._state.idle_waiters.append(idle)
-            try:
-                await asyncio.wait_for(idle, self._config.grace_period or None)
-            except asyncio.TimeoutError:  # not the builtin one before Python 3.11
+        loop = asyncio.get_running_loop()
+        grace = self._config.grace_period
+        deadline = loop.time() + grace if grace else None
+        server = runner.server
+        while self._state.in_flight or (server is not None and _fresh(server)):
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
                 _log.warning(
                     "%d request(s) still running after the %g s grace period; stopping anyway",
                     self._state.in_flight,
-                    self._config.grace_period,
+                    grace,
                 )
+                break
+            if self._state.in_flight:
+                idle = loop.create_future()
+                self._state.idle_waiters.append(idle)
+                with contextlib.suppress(asyncio.TimeoutError):  # the loop checks the deadline
+                    await asyncio.wait_for(idle, left)
+            else:
+                await asyncio.sleep(_FRESH_CONNECTION_POLL)
         if rpc_stopped is not None:
             await rpc_stopped  # within the grace period too; at once when no call is left
 
@@ -226,6 +244,11 @@ class _Worker:
                 await asyncio.wait_for(result, wait)
         except Exception:
             _log.exception("stopping the handler %s failed", handler.name)
+
+
+def _fresh(server: web.Server) -> bool:
+    """Whether a connection has been accepted whose first request has not arrived yet."""
+    return any(getattr(handler, "fresh", False) for handler in server.connections)
 
 
 async def _start_rpc(
