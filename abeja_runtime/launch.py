@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Final
 
@@ -27,6 +27,7 @@ __all__ = [
     "NotHealthy",
     "RuntimeProcess",
     "free_port",
+    "free_ports",
     "health_status",
     "runtime_command",
     "wait_healthy",
@@ -45,11 +46,28 @@ class NotHealthy(Exception):
         self.last_status = last_status
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that was free a moment ago (the system picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+#: Tries to find a free port other than some given ones (the system rarely repeats one).
+_PORT_TRIES: Final = 100
+
+
+def free_port(host: str = "127.0.0.1", *, other_than: Collection[int] = ()) -> int:
+    """A port on ``host`` that was free a moment ago (the system picks it), and none of
+    ``other_than`` (ports picked a moment before: the system may hand the same one again)."""
+    for _ in range(_PORT_TRIES):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in other_than:
+            return port
+    raise OSError(f"no free port on {host} other than {sorted(other_than)}")
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different ports of :func:`free_port`."""
+    ports: list[int] = []
+    for _ in range(count):
+        ports.append(free_port(host, other_than=ports))
+    return ports
 
 
 def runtime_command(*args: str, python: str = sys.executable) -> list[str]:

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
+from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
 from benchmarks.servers import runtime_source
 
 HANDLER_DIR = Path(__file__).resolve().parent / "handlers" / "chaos"
@@ -66,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="abeja-chaos-") as tmp:
         source, _ = runtime_source(args.runtime_ref, Path(tmp))
-        port, health = free_port(), free_port()
+        port, health = free_ports(2)
         env = {**os.environ, "PYTHONPATH": str(source), "LOG_LEVEL": "error"}
         flags = ["--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health)]
         server = RuntimeProcess(

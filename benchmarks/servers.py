@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from abeja_runtime.launch import NotHealthy, RuntimeProcess, free_port
+from abeja_runtime.launch import NotHealthy, RuntimeProcess, free_port, free_ports
 from benchmarks.processes import proc_table
 
 __all__ = [
@@ -166,7 +166,7 @@ def server_for(
     setup: Setup, target: str, workers: int, handler_dir: str, extra: list[str] | None = None
 ) -> Server:
     """Build (not start) the server of ``target``."""
-    port, hc_port = free_port(), free_port()
+    port, hc_port = free_ports(2)
     while hc_port == port:
         hc_port = free_port()
     common = ["--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(hc_port)]

@@ -40,7 +40,7 @@ class LocalServer(Server):
         self._sink = sink
         self._python = python
         self.port = spec.host_port or free_port()
-        self._health_port = free_port()
+        self._health_port = free_port(other_than=(self.port,))
         self.url = f"http://127.0.0.1:{self.port}"
         self.description = f"local engine ({python})"
         self._runtime: RuntimeProcess | None = None

@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import HANDLERS, RunningServer
 
-from abeja_runtime.launch import free_port
+from abeja_runtime.launch import free_ports
 
 #: ``2026-11-21T18:14:14.672+00:00`` (records) and ``...14.672123+00:00`` (access timestamps).
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d$")
@@ -23,7 +23,7 @@ def spawn(make_server):
     conftest's factory reads the ports from."""
 
     def start(folder: str, *flags: str, env: dict[str, str]) -> RunningServer:
-        ports = free_port(), free_port()
+        ports = tuple(free_ports(2))
         flags = ("--port", str(ports[0]), "--healthcheck-port", str(ports[1]), *flags)
         return make_server(folder, *flags, env=env, ports=ports)
 

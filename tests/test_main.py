@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import TIMED_OUT_AFTER_1_S, RunningServer, runtime_env, wait_until
 
-from abeja_runtime.launch import free_port
+from abeja_runtime.launch import free_ports
 
 COMMAND_TIMEOUT = 20.0
 
@@ -336,7 +336,7 @@ def test_flag_beats_env_for_a_limit(make_server):
 
 
 def test_port_variables_choose_the_ports(make_server):
-    port, healthcheck_port = free_port(), free_port()
+    port, healthcheck_port = free_ports(2)
     server = make_server(
         "ld_sync",
         env={"PORT": str(port), "HEALTHCHECK_PORT": str(healthcheck_port)},

@@ -21,7 +21,7 @@ import pytest
 from conftest import HANDLERS, wait_until
 from PIL import Image
 
-from abeja_runtime.launch import free_port
+from abeja_runtime.launch import free_ports
 
 pytest.importorskip("kserve", reason="the KServe style is tested against the kserve package")
 
@@ -260,7 +260,7 @@ def kserve_itself(tmp_path_factory):
     """The same model.py served by KServe's own ModelServer (python model.py), as a control."""
     folder = tmp_path_factory.mktemp("kserve") / "model"
     shutil.copytree(HANDLERS / "st_kserve_custom", folder)
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     command = [sys.executable, "model.py", "--model_name", NAME]
     command += ["--http_port", str(ports[0]), "--grpc_port", str(ports[1])]
     process = subprocess.Popen(

@@ -24,7 +24,7 @@ from conftest import HANDLERS, runtime_env, wait_until
 from PIL import Image
 from test_grpc import ASYNC_MODEL, with_grpc
 
-from abeja_runtime.launch import free_port, runtime_command
+from abeja_runtime.launch import free_port, free_ports, runtime_command
 
 pytest.importorskip("kserve", reason="KServe's main-script habit is tested with its package")
 from kserve import InferenceGRPCClient, InferInput, InferRequest
@@ -35,7 +35,7 @@ NAME = "tx"
 def start_script(make_server, handler_dir: str, script: str, *kserve_args: str, **env: str):
     """``abeja-runtime kserve SCRIPT --http_port P ...`` with the health port from the
     environment, as in a container; returns the server and its gRPC port."""
-    http, health, grpc = free_port(), free_port(), free_port()
+    http, health, grpc = free_ports(3)
     server = make_server(
         handler_dir,
         "--http_port",
