@@ -72,6 +72,8 @@ _STOP_ACCEPTING_WAIT: Final = 5.0
 #: Back-off before the next replacement while replacements keep dying before they are ready:
 #: the first is immediate, then 0.5 s doubling up to this.
 _MAX_BACKOFF: Final = 30.0
+#: After the system refused to start a worker process, when the supervisor tries again.
+_SPAWN_RETRY: Final = 1.0
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MiB: Final = 1024 * 1024
 
@@ -161,7 +163,10 @@ class _WorkerProcess:
                 [sys.executable, "-m", "abeja_runtime.worker", *map(str, fds)], pass_fds=fds
             )
         self.pipe = Connection(ours.detach())
-        self.pipe.send(config)
+        # A worker killed before it read this (a kill right as it starts) is seen as dead by the
+        # exit watch and replaced like any other; raising here lost it, and its replacement.
+        with contextlib.suppress(OSError):
+            self.pipe.send(config)
         self.pid: int = self.process.pid
         #: Readable once the process has exited (Linux); elsewhere the tick polls for it.
         self.exit_fd: int | None = _pidfd(self.pid)
@@ -226,7 +231,7 @@ class _Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
         for _ in range(self._config.workers):
-            self._spawn()
+            self._ensure_spawn()
         # Imported while the workers start: aiohttp takes a few hundred ms to import.
         from aiohttp import web
 
@@ -287,10 +292,13 @@ class _Supervisor:
         starts now, and it drains (finishing what it has) once that one is ready."""
         if worker.retiring or worker.state != "ready" or self._draining:
             return
+        replacement = self._spawn()
+        if replacement is None:  # it serves on; the memory check asks again at the next tick
+            return
         worker.retiring = True
+        replacement.replaces = worker
         _log.info("replacing worker %s: %s", worker.pid, why)
         self._metrics.worker_restarted(reason)
-        self._spawn().replaces = worker
 
     def _check_memory(self, worker: _WorkerProcess) -> None:
         limit = self._config.max_worker_memory
@@ -305,8 +313,29 @@ class _Supervisor:
                 f"{limit / MiB:.0f} MiB",
             )
 
-    def _spawn(self) -> _WorkerProcess:
-        worker = _WorkerProcess(self._config, self._service_socket)
+    def _ensure_spawn(self) -> None:
+        """Start a worker, or, when the system cannot (no process or descriptor left), try
+        again a little later: the service must not stay a worker short."""
+        if self._spawn() is None:
+            self._spawn_later(_SPAWN_RETRY)
+
+    def _spawn_later(self, delay: float) -> None:
+        handle: asyncio.TimerHandle
+
+        def spawn() -> None:
+            self._respawns.discard(handle)
+            self._ensure_spawn()
+
+        handle = asyncio.get_running_loop().call_later(delay, spawn)
+        self._respawns.add(handle)
+
+    def _spawn(self) -> _WorkerProcess | None:
+        """A new worker; ``None`` (and an error line) when the system cannot start one."""
+        try:
+            worker = _WorkerProcess(self._config, self._service_socket)
+        except OSError as exc:
+            _log.error("cannot start a worker process: %s", exc)
+            return None
         self._workers.append(worker)
         loop = asyncio.get_running_loop()
         loop.add_reader(worker.pipe.fileno(), self._on_message, worker)
@@ -399,7 +428,7 @@ class _Supervisor:
         worker.state = "stopping"
         worker.send_signal(signal.SIGTERM)  # it drains; the stuck thread dies with it
         self._metrics.worker_restarted("stuck")
-        self._spawn()
+        self._ensure_spawn()
         _log.warning("recycling worker %s, whose handler is stuck", worker.pid)
 
     def _on_exit(self, worker: _WorkerProcess) -> None:
@@ -443,17 +472,10 @@ class _Supervisor:
             when,
         )
         self._metrics.worker_restarted("crashed")
-        if not delay:
-            self._spawn()
-            return
-        handle: asyncio.TimerHandle
-
-        def respawn() -> None:
-            self._respawns.discard(handle)
-            self._spawn()
-
-        handle = asyncio.get_running_loop().call_later(delay, respawn)
-        self._respawns.add(handle)
+        if delay:
+            self._spawn_later(delay)
+        else:
+            self._ensure_spawn()
 
     async def _watch(self) -> None:
         """Judge heartbeats and the shutdown deadline from outside the workers' loops."""
@@ -479,7 +501,7 @@ class _Supervisor:
                     worker.state = "stopping"
                     worker.kill()
                     self._metrics.worker_restarted("blocked")
-                    self._spawn()
+                    self._ensure_spawn()
                 elif silent > _UNRESPONSIVE_AFTER and not worker.reported_silent:
                     worker.reported_silent = True
                     _log.warning(
