@@ -9,6 +9,7 @@ environment; the same requests go to both, and the statuses and bodies must be t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -33,11 +34,19 @@ UNIT = {"PREDICTIVE_UNIT_ID": "unit-a", "PREDICTIVE_UNIT_IMAGE": "registry/unit-
 
 @pytest.fixture(scope="session")
 def seldon_core() -> Path:
-    """The ``seldon-core-microservice`` of a cached virtual environment."""
+    """The ``seldon-core-microservice`` of a cached virtual environment, built once: the test
+    processes (pytest-xdist) that need it wait for the one that builds it."""
     venv = CACHE / f"seldon-core-{SELDON_CORE}"
     command = venv / "bin" / "seldon-core-microservice"
-    if command.exists():
-        return command
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"seldon-core-{SELDON_CORE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not command.exists():
+            _build_seldon_core(venv)
+    return command
+
+
+def _build_seldon_core(venv: Path) -> None:
     steps = [
         [sys.executable, "-m", "venv", "--clear", str(venv)],
         # gunicorn 20 imports pkg_resources, which newer setuptools no longer have
@@ -56,7 +65,6 @@ def seldon_core() -> Path:
             if os.environ.get("CI"):
                 pytest.fail(reason)
             pytest.skip(reason)
-    return command
 
 
 class Control:
