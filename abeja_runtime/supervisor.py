@@ -41,7 +41,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Final
 
 from abeja_runtime import __version__
-from abeja_runtime.config import Config
+from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.loader import install_dependencies, prepare_workdir
 from abeja_runtime.logs import configure_logging
@@ -75,7 +75,6 @@ _MAX_BACKOFF: Final = 30.0
 #: After the system refused to start a worker process, when the supervisor tries again.
 _SPAWN_RETRY: Final = 1.0
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-MiB: Final = 1024 * 1024
 
 
 def run(config: Config) -> int:
@@ -456,7 +455,16 @@ class _Supervisor:
             self._exit_code = 1
             self._begin_shutdown()
             return
-        if worker.state != "stopping":  # a recycled worker's replacement exists already
+        if worker.state == "stopping":  # a recycled worker's replacement exists already
+            pass
+        elif worker.retiring:  # its replacement is starting already: one more would be extra
+            _log.error(
+                "worker %s exited unexpectedly (%s); its replacement is starting already",
+                worker.pid,
+                _describe_exit(code),
+            )
+            self._metrics.worker_restarted("crashed")
+        else:
             self._replace(worker, code)
         self._refresh()
 

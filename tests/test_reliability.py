@@ -7,6 +7,7 @@ processes and sockets, and checks what the fault may and may not cost.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -195,3 +196,20 @@ def ask(client: http.client.HTTPConnection) -> int:
     assert answer.status == 200, body
     pid: int = json.loads(body)["pid"]
     return pid
+
+
+def test_a_worker_that_crashes_while_it_is_retired_is_replaced_once(make_server, marker):
+    """--max-requests has a replacement starting when the retiring worker crashes: that
+    replacement stands for it; starting one more would leave a worker too many for good."""
+    server = make_server(
+        "rl_slow_replacements", "--max-requests", "1", env={**marker, "RL_SLOW": "2"}
+    )
+    (first,) = wait_for_ready_workers(server, 1)
+    assert server.request("GET", "/").status == 200  # its one request: a replacement loads 2 s
+    wait_until(lambda: children(server.process.pid) - {first}, 5, "the replacement to start")
+    with contextlib.suppress(OSError):  # the retiring worker dies, and this request with it
+        server.request("GET", "/?exit=1")
+    server.wait_for_record(lambda r: "its replacement is starting already" in r.get("message", ""))
+    assert len(children(server.process.pid)) == 1, "a second replacement was started"
+    wait_for_ready_workers(server, 2)
+    assert server.request("GET", "/").status == 200
