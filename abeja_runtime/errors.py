@@ -76,16 +76,17 @@ class PayloadTooLarge(HttpError):
         self.limit = limit
 
 
-class TooManyParts(PayloadTooLarge):
+class TooManyParts(HttpError):
     """A multipart/form-data body with more parts than allowed (refused like a large body)."""
 
+    status = 413
+    ends_connection = True
+
     def __init__(self, limit: int) -> None:
-        HttpError.__init__(
-            self,
+        super().__init__(
             f"multipart/form-data body has more than {limit} parts; the limit is "
-            "ABEJA_RUNTIME_MAX_PARTS (--max-parts)",
+            "ABEJA_RUNTIME_MAX_PARTS (--max-parts)"
         )
-        self.limit = limit
 
 
 class ImageTooLarge(HttpError):

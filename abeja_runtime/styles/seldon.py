@@ -81,10 +81,6 @@ _METADATA_DEFAULTS: Final = {
 }
 
 
-class _NotDefined(Exception):
-    """The component has no such method."""
-
-
 #: ``_call``'s fallback for a method that seldon-core refuses to do without.
 _UNDEFINED: Final = object()
 
@@ -409,18 +405,17 @@ class _Component:
         """The component's ``name`` method, or ``fallback`` where it has none (``_UNDEFINED``:
         seldon-core's 400 "<Name> not defined", as for a router's ``route``)."""
         method = getattr(self._model, name, None)
-        try:
-            if not callable(method):
-                raise _NotDefined()
-            if _takes_meta(method):
-                return method(features, names, meta=meta)
-            return method(features, names)
-        except Exception as exc:
-            if not isinstance(exc, _NotDefined) and not _not_implemented(exc):
-                raise
-            if fallback is _UNDEFINED:
-                raise _SeldonError(f"{name.capitalize()} not defined") from None
-            return fallback
+        if callable(method):
+            try:
+                if _takes_meta(method):
+                    return method(features, names, meta=meta)
+                return method(features, names)
+            except Exception as exc:
+                if not _not_implemented(exc):
+                    raise
+        if fallback is _UNDEFINED:
+            raise _SeldonError(f"{name.capitalize()} not defined")
+        return fallback
 
     def _features(self, message: Any) -> tuple[Any, Any]:
         """Seldon's ``extract_request_parts_json``: the payload as the model receives it."""
