@@ -14,8 +14,10 @@ Inputs come from one of two places:
   answer is written under ``--output`` as the input's path (relative to the folder named) plus
   the extension of the answer's content type: ``photos/cat.jpg`` → ``OUT/cat.jpg.json``.
 
-The requests go through the server's own lifecycle (:meth:`Lifecycle.answer`: queue, timeout,
-handler thread, encoding, error replies, access records), ``concurrency`` at a time. Logs are
+The requests go through what a handler process does with a call (``calls.py``: the handler,
+the encoding, the error replies), within the timeout, with an access record each,
+``concurrency`` at a time (``def`` handlers on that many threads, the first of which imported
+the handler). Logs are
 JSON lines on stderr, the last one a summary (with a progress bar and the summary in words on a
 terminal); the exit code is 1 when an answer's status is above 299 or the handler cannot be
 loaded, as on the platform.
@@ -31,23 +33,23 @@ import os
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 import aiohttp
 import click
 
+from abeja_runtime.calls import HandlerCalls
 from abeja_runtime.config import Config
 from abeja_runtime.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
-from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError
-from abeja_runtime.execute import Executor
-from abeja_runtime.lifecycle import Lifecycle, ServingState
+from abeja_runtime.encode import EncodedResponse, status_reply
+from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError, HandlerTimeout
 from abeja_runtime.loader import install_dependencies, load_handler, prepare_workdir
-from abeja_runtime.logs import capture_prints, configure_logging
+from abeja_runtime.logs import AccessLog, capture_prints, configure_logging, request_id_var
 from abeja_runtime.media import extension_for, guess_content_type
-from abeja_runtime.metrics import WorkerMetrics
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.request import Content, Request
 
@@ -144,23 +146,25 @@ def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
 class _Batch:
     def __init__(self, config: Config) -> None:
         self._config = config
-        self._state = ServingState(concurrency=config.concurrency, max_queue=config.max_queue)
+        self._access_log = AccessLog(config.platform.log_fields())
 
     async def run(
         self, files: list[tuple[Path, Path]] | None, output: Path, environ: Mapping[str, str]
     ) -> int:
         config = self._config
-        executor = Executor(threads=config.concurrency)
-        self._lifecycle = Lifecycle(config, executor, self._state, WorkerMetrics())
+        loop = asyncio.get_running_loop()
+        self._threads = ThreadPoolExecutor(config.concurrency, thread_name_prefix="abeja-handler")
         try:
-            self._state.handler = await executor.run_on_thread(
-                load_handler, config.handler, Path.cwd(), config
+            handler = await loop.run_in_executor(
+                self._threads, load_handler, config.handler, Path.cwd(), config
             )
         except Exception as exc:
             _log.error(
                 "failed to setup model: %s", exc, exc_info=not isinstance(exc, HandlerLoadError)
             )
+            self._threads.shutdown(wait=False)
             return 1
+        self._calls = HandlerCalls(config, handler)
         began = time.monotonic()
         tally = _Tally()
         try:
@@ -174,12 +178,35 @@ class _Batch:
             _log.error("batch failed: %s", exc)
             return 1
         finally:
-            executor.stop_threads()
+            self._threads.shutdown(wait=False)
         summary = tally.summary(time.monotonic() - began, where)
         _log.info("batch finished: %s", summary)
         if _terminal().isatty():  # for a person; a log collector has the record
             click.echo(f"batch: {summary}", file=_terminal())
         return 1 if tally.failed else 0
+
+    async def _answer(self, request: Request, name: str) -> EncodedResponse:
+        """The handler's answer to ``request`` with its body in memory, within the timeout,
+        recorded in the access log under ``name``; the request is closed."""
+        received = time.time()
+        token = request_id_var.set(request.request_id)
+        calls = self._calls
+        try:
+            if calls.handler.is_async:
+                work: Any = _collected_async(calls, request)
+            else:
+                loop = asyncio.get_running_loop()
+                work = loop.run_in_executor(self._threads, _collected, calls, request)
+            try:
+                reply = await asyncio.wait_for(work, self._config.timeout or None)
+            except asyncio.TimeoutError:
+                timeout = HandlerTimeout(self._config.timeout)
+                reply = status_reply(timeout.status, timeout.message)
+            self._access_log.record("POST", name, reply.status, received, time.time())
+            return reply
+        finally:
+            request.close()
+            request_id_var.reset(token)
 
     async def _files(self, files: list[tuple[Path, Path]], output: Path, tally: _Tally) -> None:
         pending: Iterator[tuple[Path, Path]] = iter(files)
@@ -194,7 +221,7 @@ class _Batch:
 
             async def work() -> None:
                 for source, name in pending:  # shared: each input is taken once
-                    reply = await self._lifecycle.answer(_file_request(source), str(name))
+                    reply = await self._answer(_file_request(source), str(name))
                     extension = extension_for(reply.header("Content-Type"))
                     target = output / f"{name}{extension}"
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +238,7 @@ class _Batch:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             lake = DataLake(session, environ)
             request = await _input_request(text, lake)
-            reply = await self._lifecycle.answer(request, "INPUT")
+            reply = await self._answer(request, "INPUT")
             tally.add("INPUT", reply.status)
             assert isinstance(reply.body, bytes)
             if target is None:
@@ -222,6 +249,25 @@ class _Batch:
                 extension = extension_for(reply.header("Content-Type"))
                 name = f"{run_id}_0{extension}"
                 await lake.upload(target, name, reply)
+
+
+def _collected(calls: HandlerCalls, request: Request) -> EncodedResponse:
+    """A ``def`` handler's answer, a streamed body gathered (on the handler thread)."""
+    return _gathered(calls, calls.answer(request))
+
+
+async def _collected_async(calls: HandlerCalls, request: Request) -> EncodedResponse:
+    return _gathered(calls, await calls.answer_async(request))
+
+
+def _gathered(calls: HandlerCalls, reply: EncodedResponse) -> EncodedResponse:
+    if isinstance(reply.body, bytes):
+        return reply
+    try:
+        body = b"".join(reply.body)  # type: ignore[arg-type]
+    except Exception as exc:
+        return calls.error_reply(exc)
+    return EncodedResponse(reply.status, reply.headers, body)
 
 
 def _terminal() -> TextIO:

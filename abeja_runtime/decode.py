@@ -1,10 +1,12 @@
-"""HTTP request parts → :class:`~abeja_runtime.request.Request`, enforcing limits while reading.
+"""HTTP request parts → :class:`~abeja_runtime.request.Request`, and the limits on a body.
 
-This module knows HTTP semantics but no server library: the server hands it the method, the raw
-target, the headers and an async iterator of body chunks. Multipart bodies are parsed
-incrementally with the ``multipart`` library's sans-IO parser as chunks arrive, so no body is
-ever held whole in memory beyond the spool threshold. Every problem is raised as an
-:class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
+This module knows HTTP semantics but no server library. The front checks the method and the
+body's size as it reads it (:func:`check_method`, :class:`BodyCounter`); a handler process gets
+the method, the raw target, the headers and the whole body as a file (in memory, or the front's
+spool file) and builds the request from them (:func:`decode_request`). Multipart bodies are
+parsed with the ``multipart`` library's sans-IO parser a piece at a time, each part spooled to
+disk above the spool threshold, so no body is held whole in memory beyond it. Every problem is
+raised as an :class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import io
 import posixpath
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Final
 
@@ -26,6 +28,7 @@ from abeja_runtime.spool import Scratch, Spool
 
 __all__ = [
     "ALLOWED_METHODS",
+    "BodyCounter",
     "BodyLimits",
     "check_declared_length",
     "check_method",
@@ -69,24 +72,37 @@ def check_declared_length(content_length: int | None, limits: BodyLimits) -> Non
         raise PayloadTooLarge(limit)
 
 
-async def decode_request(
+class BodyCounter:
+    """Counts body bytes as they arrive and stops at the limit (chunked bodies have no length)."""
+
+    __slots__ = ("limit", "total")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.limit and self.total > self.limit:
+            raise PayloadTooLarge(self.limit)
+
+
+def decode_request(
     *,
     method: str,
     raw_path: str,
     raw_query: str,
     headers: Iterable[tuple[str, str]],
-    body: AsyncIterator[bytes],
+    body: IO[bytes],
     limits: BodyLimits,
     request_id: str = "",
-    content_length: int | None = None,
 ) -> Request:
     """Build the handler's request; raise ``HttpError`` subclasses for anything malformed.
 
-    The method and the declared ``content_length`` are checked before a byte of the body is
-    read (``body`` is iterated only for methods that carry one).
+    ``body`` is the whole body, read by the front: in memory, or its spool file above the
+    spool threshold. It becomes the request's body as it is (no copy), unless it is
+    multipart, whose parts are parsed from it and spooled on their own. The request owns it.
     """
-    check_method(method)
-    check_declared_length(content_length, limits)
     kept = [(name, value) for name, value in headers if name.lower() not in _STRIPPED_HEADERS]
     content_type = _header(kept, "content-type")
     path = _unquote(raw_path, "URL path") if "%" in raw_path else raw_path
@@ -94,6 +110,7 @@ async def decode_request(
     scratch = Scratch(limits.scratch_root)
     try:
         if method == "GET":
+            body.close()
             content_type = _GET_CONTENT_TYPE
             contents = [_in_memory_content(raw_query.encode("utf-8", "surrogateescape"))]
         else:
@@ -103,13 +120,12 @@ async def decode_request(
             else:
                 mime, options = "", {}
             if mime == "multipart/form-data":
-                length = _header(kept, "content-length")
-                contents = await _read_multipart(
-                    body, options.get("boundary"), length, limits, scratch
-                )
+                with body:
+                    contents = _read_multipart(body, options.get("boundary"), limits, scratch)
             else:
-                contents = [Content(await _read_whole(body, limits, scratch))]
+                contents = [Content(body)]
     except BaseException:
+        body.close()
         scratch.remove()
         raise
     return Request(
@@ -151,42 +167,12 @@ def _in_memory_content(data: bytes) -> Content:
     return Content(io.BytesIO(data))
 
 
-class _Counter:
-    """Counts body bytes as they arrive and stops at the limit (chunked bodies have no length)."""
-
-    __slots__ = ("limit", "total")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.total = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        if self.limit and self.total > self.limit:
-            raise PayloadTooLarge(self.limit)
+#: How much of a spooled multipart body is parsed at a time.
+_PARSE_CHUNK: Final = 256 * 1024
 
 
-async def _read_whole(
-    body: AsyncIterator[bytes], limits: BodyLimits, scratch: Scratch
-) -> IO[bytes]:
-    spool = Spool(scratch, limits.spool_threshold)
-    counter = _Counter(limits.max_body_size)
-    try:
-        async for chunk in body:
-            counter.add(chunk)
-            spool.write(chunk)
-    except BaseException:
-        spool.discard()
-        raise
-    return spool.finish()
-
-
-async def _read_multipart(
-    body: AsyncIterator[bytes],
-    boundary: str | None,
-    content_length: str | None,
-    limits: BodyLimits,
-    scratch: Scratch,
+def _read_multipart(
+    body: IO[bytes], boundary: str | None, limits: BodyLimits, scratch: Scratch
 ) -> list[Content]:
     if not boundary:
         raise BadRequest(
@@ -195,18 +181,16 @@ async def _read_multipart(
         )
     parser = multipart.PushMultipartParser(
         boundary,
-        content_length=int(content_length) if content_length and content_length.isdigit() else -1,
         max_header_size=_MAX_PART_HEADER_SIZE,
         max_header_count=_MAX_PART_HEADER_COUNT,
     )
-    counter = _Counter(limits.max_body_size)
     contents: list[Content] = []
     spool: Spool | None = None
     segment: multipart.MultipartSegment | None = None
     try:
-        async for chunk in body:
-            counter.add(chunk)
-            for event in parser.parse(chunk):
+        while True:
+            chunk = body.read(_PARSE_CHUNK)
+            for event in parser.parse(chunk):  # b"" at the end: a truncated body raises here
                 if isinstance(event, multipart.MultipartSegment):
                     if limits.max_parts and len(contents) >= limits.max_parts:
                         raise TooManyParts(limits.max_parts)
@@ -218,8 +202,8 @@ async def _read_multipart(
                 else:
                     assert spool is not None
                     spool.write(event)
-        for _ in parser.parse(b""):  # end of input: a truncated body raises here
-            pass
+            if not chunk:
+                break
         parser.close()
     except multipart.MultipartError as exc:
         _discard(contents, spool)

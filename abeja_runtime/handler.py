@@ -10,34 +10,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["LoadedHandler", "RpcRunner", "RpcService"]
+__all__ = ["LoadedHandler", "RpcResult", "RpcService"]
 
 
-class RpcRunner(Protocol):
-    """How a style's gRPC method runs what reaches the user's code (``rpc.RpcServer.run``).
-
-    ``work`` runs on the handler thread, or is awaited on the loop when ``is_async``; with
-    ``admitted=False`` it is awaited at once (answers that touch no user code). ``errors``
-    turns an exception of the style into its gRPC status code and message.
-    """
-
-    def __call__(
-        self,
-        context: Any,
-        method: str,
-        work: Callable[[], Any],
-        *,
-        is_async: bool,
-        errors: Callable[[Exception], tuple[Any, str]],
-        admitted: bool = True,
-    ) -> Awaitable[Any]: ...
+#: What a gRPC call gives back: the gRPC status code's value (0: OK), the response message's
+#: bytes, the error message, and the HTTP status the access log counts for it.
+RpcResult = tuple[int, bytes, str, int]
 
 
 class RpcService(Protocol):
-    """A style's gRPC services (KServe's Open Inference protocol), which the worker's gRPC
-    server registers on itself when ``--grpc-port`` is set."""
+    """A style's gRPC services (KServe's Open Inference protocol), run in the handler process;
+    the front's gRPC server (``rpc.py``) forwards each call's method and message bytes."""
 
-    def register(self, server: Any, run: RpcRunner) -> None: ...
+    #: The full names of the methods served (``/package.Service/Method``).
+    methods: tuple[str, ...]
+    #: Whether :meth:`call` returns an awaitable (run on the handler process's event loop).
+    is_async: bool
+
+    def call(
+        self, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]
+    ) -> RpcResult | Awaitable[RpcResult]: ...
 
 
 @dataclass(frozen=True)
@@ -57,3 +49,5 @@ class LoadedHandler:
     #: The style's teardown, called once at shutdown after the last request (KServe's
     #: ``Model.stop()``, which its ModelServer calls as it stops).
     stop: Callable[[], object] | None = None
+    #: Paths of the service port that the front answers itself (KServe's ``/metrics``).
+    front_paths: tuple[str, ...] = ()

@@ -1,17 +1,15 @@
-"""Prometheus metrics of one runtime: every worker writes, the supervisor serves ``/metrics``.
+"""Prometheus metrics: the front counts every request in its own registry; handler processes
+write what the handler itself reports to files the front sums.
 
-Workers are separate processes that come and go, so the counts live in prometheus_client's
-multiprocess mode: each process writes its values to memory-mapped files in one directory that
-the supervisor creates, and a scrape sums the files. A counter therefore keeps what a worker
-counted after that worker died or was replaced, and any scrape sees the sum over all workers.
-The mode is chosen by an environment variable that prometheus_client reads when it is first
-imported, so :func:`use_directory` runs in the supervisor before any import of it, and workers
-inherit the variable. A handler that defines its own prometheus_client metrics gets them
-aggregated and served the same way.
-
-Hot-path cost: a request adds one counter and one histogram observation (a few microseconds of
-memory-mapped writes); the in-flight and queued gauges are sampled with the worker's heartbeat,
-not written per request.
+The front answers every request, so what it counts (requests by status, durations, timeouts,
+refusals, in flight and queued, worker restarts) lives in one in-process registry: an
+increment is a few hundred nanoseconds and nothing touches the disk. What a handler counts
+itself (its own prometheus_client metrics, Seldon's reported metrics) happens in handler
+processes that come and go, so they use prometheus_client's multiprocess mode: each writes
+memory-mapped files in one directory that the front creates, and a scrape sums them, keeping
+what a replaced process counted. The mode is chosen by an environment variable that
+prometheus_client reads when first imported; the front sets it for its children only
+(:func:`handler_environment`), never for itself.
 """
 
 from __future__ import annotations
@@ -21,19 +19,15 @@ import os
 import platform
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from prometheus_client import Counter
+from typing import Any, Final
 
 __all__ = [
     "CONTENT_TYPE",
     "METRICS_DIR_VARIABLE",
+    "FrontMetrics",
     "ReportedMetrics",
-    "SupervisorMetrics",
-    "WorkerMetrics",
+    "handler_environment",
     "reported_metrics",
-    "use_directory",
 ]
 
 _log = logging.getLogger("abeja_runtime")
@@ -48,61 +42,75 @@ _DURATION_BUCKETS: Final = (
 )  # fmt: skip
 
 
-def use_directory(path: str) -> None:
-    """Put this process (and the workers it spawns) in multiprocess mode, writing to ``path``.
-
-    Must run before prometheus_client is imported anywhere in the process.
-    """
-    os.environ[METRICS_DIR_VARIABLE] = path
+def handler_environment(directory: str) -> dict[str, str]:
+    """The environment of a handler process: this one's, with the metrics directory."""
+    return {**os.environ, METRICS_DIR_VARIABLE: directory}
 
 
-class WorkerMetrics:
-    """What a worker counts: requests by status, their duration, in-flight and queued calls."""
+class FrontMetrics:
+    """What the front counts, and the scrape of everything."""
 
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+    def __init__(self, version: str, handler: str, style: str, directory: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        # registry=None: values go to this process's files; only the supervisor's scrape reads
-        # them, and the handler's own default registry stays the handler's.
+        self._directory = directory
+        self.registry = registry = CollectorRegistry()
         self._requests = Counter(
             f"{_PREFIX}_requests",
             "Handler requests answered, by HTTP status code (health checks and scrapes are "
             "not counted).",
             ["code"],
-            registry=None,
+            registry=registry,
         )
         self._duration = Histogram(
             f"{_PREFIX}_request_duration_seconds",
             "Seconds from a request's arrival until its response was sent.",
             buckets=_DURATION_BUCKETS,
-            registry=None,
+            registry=registry,
         )
         self._timeouts = Counter(
             f"{_PREFIX}_timeouts",
             "Requests answered 504 because the handler did not answer within the timeout.",
-            registry=None,
+            registry=registry,
         )
         self._rejected = Counter(
             f"{_PREFIX}_rejected_requests",
             "Requests answered 503 without calling the handler: busy (queue full) or "
             "unavailable (not ready, draining).",
             ["reason"],
-            registry=None,
+            registry=registry,
         )
-        self._in_flight = Gauge(
+        self.in_flight = Gauge(
             f"{_PREFIX}_in_flight_requests",
             "Handler requests being served now (queued ones included).",
-            multiprocess_mode="livesum",
-            registry=None,
+            registry=registry,
         )
-        self._queued = Gauge(
+        self.queued = Gauge(
             f"{_PREFIX}_queued_requests",
             "Handler calls waiting for a free handler slot now.",
-            multiprocess_mode="livesum",
-            registry=None,
+            registry=registry,
         )
+        self._restarts = Counter(
+            f"{_PREFIX}_worker_restarts",
+            "Workers replaced after they died (crashed), their handler got stuck past "
+            "timeout + grace (stuck), they served --max-requests (max_requests) or grew past "
+            "--max-worker-memory (memory).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("crashed", "stuck", "max_requests", "memory"):
+            self._restarts.labels(reason=reason)  # present at 0 from the first scrape
+        info = Gauge(
+            f"{_PREFIX}_build_info",
+            "Always 1; the labels say which runtime serves which handler.",
+            ["version", "python", "handler", "style"],
+            registry=registry,
+        )
+        info.labels(
+            version=version, python=platform.python_version(), handler=handler, style=style
+        ).set(1)
         # labels() looks the child up on every call; the handful of codes are cached here.
-        self._by_code: dict[int, Counter] = {}
+        self._by_code: dict[int, Any] = {}
 
     def observe(self, status: int, seconds: float) -> None:
         """One answered request."""
@@ -117,60 +125,22 @@ class WorkerMetrics:
     def rejected(self, reason: str) -> None:
         self._rejected.labels(reason=reason).inc()
 
-    def sample(self, in_flight: int, queued: int) -> None:
-        """The gauges, set with each heartbeat (twice a second)."""
-        self._in_flight.set(in_flight)
-        self._queued.set(queued)
-
-
-class SupervisorMetrics:
-    """What the supervisor counts (worker restarts, build info) and the scrape of everything."""
-
-    def __init__(self, version: str, handler: str, style: str) -> None:
-        from prometheus_client import Counter, Gauge
-
-        self._restarts = Counter(
-            f"{_PREFIX}_worker_restarts",
-            "Workers replaced after they died (crashed), their handler got stuck past "
-            "timeout + grace (stuck), their event loop stopped answering (blocked), they served "
-            "--max-requests (max_requests) or grew past --max-worker-memory (memory).",
-            ["reason"],
-            registry=None,
-        )
-        for reason in ("crashed", "stuck", "blocked", "max_requests", "memory"):
-            self._restarts.labels(reason=reason)  # present at 0 from the first scrape
-        info = Gauge(
-            f"{_PREFIX}_build_info",
-            "Always 1; the labels say which runtime serves which handler.",
-            ["version", "python", "handler", "style"],
-            multiprocess_mode="max",
-            registry=None,
-        )
-        info.labels(
-            version=version,
-            python=platform.python_version(),
-            handler=handler,
-            style=style,
-        ).set(1)
-
     def worker_restarted(self, reason: str) -> None:
         self._restarts.labels(reason=reason).inc()
 
-    @staticmethod
-    def worker_gone(pid: int) -> None:
-        """Drop a dead worker's live gauges; its counters stay in the sums."""
+    def worker_gone(self, pid: int) -> None:
+        """Drop a dead handler process's live gauges; its counters stay in the sums."""
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        multiprocess.mark_process_dead(pid, self._directory)  # type: ignore[no-untyped-call]
 
-    @staticmethod
-    def render() -> bytes:
-        """The Prometheus text exposition of every process's metrics, summed."""
+    def render(self) -> bytes:
+        """The Prometheus text exposition: the front's metrics, then the handlers' summed."""
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry)
+        handlers = CollectorRegistry()
+        multiprocess.MultiProcessCollector(handlers, self._directory)  # type: ignore[no-untyped-call]
+        return generate_latest(self.registry) + generate_latest(handlers)
 
 
 #: Seldon's TIMER buckets, in seconds: 0, then 50 log-spaced bounds from 1 ms to 30 s.

@@ -1,18 +1,15 @@
-"""The gRPC port: a ``grpc.aio`` server on a worker's event loop, for styles that speak gRPC.
+"""The front's gRPC port: each call's method and message bytes, forwarded to a handler process.
 
-KServe's Open Inference (V2) protocol has a gRPC form next to REST. When ``--grpc-port`` is
-set, each worker starts this server once its handler is loaded and binds the port with
-``SO_REUSEPORT`` (as the service port is shared), so the kernel spreads connections over the
-workers; a gRPC channel is one connection and stays with one worker. Before a worker is
-ready, no worker listens and a client's channel waits and retries, as gRPC channels do.
-
-The style registers its services (``handler.RpcService``); each method hands what reaches the
-user's code to :meth:`RpcServer.run`, which takes it through the request lifecycle like an
-HTTP request: refused while unavailable, admitted (``RESOURCE_EXHAUSTED`` beyond the queue),
-called within the deadline (``DEADLINE_EXCEEDED``), counted in the access log and the metrics
-as ``POST /package.Service/Method`` with the HTTP status that corresponds to its gRPC status,
-and waited for at shutdown. The request id travels as ``x-abeja-request-id`` metadata, both
-ways. grpcio is imported only when the port is asked for.
+KServe's Open Inference (V2) protocol has a gRPC form next to REST. When ``--grpc-port`` is set,
+the front starts this ``grpc.aio`` server once the first handler process has said which methods
+its style serves. The front never parses a message: each call becomes a
+:class:`~abeja_runtime.frames.RpcCall` through the same pool as HTTP requests (``503`` ↔
+``RESOURCE_EXHAUSTED`` beyond the queue, ``DEADLINE_EXCEEDED`` at the timeout, ``UNAVAILABLE``
+while no handler process is ready), and the handler process's style answers it
+(``styles/kserve_grpc.py``). Each call is counted in the access log and the metrics as ``POST
+/package.Service/Method`` with the HTTP status that corresponds to its gRPC status, and
+waited for at shutdown. The request id travels as ``x-abeja-request-id`` metadata, both ways.
+grpcio is imported only when the port is asked for.
 """
 
 from __future__ import annotations
@@ -20,42 +17,27 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from typing import Any, Final
 
 import grpc
 
+from abeja_runtime.calls import REQUEST_ID_HEADER
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
-from abeja_runtime.handler import RpcService
-from abeja_runtime.lifecycle import REQUEST_ID_HEADER, Lifecycle
+from abeja_runtime.frames import RpcAnswer, RpcCall
 from abeja_runtime.logs import request_id_var
+from abeja_runtime.pool import HandlerPool, PendingCall
+from abeja_runtime.server import HttpServer
 
 __all__ = ["RpcServer"]
 
-#: The HTTP status the access log and the metrics count for a gRPC status (the mapping of
-#: gRPC's own HTTP gateway, with CANCELLED as the 499 of a client that left).
-_HTTP_STATUS: Final = {
-    grpc.StatusCode.OK: 200,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,  # "service busy" on the HTTP port
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
 #: grpc's stop(grace=None) cancels running calls at once; a grace period of 0 means no limit.
 _NO_LIMIT: Final = 365 * 24 * 3600.0
+_CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _status_of(exc: HttpError) -> grpc.StatusCode:
-    """The runtime's own refusals, as gRPC says them."""
+    """The front's own refusals, as gRPC says them."""
     if isinstance(exc, ServiceBusy):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, HandlerTimeout):
@@ -66,23 +48,29 @@ def _status_of(exc: HttpError) -> grpc.StatusCode:
 
 
 class RpcServer:
-    """One worker's gRPC server over its :class:`Lifecycle`."""
+    """The front's gRPC server over the handler pool."""
 
-    def __init__(self, lifecycle: Lifecycle, config: Config, service: RpcService) -> None:
+    def __init__(
+        self, config: Config, pool: HandlerPool, http: HttpServer, methods: tuple[str, ...]
+    ) -> None:
         assert config.grpc_port is not None
-        self._lifecycle = lifecycle
+        self._pool = pool
+        self._http = http
         self._server = grpc.aio.server(
             options=[
-                ("grpc.so_reuseport", 1),
                 ("grpc.max_receive_message_length", config.max_body_size or -1),
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        service.register(self._server, self.run)
+        handlers = {
+            method: grpc.unary_unary_rpc_method_handler(self._forwarder(method))
+            for method in methods
+        }
+        self._server.add_generic_rpc_handlers((_Methods(handlers),))
         host = f"[{config.host}]" if ":" in config.host else config.host
         try:
             self._server.add_insecure_port(f"{host}:{config.grpc_port}")
-        except RuntimeError as exc:  # the supervisor checked the port, but it may be taken since
+        except RuntimeError as exc:  # checked at start, but it may be taken since
             raise HandlerLoadError(
                 f"cannot listen for gRPC on {config.host}:{config.grpc_port} ({exc}); another "
                 "program may use the port: choose another with --grpc-port"
@@ -95,41 +83,55 @@ class RpcServer:
         """New calls are refused at once; running ones get ``grace`` seconds (0: no limit)."""
         await self._server.stop(grace if grace > 0 else _NO_LIMIT)
 
-    async def run(
-        self,
-        context: grpc.aio.ServicerContext[Any, Any],
-        method: str,
-        work: Callable[[], Any],
-        *,
-        is_async: bool,
-        errors: Callable[[Exception], tuple[grpc.StatusCode, str]],
-        admitted: bool = True,
-    ) -> Any:
-        """Run one call of ``method`` (the full name, ``/package.Service/Method``); see
-        :class:`abeja_runtime.handler.RpcRunner`."""
+    def _forwarder(self, method: str) -> Any:
+        async def forward(payload: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            return await self._forward(method, payload, context)
+
+        return forward
+
+    async def _forward(
+        self, method: str, payload: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
         received = time.time()
-        metadata = dict(context.invocation_metadata() or ())
-        request_id = str(metadata.get(REQUEST_ID_HEADER) or os.urandom(16).hex())
+        metadata = tuple(
+            (key, value)
+            for key, value in (context.invocation_metadata() or ())
+            if isinstance(value, str)
+        )
+        request_id = dict(metadata).get(REQUEST_ID_HEADER) or os.urandom(16).hex()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         token = request_id_var.set(request_id)
+        http = self._http
+        http.begin()
         try:
-            try:
-                if admitted:
-                    value = await self._lifecycle.run_call(work, is_async=is_async)
-                else:
-                    value = await work()
-            except HttpError as exc:
-                code, message, status = _status_of(exc), exc.message, exc.status
-            except asyncio.CancelledError:  # the client left, or its own deadline passed
-                self._lifecycle.account("POST", method, 499, received)
-                raise
-            except Exception as exc:
-                code, message = errors(exc)
-                status = _HTTP_STATUS.get(code, 500)
+            if not self._pool.serving:
+                code, message, status = grpc.StatusCode.UNAVAILABLE, "service unavailable", 503
             else:
-                self._lifecycle.account("POST", method, 200, received)
-                return value
-            self._lifecycle.account("POST", method, status, received)
+                call = RpcCall(self._pool.next_id(), method, payload, metadata, request_id)
+                try:
+                    answer = await http.call(PendingCall(call, None), received)
+                except HttpError as exc:
+                    code, message, status = _status_of(exc), exc.message, exc.status
+                except asyncio.CancelledError:  # the client left, or its own deadline passed
+                    http.account("POST", method, 499, received)
+                    raise
+                else:
+                    assert isinstance(answer, RpcAnswer)
+                    if answer.code == 0:
+                        http.account("POST", method, 200, received)
+                        return answer.payload
+                    code, message, status = _CODES[answer.code], answer.message, answer.http_status
+            http.account("POST", method, status, received)
         finally:
+            http.end()
             request_id_var.reset(token)
         await context.abort(code, message)
+        raise AssertionError("abort raises")  # pragma: no cover
+
+
+class _Methods(grpc.GenericRpcHandler):
+    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._handlers = handlers
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handlers.get(handler_call_details.method)  # type: ignore[attr-defined]

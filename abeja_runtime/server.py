@@ -1,15 +1,14 @@
-"""The HTTP layer: aiohttp's low-level server, health checks, and the lifecycle's exchanges.
+"""The front's HTTP: the service port, the health-check port, and their answers.
 
-This is the only module that imports aiohttp. A worker's :class:`HttpServer` answers its own
-``/health_check`` and hands every other request to the request lifecycle (``lifecycle.py``)
-as an :class:`_AiohttpExchange`, which reads the body and writes the lifecycle's replies (from
-memory, or streamed chunk by chunk). Malformed HTTP and slow request heads are answered here, in
-the same ``{"status": message}`` JSON as every other error.
-
-Two small servers run in the supervisor, not in workers, so that they answer whatever a worker
-does: :class:`ControlServer` on the health-check port (readiness, liveness, metrics), and
-:func:`answer_unavailable` (through :class:`ServiceFallback`) on the service port while no
-worker is ready.
+This module and ``rpc.py`` are the only ones that import a server library. :class:`HttpServer`
+serves the service port: ``/health_check``, then for every other path the request's checks
+(method, size, a body that makes progress), its body read whole (in memory, or spooled to a
+file above the spool threshold, which travels to the handler process as a descriptor), the
+call through the :class:`~abeja_runtime.pool.HandlerPool` within the deadline, and the answer
+written (from memory, or streamed as the handler process produces it), counted in the metrics
+and the access log before its first byte. Malformed HTTP and slow request heads are answered
+by :class:`_RequestHandler`, in the same ``{"status": message}`` JSON as every other error.
+:class:`ControlServer` serves the health-check port (readiness, liveness, metrics).
 """
 
 from __future__ import annotations
@@ -18,19 +17,36 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+import time
+from collections.abc import Callable
+from typing import IO, Any, Final
 
 from aiohttp import web, web_protocol
 
+from abeja_runtime.arms import (
+    ASYNC_ID_HEADER,
+    ASYNC_TOKEN_HEADER,
+    MAX_PENDING,
+    ResultSender,
+    async_id_problem,
+)
+from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER
 from abeja_runtime.config import Config
+from abeja_runtime.decode import BodyCounter, check_declared_length, check_method, BodyLimits
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
-from abeja_runtime.errors import BodyTimeout
+from abeja_runtime.errors import (
+    BodyTimeout,
+    HandlerTimeout,
+    HttpError,
+    ServiceBusy,
+    ServiceUnavailable,
+)
+from abeja_runtime.frames import Answer, Call, RpcAnswer
+from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-
-if TYPE_CHECKING:  # the supervisor imports this module, and needs none of the lifecycle
-    from abeja_runtime.lifecycle import Lifecycle
+from abeja_runtime.metrics import FrontMetrics
+from abeja_runtime.pool import HandlerPool, PendingCall
+from abeja_runtime.spool import Scratch, Spool
 
 __all__ = [
     "HEALTH_PATH",
@@ -38,15 +54,13 @@ __all__ = [
     "METRICS_PATH",
     "ControlServer",
     "HttpServer",
-    "ServiceFallback",
-    "answer_unavailable",
     "make_web_server",
 ]
 
 _log = logging.getLogger("abeja_runtime")
 
 HEALTH_PATH: Final = "/health_check"
-#: Liveness for kubelets: 200 while the supervisor answers at all (readiness is HEALTH_PATH).
+#: Liveness for kubelets: 200 while the front answers at all (readiness is HEALTH_PATH).
 LIVENESS_PATH: Final = "/livez"
 METRICS_PATH: Final = "/metrics"
 #: After an answer given before the body was read (a 413, a 400), how much more of the body is
@@ -54,142 +68,344 @@ METRICS_PATH: Final = "/metrics"
 #: (and, for a small rest, to keep the connection), far from a whole refused body.
 _REFUSED_BODY_READ: Final = 1024 * 1024
 _REFUSED_BODY_WAIT: Final = 1.0
-#: After the service port failed to accept (out of descriptors), when the fallback tries again.
-_ACCEPT_RETRY: Final = 1.0
 _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
+_UNAVAILABLE: Final = status_reply(503, "service unavailable")
+_JSON: Final = (("Content-Type", "application/json"),)
 
 
 def _web_response(reply: EncodedResponse) -> web.Response:
     """An in-memory reply as an aiohttp response."""
-    assert isinstance(reply.body, bytes), "streamed replies are written by _AiohttpExchange"
+    assert isinstance(reply.body, bytes), "streamed replies are written by HttpServer"
     return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
 
 
-class HttpServer:
-    """A worker's service port: its own ``/health_check``, every other path a request."""
+def _health_response(ready: bool) -> web.Response:
+    return _web_response(_HEALTHY if ready else _UNAVAILABLE)
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
-        self._lifecycle = lifecycle
+
+class _Body:
+    """A request body read whole: in memory, or a spool file (sent as its descriptor)."""
+
+    __slots__ = ("data", "file", "scratch")
+
+    def __init__(self, data: bytes | None, file: IO[bytes] | None, scratch: Scratch) -> None:
+        self.data = data
+        self.file = file
+        self.scratch = scratch
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.scratch.remove()
+
+
+class HttpServer:
+    """The service port of the front."""
+
+    def __init__(self, config: Config, pool: HandlerPool, metrics: FrontMetrics) -> None:
+        self._config = config
+        self._pool = pool
+        self._metrics = metrics
+        self._limits = BodyLimits(
+            max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
+        )
+        self._timeout = config.timeout or None
+        self._access_log = AccessLog(config.platform.log_fields())
+        #: Requests being answered (async ones until their result is sent): the drain waits.
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+        missing = ResultSender.missing(config.platform)
+        self._async_refusal = (
+            status_reply(
+                501,
+                f"async requests need {', '.join(missing)} to send their results to; set them, "
+                f"or send the request without {ASYNC_ID_HEADER}",
+            )
+            if missing
+            else None
+        )
+        self._results = ResultSender(config.platform)
+        self._async_jobs: set[asyncio.Task[None]] = set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()
 
     async def service(self, request: web.BaseRequest) -> web.StreamResponse:
-        if request.path == HEALTH_PATH:
-            return _health_response(self._lifecycle.ready)
-        exchange = _AiohttpExchange(request)
-        await self._lifecycle.serve(exchange)
-        assert exchange.response is not None, "every path of the lifecycle sends a reply"
-        return exchange.response
+        path = request.path
+        if path == HEALTH_PATH:
+            return _health_response(self._pool.serving and not self.draining)
+        if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
+            return self.metrics_response()
+        received = time.time()
+        headers = request.headers
+        request_id = headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
+        request_token = request_id_var.set(request_id)
+        requester_token = requester_id_var.set(headers.get(REQUESTER_ID_HEADER))
+        self.begin()
+        try:
+            return await self._serve(request, request_id, received)
+        finally:
+            self.end()
+            request_id_var.reset(request_token)
+            requester_id_var.reset(requester_token)
 
+    def metrics_response(self) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-class _AiohttpExchange:
-    """An aiohttp request as the lifecycle's ``Exchange``, and the response sent for it."""
+    def begin(self) -> None:
+        """A request (or gRPC call) starts: the drain waits for it."""
+        self.in_flight += 1
+        self._idle.clear()
+        self._metrics.in_flight.inc()
 
-    __slots__ = (
-        "_request",
-        "content_length",
-        "keep_alive",
-        "method",
-        "path",
-        "raw_path",
-        "raw_query",
-        "response",
-    )
+    def end(self) -> None:
+        self.in_flight -= 1
+        self._metrics.in_flight.dec()
+        if not self.in_flight:
+            self._idle.set()
 
-    def __init__(self, request: web.BaseRequest) -> None:
-        self._request = request
-        self.method = request.method
-        self.path = request.path
+    async def _serve(
+        self, request: web.BaseRequest, request_id: str, received: float
+    ) -> web.StreamResponse:
+        tag = (REQUEST_ID_HEADER, request_id)
+        try:
+            if not self._pool.serving and not self.draining:
+                raise ServiceUnavailable()
+            check_method(request.method)
+            check_declared_length(request.content_length, self._limits)
+            body = await self._read_body(request)
+        except HttpError as exc:
+            reply = self._refusal(exc).with_headers((tag,))
+            self._account(request, reply.status, received)
+            if exc.ends_connection:  # the body was not read whole
+                return await _refuse(request, reply)
+            return await self._send_reply(request, reply)
+        async_id = request.headers.get(ASYNC_ID_HEADER)
+        if async_id:
+            return await self._accept_async(request, body, async_id, tag, received)
+        pending = self._pending(request, body, request_id)
+        try:
+            answer = await self.call(pending, received)
+        except HttpError as exc:
+            reply = self._refusal(exc).with_headers((tag,))
+            self._account(request, reply.status, received)
+            return await self._send_reply(request, reply)
+        assert isinstance(answer, Answer)
+        headers = (*answer.headers, tag)
+        self._account(request, answer.status, received)
+        if not answer.streamed:
+            assert answer.body is not None
+            reply = EncodedResponse(answer.status, headers, answer.body)
+            return await self._send_reply(request, reply)
+        return await self._stream(request, pending, answer.status, headers)
+
+    def _pending(self, request: web.BaseRequest, body: _Body, request_id: str) -> PendingCall:
         url = request.rel_url
-        self.raw_path = url.raw_path
-        self.raw_query = url.raw_query_string
-        self.content_length = request.content_length
-        self.keep_alive = request.keep_alive
-        self.response: web.StreamResponse | None = None
+        fd = None if body.file is None else body.file.fileno()
+        call = Call(
+            self._pool.next_id(),
+            request.method,
+            url.raw_path,
+            url.raw_query_string,
+            tuple(request.headers.items()),
+            request_id,
+            request.headers.get(REQUESTER_ID_HEADER),
+            body.data,
+            "" if body.file is None else body.file.name,
+        )
+        return PendingCall(call, fd, body.close)
 
-    def header(self, name: str) -> str | None:
-        return self._request.headers.get(name)
+    async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
+        """The call through the pool, answered within the deadline (a timer on the answer's
+        future: no task or timeout context per request)."""
+        try:
+            self._pool.submit(pending)
+        except ServiceBusy:
+            pending.finish()
+            raise
+        timer = None
+        if self._timeout is not None:
+            left = max(0.0, received + self._timeout - time.time())
+            timer = asyncio.get_running_loop().call_later(left, self._expire, pending)
+        try:
+            return await pending.answer
+        except asyncio.CancelledError:  # the client left
+            self._pool.withdraw(pending)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
-    def headers(self) -> Iterable[tuple[str, str]]:
-        return self._request.headers.items()
+    def _expire(self, pending: PendingCall) -> None:
+        if not pending.answer.done():
+            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
+            self._pool.withdraw(pending)
 
-    def body(self) -> AsyncIterator[bytes]:
-        request = self._request
-        if not request.content.is_eof():
+    async def _read_body(self, request: web.BaseRequest) -> _Body:
+        """The whole body, counted against the limit; above the spool threshold in a file."""
+        scratch = Scratch()
+        content = request.content
+        if request.method == "GET" or content.at_eof():  # a GET's query is its body
+            return _Body(b"", None, scratch)
+        if not content.is_eof():  # still arriving
             protocol = request.protocol
             assert isinstance(protocol, _RequestHandler)
             protocol.watch_body(request)
         if request.headers.get("Expect", "").lower() == "100-continue":
-            return self._continue_then(request.content.iter_any())
-        return request.content.iter_any()
-
-    async def _continue_then(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        await self._request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        async for chunk in chunks:
-            yield chunk
-
-    async def send(self, reply: EncodedResponse, *, close: bool) -> None:
-        body = reply.body
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        counter = BodyCounter(self._limits.max_body_size)
+        spool = Spool(scratch, self._limits.spool_threshold)
         try:
-            if isinstance(body, bytes):
-                response = self.response = _web_response(reply)
-                if close:
-                    response.force_close()
-                await response.prepare(self._request)
-                await response.write_eof()
-            else:
-                await self._stream(reply, close)
-            if not close and not self._request.content.is_eof():
-                # An error answered before the body was read (a bad multipart header, say):
-                # take in a small rest so that the connection can serve the next request.
-                await self._discard_rest()
-        except ConnectionError:
-            pass  # the client went away; nothing left to tell it
-
-    async def _discard_rest(self) -> None:
-        """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
-        ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
-        # The client may stop, reset, or send a broken chunk: all mean "done" here.
-        with contextlib.suppress(
-            asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
-        ):
-            await asyncio.wait_for(_discard(self._request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
-
-    async def _stream(self, reply: EncodedResponse, close: bool) -> None:
-        chunks = reply.body
-        assert isinstance(chunks, AsyncIterator), "the lifecycle streams through the loop"
-        response = self.response = web.StreamResponse(status=reply.status, headers=reply.headers)
-        if close:
-            response.force_close()
-        response.enable_chunked_encoding()
-        await response.prepare(self._request)
-        try:
-            async for chunk in chunks:
-                await response.write(chunk)
-        except ConnectionError:
+            async for chunk in content.iter_any():
+                counter.add(chunk)
+                spool.write(chunk)
+            file = spool.finish()
+        except BaseException:
+            spool.discard()
+            scratch.remove()
             raise
-        except Exception as exc:
-            # Headers are out: the only honest signal left is to cut the chunked body short.
-            _log.error("the handler's streamed content failed after the response began: %s", exc)
-            if self._request.transport is not None:
-                self._request.transport.close()
-            return
-        await response.write_eof()
+        getvalue = getattr(file, "getvalue", None)
+        if getvalue is not None:
+            return _Body(getvalue(), None, scratch)
+        return _Body(None, file, scratch)
 
-    async def refuse(self, reply: EncodedResponse) -> None:
-        """Answer now and stop taking in a body we refused (413).
+    def _refusal(self, exc: HttpError) -> EncodedResponse:
+        if isinstance(exc, ServiceBusy):
+            self._metrics.rejected("busy")
+        elif isinstance(exc, ServiceUnavailable):
+            self._metrics.rejected("unavailable")
+        return status_reply(exc.status, exc.message, exc.headers.items())
 
-        The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for
-        at most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer
-        rather than a reset; then the connection is closed.
-        """
-        request = self._request
-        response = self.response = _web_response(reply)
-        response.force_close()
+    def _account(self, request: web.BaseRequest, status: int, received: float) -> None:
+        self.account(request.method, request.path, status, received)
+
+    def account(self, method: str, path: str, status: int, received: float) -> None:
+        """Counted before the first byte leaves, so that a client never holds an answer that a
+        scrape does not count."""
+        responded = time.time()
+        self._access_log.record(method, path, status, received, responded)
+        self._metrics.observe(status, responded - received)
+
+    async def _send_reply(self, request: web.BaseRequest, reply: EncodedResponse) -> web.StreamResponse:
+        response = _web_response(reply)
+        if self.draining:
+            response.force_close()
         with contextlib.suppress(ConnectionError):
             await response.prepare(request)
             await response.write_eof()
-            if request.content.exception() is None:  # a stalled body: nothing more to read
-                await self._discard_rest()
-        request.protocol.force_close()
+            if not self.draining and not request.content.is_eof():
+                # An answer before the body was read (a 405, a 503): take in a small rest so
+                # that the connection can serve the next request.
+                await _discard_rest(request)
+        return response
+
+    async def _stream(
+        self, request: web.BaseRequest, pending: PendingCall, status: int, headers: Any
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, headers=headers)
+        if self.draining:
+            response.force_close()
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            async for chunk in pending.stream():
+                await response.write(chunk)
+        except ConnectionError:
+            self._pool.withdraw(pending)
+            return response
+        except RuntimeError:
+            # Headers are out: the only honest signal left is to cut the chunked body short.
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        except asyncio.CancelledError:
+            self._pool.withdraw(pending)
+            raise
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    async def _accept_async(
+        self,
+        request: web.BaseRequest,
+        body: _Body,
+        async_id: str,
+        tag: tuple[str, str],
+        received: float,
+    ) -> web.StreamResponse:
+        """Answer 202 now; the call runs in a task, and its answer goes to the platform."""
+        problem = async_id_problem(async_id)
+        refusal = status_reply(400, problem) if problem else self._async_refusal
+        if refusal is None and len(self._async_jobs) >= MAX_PENDING:
+            refusal = self._refusal(ServiceBusy())
+        if refusal is not None:
+            self._account(request, refusal.status, received)
+            return await self._send_reply(request, refusal.with_headers((tag,)))
+        pending = self._pending(request, body, tag[1])
+        token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
+        self.begin()  # until the result is sent: a graceful shutdown waits for it
+        job = asyncio.create_task(self._run_async(pending, async_id, token, tag, received))
+        self._async_jobs.add(job)
+        job.add_done_callback(self._async_jobs.discard)
+        self._account(request, 202, received)
+        response = web.Response(status=202, headers=(*_JSON, tag))
+        response.force_close()
+        return response
+
+    async def _run_async(
+        self,
+        pending: PendingCall,
+        async_id: str,
+        token: str,
+        tag: tuple[str, str],
+        received: float,
+    ) -> None:
+        try:
+            try:
+                answer = await self.call(pending, received)
+            except HttpError as exc:  # a timeout or a full queue: the answer a client would get
+                reply = self._refusal(exc)
+            else:
+                assert isinstance(answer, Answer)
+                data = answer.body
+                if answer.streamed:
+                    data = b"".join([chunk async for chunk in pending.stream()])
+                assert data is not None
+                reply = EncodedResponse(answer.status, answer.headers, data)
+            await self._results.send_result(async_id, token, reply.with_headers((tag,)))
+        except Exception:
+            _log.exception("async request %s failed", async_id)
+            await self._results.send_failure(async_id, token, "response from runtime")
+        finally:
+            self.end()
+
+
+async def _discard_rest(request: web.BaseRequest) -> None:
+    """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
+    ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
+    # The client may stop, reset, or send a broken chunk: all mean "done" here.
+    with contextlib.suppress(asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError):
+        await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
+
+
+async def _refuse(request: web.BaseRequest, reply: EncodedResponse) -> web.StreamResponse:
+    """Answer now and stop taking in a body we refused (413, 408, 507).
+
+    The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for at
+    most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer rather
+    than a reset; then the connection is closed.
+    """
+    response = _web_response(reply)
+    response.force_close()
+    with contextlib.suppress(ConnectionError):
+        await response.prepare(request)
+        await response.write_eof()
+        if request.content.exception() is None:  # a stalled body: nothing more to read
+            await _discard_rest(request)
+    request.protocol.force_close()
+    return response
 
 
 async def _discard(request: web.BaseRequest, limit: int) -> None:
@@ -199,16 +415,12 @@ async def _discard(request: web.BaseRequest, limit: int) -> None:
         taken += len(chunk)
 
 
-def _health_response(ready: bool) -> web.Response:
-    return _web_response(_HEALTHY if ready else status_reply(503, "service unavailable"))
-
-
 class ControlServer:
-    """The health-check port, served by the supervisor whatever any worker does.
+    """The health-check port, served by the front whatever any handler process does.
 
     ``/health_check`` is readiness (200 while a worker is ready to take requests, 503 while none
-    is, and from the start of a shutdown), ``/livez`` is liveness (200 while the supervisor
-    answers), ``/metrics`` the Prometheus scrape of all workers.
+    is, and from the start of a shutdown), ``/livez`` is liveness (200 while the front
+    answers), ``/metrics`` the Prometheus scrape.
     """
 
     def __init__(self, is_ready: Callable[[], bool], render_metrics: Callable[[], bytes]) -> None:
@@ -232,82 +444,6 @@ class ControlServer:
                 f"{METRICS_PATH}",
             )
         )
-
-
-class ServiceFallback:
-    """The supervisor's answers on the shared service socket while no worker is ready.
-
-    It accepts on a duplicate of the socket (closing it stops only the supervisor's accepting)
-    by hand, not through ``loop.create_server``: asyncio's ``Server.close()`` called while a
-    connection it has just accepted still waits for its transport (created one loop iteration
-    later) drops that connection without closing or answering it (CPython 3.11 swallows the
-    failed ``Server._attach`` assertion), so its client waited, unanswered, for as long as it
-    was willing to. That happened when a worker became ready while a request arrived: a CLI
-    request hung after "sending request to model". Here every accepted connection is served.
-    """
-
-    def __init__(
-        self, protocol_factory: Callable[[], asyncio.Protocol], service_socket: socket.socket
-    ) -> None:
-        self._protocol_factory = protocol_factory
-        self._service_socket = service_socket
-        self._listener: socket.socket | None = None
-        #: Connections being set up (the loop keeps tasks only weakly).
-        self._connecting: set[asyncio.Task[Any]] = set()
-
-    @property
-    def active(self) -> bool:
-        return self._listener is not None
-
-    def start(self) -> None:
-        if self._listener is not None:
-            return
-        listener = socket.socket(fileno=os.dup(self._service_socket.fileno()))
-        listener.setblocking(False)
-        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, listener)
-        self._listener = listener
-
-    def stop(self) -> None:
-        """Stop accepting at once; connections already accepted are still answered."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            asyncio.get_running_loop().remove_reader(listener.fileno())
-            listener.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # e.g. out of descriptors: the connection waits in the queue
-                _log.warning("the service port could not accept a connection: %s", exc)
-                loop.remove_reader(listener.fileno())
-                loop.call_later(_ACCEPT_RETRY, self._resume, listener)
-                return
-            connection.setblocking(False)
-            task = loop.create_task(
-                loop.connect_accepted_socket(self._protocol_factory, connection)
-            )
-            self._connecting.add(task)
-            task.add_done_callback(self._connected)
-
-    def _resume(self, listener: socket.socket) -> None:
-        if self._listener is listener:
-            asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, listener)
-
-    def _connected(self, task: asyncio.Task[Any]) -> None:
-        self._connecting.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            _log.debug("a connection to the service port failed: %s", task.exception())
-
-
-async def answer_unavailable(request: web.BaseRequest) -> web.StreamResponse:
-    """The service port while no worker is ready: every request gets 503, as on the anchor."""
-    response = _web_response(status_reply(503, "service unavailable"))
-    response.force_close()
-    return response
 
 
 class _RequestHandler(web_protocol.RequestHandler):

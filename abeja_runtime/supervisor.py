@@ -1,28 +1,16 @@
-"""The main process: bind the ports, keep ``workers`` processes alive, answer for the service.
+"""The front process: the ports, the handler processes, the drain at SIGTERM.
 
-Workers share the service socket bound here; the health-check port is served here, never by a
-worker, so readiness, liveness and ``/metrics`` answer whatever one worker does. The supervisor
-is an asyncio loop that reacts to four things:
+``run(config)`` binds the service and health-check ports, starts ``workers`` handler processes
+(``pool.py``) and serves HTTP itself (``server.py``): it is the only process that speaks HTTP
+(and gRPC, ``rpc.py``), so readiness, liveness, ``/metrics``, the access log, deadlines and
+the queue answer whatever a handler does. While no handler process is ready the service port
+answers ``503``; a handler that cannot be loaded at the very first start stops the front
+(exit 1), as on the anchor.
 
-* worker messages on a pipe: ``ready``, ``load_failed``, and a ``heartbeat`` twice a second
-  with the age of the worker's oldest handler call and its open connections; a worker holding
-  well over its share of the connections (the survivor of a crash, once the replacement is
-  ready) is told to close that many after their next response, so that a crash costs the
-  clients of one worker's share, not of all the connections;
-* worker exits: a worker that dies at any time after the service was first ready is replaced,
-  with a growing back-off while replacements keep dying before they are ready; one that cannot
-  load the handler at the very first start stops the service (exit 1), as on the anchor;
-* a tick: a heartbeat silent for ``timeout + grace`` means the worker's event loop is blocked,
-  and it is killed and replaced; a handler call older than that means a stuck thread, and the
-  worker is drained and replaced; a heartbeat silent for a few seconds already takes the worker
-  out of readiness;
-* SIGTERM/SIGINT: the service port stops accepting, readiness says 503 once every worker has
-  stopped taking new connections (at most 5 s later), workers drain within the grace
-  period; a second signal kills them.
-
-While no worker is ready the supervisor itself answers the service port with 503, so a request
-never waits behind a loading worker and, once readiness says 200, no request gets 503 because
-some worker is still loading.
+SIGTERM/SIGINT: the service port stops accepting and readiness says 503 at once; requests on
+connections already open are still served, each answer with ``Connection: close``; once none
+is left (or the grace period has passed) the handler processes are told to finish, and the
+front exits. A second signal kills them at once.
 """
 
 from __future__ import annotations
@@ -30,51 +18,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
-import time
-from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime import __version__
-from abeja_runtime.config import Config, MiB
+from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.loader import install_dependencies, prepare_workdir
 from abeja_runtime.logs import configure_logging
-from abeja_runtime.metrics import SupervisorMetrics, use_directory
+from abeja_runtime.pool import HandlerPool
 
-if TYPE_CHECKING:  # imported in run(), while the first workers start
-    from abeja_runtime.server import ServiceFallback
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from abeja_runtime.rpc import RpcServer
+    from abeja_runtime.server import HttpServer
 
 __all__ = ["run"]
 
 _log = logging.getLogger("abeja_runtime")
-#: Extra seconds past the grace period before stragglers are killed at shutdown.
+#: Extra seconds past the grace period before handler processes are killed at shutdown.
 _KILL_MARGIN: Final = 5.0
 _BACKLOG: Final = 2048
-#: Heartbeats are sent every 0.5 s; a loop silent for this long is not counted as ready. Long
-#: enough for an ``async def`` handler that computes for a second without awaiting.
-_UNRESPONSIVE_AFTER: Final = 3.0
-_TICK: Final = 0.25
-#: A worker is told to shed connections only when it holds more than its fair share plus this
-#: many (or a fifth of the share, if more): small imbalances are not worth reconnecting for.
-_SHED_SLACK: Final = 1
-#: After a worker was told to shed, its counts are left alone this long while clients reconnect.
-_SHED_SETTLE: Final = 1.0
-#: At shutdown, readiness says 503 once every worker has stopped taking new connections (each
-#: tells us on its pipe), or after this long (a worker whose loop is blocked cannot say so): a
-#: client that saw 503 never gets a new connection served by a worker unaware of the shutdown.
-_STOP_ACCEPTING_WAIT: Final = 5.0
-#: Back-off before the next replacement while replacements keep dying before they are ready:
-#: the first is immediate, then 0.5 s doubling up to this.
-_MAX_BACKOFF: Final = 30.0
-#: After the system refused to start a worker process, when the supervisor tries again.
-_SPAWN_RETRY: Final = 1.0
-_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: While draining, how often a connection accepted just before the stop is looked at again.
+_FRESH_CONNECTION_POLL: Final = 0.02
 
 
 def run(config: Config) -> int:
@@ -117,8 +86,7 @@ def run(config: Config) -> int:
     )
     try:
         with tempfile.TemporaryDirectory(prefix="abeja-runtime-metrics-") as metrics_dir:
-            use_directory(metrics_dir)  # before prometheus_client is imported, here or in workers
-            return asyncio.run(_Supervisor(config, sockets).run())
+            return _run_loop(_Front(config, sockets, metrics_dir).run(), config.event_loop)
     finally:
         for sock in sockets:
             sock.close()
@@ -131,9 +99,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _run_loop(main: Any, loop: str) -> int:
+    if loop == "uvloop":
+        import uvloop
+
+        return int(uvloop.run(main))
+    return asyncio.run(main)
+
+
 def _check_free(host: str, port: int) -> None:
-    """The gRPC port is bound by each worker (gRPC takes no socket from its parent): say now,
-    not after the handler has loaded, that another program holds it."""
+    """The gRPC port is bound once the handler is loaded (its services are the style's): say
+    now, not after the handler has loaded, that another program holds it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family) as probe:
@@ -145,434 +121,160 @@ def _check_free(host: str, port: int) -> None:
         ) from None
 
 
-class _WorkerProcess:
-    """A worker process, the pipe it reports on, and what the supervisor knows of it.
-
-    A fresh interpreter (``python -m abeja_runtime.worker``), not a fork: no state of the
-    supervisor's is copied. Not ``multiprocessing`` either, whose spawn starts a resource
-    tracker process that nothing here needs. The worker inherits the service socket and its
-    end of a socket pair, on which the first message is its ``Config``.
-    """
-
-    def __init__(self, config: Config, service_socket: socket.socket) -> None:
-        ours, theirs = socket.socketpair()
-        fds = (service_socket.fileno(), theirs.fileno())
-        with theirs:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "abeja_runtime.worker", *map(str, fds)], pass_fds=fds
-            )
-        self.pipe = Connection(ours.detach())
-        # A worker killed before it read this (a kill right as it starts) is seen as dead by the
-        # exit watch and replaced like any other; raising here lost it, and its replacement.
-        with contextlib.suppress(OSError):
-            self.pipe.send(config)
-        self.pid: int = self.process.pid
-        #: Readable once the process has exited (Linux); elsewhere the tick polls for it.
-        self.exit_fd: int | None = _pidfd(self.pid)
-        self.state = "starting"  # → ready → stopping (drained, killed, or shut down)
-        self.last_beat = time.monotonic()
-        self.reported_silent = False
-        self.connections = 0  # as of the last heartbeat
-        self.shed_settles_at = 0.0
-        #: Being replaced (its replacement starts; it drains once that one is ready).
-        self.retiring = False
-        #: The worker this one replaces, until it is ready.
-        self.replaces: _WorkerProcess | None = None
-
-    def serving(self, now: float) -> bool:
-        return self.state == "ready" and now - self.last_beat < _UNRESPONSIVE_AFTER
-
-    def tell(self, message: tuple[object, ...]) -> None:
-        """A message to the worker; one whose pipe is gone is being replaced anyway."""
-        with contextlib.suppress(OSError):
-            self.pipe.send(message)
-
-    def send_signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when ``pid`` exits, where the system has them."""
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        return None
-    try:
-        fd: int = pidfd_open(pid)
-    except OSError:  # an older kernel
-        return None
-    return fd
-
-
-class _Supervisor:
-    def __init__(self, config: Config, sockets: tuple[socket.socket, socket.socket]) -> None:
+class _Front:
+    def __init__(
+        self, config: Config, sockets: tuple[socket.socket, socket.socket], metrics_dir: str
+    ) -> None:
         self._config = config
         self._service_socket, self._health_socket = sockets
-        self._workers: list[_WorkerProcess] = []
-        self._ever_ready = False
-        self._draining = False
-        #: At shutdown: the workers that may still accept, and when readiness says 503 anyway.
-        self._accepting: set[int] = set()
-        self._ready_until = 0.0
-        self._shutdown_deadline: float | None = None
+        self._metrics_dir = metrics_dir
         self._exit_code = 0
-        self._deaths_before_ready = 0
-        self._respawns: set[asyncio.TimerHandle] = set()
         self._finished = asyncio.Event()
-        self._fallback: ServiceFallback  # set in run()
+        self._draining = False
+        self._killed = False
+        self._rpc: RpcServer | None = None
+        self._http: HttpServer | None = None
+        self._service_site: web.BaseSite | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
-        for _ in range(self._config.workers):
-            self._ensure_spawn()
-        # Imported while the workers start: aiohttp takes a few hundred ms to import.
+        config = self._config
+        pool = self._pool = HandlerPool(
+            config, self._metrics_dir, self._on_pool_change, self._on_load_failed
+        )
+        pool.start()
+        # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
-        from abeja_runtime.server import (
-            ControlServer,
-            ServiceFallback,
-            answer_unavailable,
-            make_web_server,
-        )
+        from abeja_runtime.metrics import FrontMetrics
+        from abeja_runtime.server import ControlServer, HttpServer, make_web_server
 
-        # Set before the first await: from then on worker messages are handled.
-        self._metrics = SupervisorMetrics(__version__, self._config.handler, self._config.style)
-        self._fallback = ServiceFallback(
-            make_web_server(answer_unavailable, self._config), self._service_socket
+        metrics = FrontMetrics(__version__, config.handler, config.style, self._metrics_dir)
+        pool.metrics = metrics
+        http = self._http = HttpServer(config, pool, metrics)
+        control = ControlServer(self._is_ready, metrics.render)
+        service = web.ServerRunner(
+            make_web_server(http.service, config), handle_signals=False, shutdown_timeout=1
         )
-        control = ControlServer(self._is_ready, self._metrics.render)
-        runner = web.ServerRunner(
-            make_web_server(control.handle, self._config), handle_signals=False, shutdown_timeout=1
+        health = web.ServerRunner(
+            make_web_server(control.handle, config), handle_signals=False, shutdown_timeout=1
         )
-        await runner.setup()
-        await web.SockSite(runner, self._health_socket).start()
-        self._refresh()
-        ticker = asyncio.create_task(self._watch())
+        await service.setup()
+        await health.setup()
+        self._service_site = web.SockSite(service, self._service_socket)
+        await self._service_site.start()
+        await web.SockSite(health, self._health_socket).start()
         try:
             await self._finished.wait()
+            if self._draining and not self._killed:
+                self._drainer = asyncio.create_task(self._drain(service))
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._drainer
         finally:
-            ticker.cancel()
-            for worker in self._workers:
-                worker.kill()
-            self._fallback.stop()
-            await runner.cleanup()
+            pool.close()
+            await service.cleanup()
+            await health.cleanup()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
         return self._exit_code
 
-    # -- readiness ---------------------------------------------------------------------------
-
-    def _a_worker_serves(self) -> bool:
-        now = time.monotonic()
-        return not self._draining and any(worker.serving(now) for worker in self._workers)
-
     def _is_ready(self) -> bool:
-        if self._draining:
-            return bool(self._accepting) and time.monotonic() < self._ready_until
-        return not self._fallback.active and self._a_worker_serves()
+        return not self._draining and self._pool.serving
 
-    def _refresh(self) -> None:
-        """Answer the service port ourselves exactly while no worker is ready."""
-        if self._draining or self._a_worker_serves():
-            self._fallback.stop()
-        else:
-            self._fallback.start()
+    def _on_pool_change(self) -> None:
+        if self._pool.ever_ready and self._config.grpc_port is not None and self._rpc is None:
+            asyncio.create_task(self._start_rpc())
 
-    # -- workers -----------------------------------------------------------------------------
+    def _on_load_failed(self, text: str, details: str) -> None:
+        fields = {"traceback": details.rstrip()} if details else {}
+        _log.error("failed to setup model: %s", text, extra={"fields": fields})
+        self._exit_code = 1
+        self._killed = True
+        self._finished.set()
 
-    def _retire(self, worker: _WorkerProcess, reason: str, why: str) -> None:
-        """Replace a worker that reached a limit without failing a request: its replacement
-        starts now, and it drains (finishing what it has) once that one is ready."""
-        if worker.retiring or worker.state != "ready" or self._draining:
-            return
-        replacement = self._spawn()
-        if replacement is None:  # it serves on; the memory check asks again at the next tick
-            return
-        worker.retiring = True
-        replacement.replaces = worker
-        _log.info("replacing worker %s: %s", worker.pid, why)
-        self._metrics.worker_restarted(reason)
-
-    def _check_memory(self, worker: _WorkerProcess) -> None:
-        limit = self._config.max_worker_memory
-        if not limit or worker.retiring:
-            return
-        resident = _resident(worker.pid)
-        if resident is not None and resident > limit:
-            self._retire(
-                worker,
-                "memory",
-                f"it holds {resident / MiB:.0f} MiB, more than --max-worker-memory "
-                f"{limit / MiB:.0f} MiB",
-            )
-
-    def _ensure_spawn(self) -> None:
-        """Start a worker, or, when the system cannot (no process or descriptor left), try
-        again a little later: the service must not stay a worker short."""
-        if self._spawn() is None:
-            self._spawn_later(_SPAWN_RETRY)
-
-    def _spawn_later(self, delay: float) -> None:
-        handle: asyncio.TimerHandle
-
-        def spawn() -> None:
-            self._respawns.discard(handle)
-            self._ensure_spawn()
-
-        handle = asyncio.get_running_loop().call_later(delay, spawn)
-        self._respawns.add(handle)
-
-    def _spawn(self) -> _WorkerProcess | None:
-        """A new worker; ``None`` (and an error line) when the system cannot start one."""
-        try:
-            worker = _WorkerProcess(self._config, self._service_socket)
-        except OSError as exc:
-            _log.error("cannot start a worker process: %s", exc)
-            return None
-        self._workers.append(worker)
-        loop = asyncio.get_running_loop()
-        loop.add_reader(worker.pipe.fileno(), self._on_message, worker)
-        if worker.exit_fd is not None:
-            loop.add_reader(worker.exit_fd, self._on_exit, worker)
-        _log.debug("started worker %s", worker.pid)
-        return worker
-
-    def _on_message(self, worker: _WorkerProcess) -> None:
-        try:
-            message = worker.pipe.recv()
-        except (EOFError, OSError):
-            self._close_pipe(worker)
-            return
-        kind = message[0]
-        if kind == "heartbeat":
-            worker.last_beat = time.monotonic()
-            if worker.reported_silent:
-                worker.reported_silent = False
-                _log.info("worker %s answers again", worker.pid)
-            _, age, worker.connections = message
-            limit = self._config.stuck_after
-            if worker.state == "ready" and limit is not None and age is not None and age > limit:
-                self._recycle_stuck(worker)
-        elif kind == "ready":
-            worker.last_beat = time.monotonic()
-            if worker.state == "starting":
-                worker.state = "ready"
-                self._ever_ready = True
-                self._deaths_before_ready = 0
-                _log.info("worker %s is ready", worker.pid)
-            self._refresh()  # the fallback stops before the worker accepts
-            worker.tell(("accept",))
-            retired, worker.replaces = worker.replaces, None
-            if retired is not None and retired.state == "ready":
-                retired.state = "stopping"
-                retired.send_signal(signal.SIGTERM)  # it drains: nothing in flight is lost
-        if kind in ("heartbeat", "ready"):
-            self._rebalance()
-        elif kind == "draining":
-            self._accepting.discard(worker.pid)
-        elif kind == "retire":
-            self._retire(worker, "max_requests", f"it has served {message[1]} requests")
-        elif kind == "load_failed":
-            _, text, details = message
-            fields = {"traceback": details.rstrip()} if details else {}
-            if self._ever_ready:
-                _log.error("worker %s could not load the handler: %s", worker.pid, text)
-            else:
-                _log.error("failed to setup model: %s", text, extra={"fields": fields})
-                self._exit_code = 1
-                self._begin_shutdown()
-        self._refresh()
-
-    def _rebalance(self) -> None:
-        """Ask workers holding well over their share of the connections to close the excess.
-
-        Connections stay with the worker that accepted them, so after a crash every client that
-        reconnects lands on a survivor, and the next crash of that survivor would cost them all.
-        Closed after a response (``Connection: close``), a connection loses nothing; its client
-        reconnects, most likely to the idle worker, which wins the race to accept.
-        """
-        now = time.monotonic()
-        serving = [worker for worker in self._workers if worker.serving(now)]
-        if len(serving) < 2:
-            return
-        share = -(-sum(worker.connections for worker in serving) // len(serving))
-        for worker in serving:
-            excess = worker.connections - share
-            if excess > max(_SHED_SLACK, share // 5) and now >= worker.shed_settles_at:
-                worker.tell(("shed", excess))
-                worker.shed_settles_at = now + _SHED_SETTLE
-                worker.connections = share  # until its next heartbeat says otherwise
-
-    def _close_pipe(self, worker: _WorkerProcess) -> None:
-        if not worker.pipe.closed:
-            asyncio.get_running_loop().remove_reader(worker.pipe.fileno())
-            worker.pipe.close()
-
-    def _recycle_stuck(self, worker: _WorkerProcess) -> None:
+    async def _start_rpc(self) -> None:
+        """The gRPC port, once the first handler process said which methods its style has."""
         config = self._config
-        _log.error(
-            "a handler call in worker %s has been running for more than %g s (timeout %g s + "
-            "grace %g s); this worker stops taking requests and will be replaced",
-            worker.pid,
-            config.stuck_after,
-            config.timeout,
-            config.grace_period,
-        )
-        worker.state = "stopping"
-        worker.send_signal(signal.SIGTERM)  # it drains; the stuck thread dies with it
-        self._metrics.worker_restarted("stuck")
-        self._ensure_spawn()
-        _log.warning("recycling worker %s, whose handler is stuck", worker.pid)
-
-    def _on_exit(self, worker: _WorkerProcess) -> None:
-        if worker.exit_fd is not None:
-            asyncio.get_running_loop().remove_reader(worker.exit_fd)
-            os.close(worker.exit_fd)
-        code = worker.process.wait()
-        while not worker.pipe.closed and worker.pipe.poll():  # e.g. load_failed, still queued
-            self._on_message(worker)
-        self._close_pipe(worker)
-        self._workers.remove(worker)
-        self._accepting.discard(worker.pid)
-        if worker.replaces is not None:  # died before it was ready: the retiree may try again
-            worker.replaces.retiring = False
-        self._metrics.worker_gone(worker.pid)
-        if self._draining:
-            if not self._workers:
-                self._finished.set()
-            return
-        if worker.state == "starting" and not self._ever_ready:
-            _log.error(
-                "failed to setup model: the worker exited (%s) while loading the handler",
-                _describe_exit(code),
+        assert config.grpc_port is not None
+        pool = self._pool
+        if not pool.rpc_methods:
+            self._on_load_failed(
+                "--grpc-port serves KServe's Open Inference gRPC protocol, which the "
+                f"{pool.style} style does not have; serve a kserve.Model, or leave --grpc-port "
+                "(ABEJA_RUNTIME_GRPC_PORT) unset",
+                "",
             )
-            self._exit_code = 1
-            self._begin_shutdown()
             return
-        if worker.state == "stopping":  # a recycled worker's replacement exists already
-            pass
-        elif worker.retiring:  # its replacement is starting already: one more would be extra
-            _log.error(
-                "worker %s exited unexpectedly (%s); its replacement is starting already",
-                worker.pid,
-                _describe_exit(code),
-            )
-            self._metrics.worker_restarted("crashed")
-        else:
-            self._replace(worker, code)
-        self._refresh()
+        from abeja_runtime.rpc import RpcServer  # grpcio only when a gRPC port is asked for
 
-    def _replace(self, worker: _WorkerProcess, code: int | None) -> None:
-        if worker.state == "starting":
-            self._deaths_before_ready += 1
-        delay = _backoff(self._deaths_before_ready)
-        when = f" in {delay:g} s (replacements keep dying before they are ready)" if delay else ""
-        _log.error(
-            "worker %s exited unexpectedly (%s); starting a replacement%s",
-            worker.pid,
-            _describe_exit(code),
-            when,
-        )
-        self._metrics.worker_restarted("crashed")
-        if delay:
-            self._spawn_later(delay)
-        else:
-            self._ensure_spawn()
+        assert self._http is not None
+        try:
+            self._rpc = RpcServer(config, pool, self._http, pool.rpc_methods)
+            await self._rpc.start()
+        except HandlerLoadError as exc:
+            self._on_load_failed(str(exc), "")
+            return
+        _log.info("serving gRPC on %s:%d", config.host, config.grpc_port)
 
-    async def _watch(self) -> None:
-        """Judge heartbeats and the shutdown deadline from outside the workers' loops."""
-        limit = self._config.stuck_after
-        while True:
-            await asyncio.sleep(_TICK)
-            now = time.monotonic()
-            for worker in list(self._workers):
-                if worker.exit_fd is None and worker.process.poll() is not None:
-                    self._on_exit(worker)  # no pidfd on this system to tell us
-                    continue
-                if worker.state != "ready":
-                    continue
-                self._check_memory(worker)
-                silent = now - worker.last_beat
-                if limit is not None and silent > limit:
-                    _log.error(
-                        "worker %s has not answered for %.0f s (timeout + grace): its event loop "
-                        "is blocked, e.g. by an async handler that does not await; killing it",
-                        worker.pid,
-                        silent,
-                    )
-                    worker.state = "stopping"
-                    worker.kill()
-                    self._metrics.worker_restarted("blocked")
-                    self._ensure_spawn()
-                elif silent > _UNRESPONSIVE_AFTER and not worker.reported_silent:
-                    worker.reported_silent = True
-                    _log.warning(
-                        "worker %s has not answered for %.0f s; it does not count as ready "
-                        "until it does",
-                        worker.pid,
-                        silent,
-                    )
-            if self._shutdown_deadline is not None and now >= self._shutdown_deadline:
-                for worker in self._workers:
-                    _log.warning("worker %s did not stop in time; killing it", worker.pid)
-                    worker.kill()
-                self._shutdown_deadline = None
-            self._refresh()
-
-    # -- shutdown ----------------------------------------------------------------------------
+    async def _drain(self, service: web.ServerRunner) -> None:
+        """Requests on open connections are answered (with ``Connection: close``) within the
+        grace period; then the handler processes finish their calls and exit."""
+        http = self._http
+        assert http is not None
+        loop = asyncio.get_running_loop()
+        grace = self._config.grace_period
+        deadline = loop.time() + grace if grace else None
+        rpc_stopped = asyncio.ensure_future(self._rpc.stop(grace)) if self._rpc else None
+        server = service.server
+        while http.in_flight or (server is not None and _fresh(server)):
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                _log.warning(
+                    "%d request(s) still running after the %g s grace period; stopping anyway",
+                    http.in_flight,
+                    grace,
+                )
+                break
+            if http.in_flight:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(http.idle(), left)
+            else:
+                await asyncio.sleep(_FRESH_CONNECTION_POLL)
+        if rpc_stopped is not None:
+            await rpc_stopped
+        self._pool.stop()
+        try:
+            await asyncio.wait_for(self._pool.all_gone.wait(), (grace or 0) + _KILL_MARGIN)
+        except asyncio.TimeoutError:
+            for process in self._pool.processes:
+                _log.warning("worker %s did not stop in time; killing it", process.pid)
 
     def _on_signal(self, signum: int) -> None:
         if not self._draining:
             _log.info("signal %s received; shutting down gracefully", signal.Signals(signum).name)
-            self._begin_shutdown()
+            self._draining = True
+            if self._http is not None:
+                self._http.draining = True
+            self._stopping = asyncio.ensure_future(self._stop_accepting())
+            self._finished.set()
         else:
             _log.warning("second signal received; stopping at once")
-            for worker in self._workers:
-                worker.kill()
+            self._pool.kill_all()
+            self._killed = True
             self._exit_code = 1
+            if self._drainer is not None:
+                self._drainer.cancel()
 
-    def _begin_shutdown(self) -> None:
-        if self._draining:
-            return
-        self._draining = True
-        self._accepting = {worker.pid for worker in self._workers if worker.state == "ready"}
-        self._ready_until = time.monotonic() + _STOP_ACCEPTING_WAIT
-        for handle in self._respawns:
-            handle.cancel()
-        self._respawns.clear()
-        self._fallback.stop()
-        # The service port refuses connections once every worker has closed its copy too.
+    async def _stop_accepting(self) -> None:
+        """The service port refuses new connections; those open stay, and are answered."""
+        if self._service_site is not None:
+            await self._service_site.stop()
         self._service_socket.close()
-        self._shutdown_deadline = time.monotonic() + self._config.grace_period + _KILL_MARGIN
-        for worker in self._workers:
-            worker.state = "stopping"
-            worker.send_signal(signal.SIGTERM)
-        if not self._workers:
-            self._finished.set()
 
 
-def _resident(pid: int) -> int | None:
-    """A process's resident memory in bytes (Linux); ``None`` where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _backoff(deaths_before_ready: int) -> float:
-    if deaths_before_ready <= 1:
-        return 0.0
-    return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths_before_ready - 2)))
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
+def _fresh(server: Any) -> bool:
+    """Whether a connection has been accepted whose first request has not arrived yet."""
+    return any(getattr(handler, "fresh", False) for handler in server.connections)

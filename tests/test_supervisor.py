@@ -6,21 +6,15 @@ process served it; ``?exit=1`` kills that process the way a segfault would, ``?h
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import re
 import signal
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory, wait_until
-
-from abeja_runtime.config import Config
-from abeja_runtime.server import ServiceFallback, answer_unavailable, make_web_server
 
 READY = re.compile(r"worker (\d+) is ready")
 
@@ -196,69 +190,6 @@ def test_workers_exit_when_the_supervisor_is_killed(start):
     finally:
         for pid in filter(alive, workers):  # our own orphans, if the runtime left them
             os.kill(pid, signal.SIGKILL)
-
-
-def test_stopping_the_fallback_while_it_accepts_leaves_no_client_unanswered() -> None:
-    """The supervisor stops answering the service port (a worker became ready) in the very loop
-    iteration in which it accepts connections. Each client must then be answered, or still be
-    queued for a worker; asyncio's own server dropped such connections unanswered and open, and
-    a CLI request hung after "sending request to model"."""
-    answered = 0
-    for trigger_first in (True, False):  # which runs first in an iteration is the kernel's say
-        seen = _stop_fallback_while_accepting(trigger_first)
-        assert None not in seen, seen
-        assert all(head.startswith(b"HTTP/1.1 503 ") for head in seen if head), seen
-        answered += sum(1 for head in seen if head)
-    assert answered, "the fallback accepted nothing: the race did not happen"
-
-
-def _stop_fallback_while_accepting(trigger_first: bool) -> list[bytes | None]:
-    """Each client's first bytes: a 503, b"" (left queued, closed here), None (nothing)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
-    port = listener.getsockname()[1]
-    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
-    for client in clients:
-        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-
-    def heads() -> list[bytes | None]:
-        seen: list[bytes | None] = []
-        for client in clients:
-            with client:
-                try:
-                    seen.append(client.recv(100))
-                except ConnectionResetError:
-                    seen.append(b"")
-                except TimeoutError:
-                    seen.append(None)
-        return seen
-
-    async def race() -> list[bytes | None]:
-        loop = asyncio.get_running_loop()
-        fallback = ServiceFallback(make_web_server(answer_unavailable, Config()), listener)
-        stopped = loop.create_future()
-        # Another descriptor of the same socket becomes readable with the fallback's own, so
-        # this stops the fallback in the loop iteration in which it accepts.
-        trigger = socket.socket(fileno=os.dup(listener.fileno()))
-
-        def stop() -> None:
-            loop.remove_reader(trigger.fileno())
-            fallback.stop()
-            stopped.set_result(None)
-
-        if not trigger_first:
-            fallback.start()
-        loop.add_reader(trigger.fileno(), stop)
-        fallback.start()
-        await asyncio.wait_for(stopped, 5)
-        trigger.close()
-        with contextlib.suppress(BlockingIOError):
-            while True:  # what the fallback did not take, a worker would: here, closed
-                listener.accept()[0].close()
-        return await loop.run_in_executor(None, heads)  # the loop answers meanwhile
-
-    with listener:
-        return asyncio.run(race())
 
 
 def test_max_requests_replaces_the_worker_without_failing_a_request(start: ServerFactory) -> None:

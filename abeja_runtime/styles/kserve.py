@@ -40,8 +40,6 @@ from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.handler import LoadedHandler
-from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from abeja_runtime.metrics import SupervisorMetrics
 from abeja_runtime.request import Request
 from abeja_runtime.styles._common import (
     JSON,
@@ -77,6 +75,9 @@ _V2_MODEL: Final = re.compile(
 )
 _BINARY_HEADER: Final = "inference-header-content-length"
 _NOT_FOUND: Final = ({"detail": "Not Found"}, 404)
+#: KServe serves Prometheus metrics on its HTTP port: the front answers it with its own scrape
+#: (the same as ``/metrics`` on the health-check port).
+_FRONT_PATHS: Final = ("/metrics",)
 
 
 def _kserve_app(dataplane: Any) -> Any:
@@ -140,14 +141,22 @@ def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None)
     stop = model.stop if callable(getattr(model, "stop", None)) else None
     if is_async:
         return LoadedHandler(
-            server.handle, True, config.handler, style="kserve", rpc=rpc, stop=stop
+            server.handle,
+            True,
+            config.handler,
+            style="kserve",
+            rpc=rpc,
+            stop=stop,
+            front_paths=_FRONT_PATHS,
         )
 
     def handle(request: Request, context: dict[str, Any]) -> EncodedResponse:
         answer: EncodedResponse = finish_now(server.handle(request, context))
         return answer
 
-    return LoadedHandler(handle, False, config.handler, style="kserve", rpc=rpc, stop=stop)
+    return LoadedHandler(
+        handle, False, config.handler, style="kserve", rpc=rpc, stop=stop, front_paths=_FRONT_PATHS
+    )
 
 
 def _predictor_setter(predictor: Any) -> Callable[[], None]:
@@ -244,7 +253,6 @@ class _Server:
             "/v1/models": self._models,
             "/v2/models": self._models,
             "/openapi.json": self._openapi,
-            "/metrics": self._metrics,
         }
         if self._docs:
             fixed["/docs"] = self._swagger_ui
@@ -293,12 +301,6 @@ class _Server:
             oauth2_redirect_url="/docs/oauth2-redirect",
         )
         return text_result(bytes(page.body), content_type="text/html; charset=utf-8")
-
-    @staticmethod
-    async def _metrics() -> EncodedResponse:
-        """KServe serves Prometheus metrics on its HTTP port: the runtime's, of every worker
-        (the same as ``/metrics`` on the health-check port)."""
-        return text_result(SupervisorMetrics.render(), content_type=METRICS_CONTENT_TYPE)
 
     async def _live_root(self) -> EncodedResponse:
         return json_result(await self._dataplane.live())

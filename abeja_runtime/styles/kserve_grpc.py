@@ -4,9 +4,10 @@ The answers are kserve's own: its ``InferenceServicer`` checks a request, turns 
 ``InferRequest`` (typed ``contents`` or ``raw_input_contents``), runs the model through the
 same ``DataPlane`` as the REST routes, and turns the ``InferResponse`` back into a
 ``ModelInferResponse``, with the stubs generated from the protocol's ``.proto`` that ship in
-the kserve package. This module only hands each call that reaches the model to the runtime
-(``rpc.py``: admission, deadline, handler thread, access log) and says errors with the status
-codes of KServe's ``ExceptionToStatusInterceptor``.
+the kserve package. The front's gRPC server (``rpc.py``) forwards each call's method and
+message bytes to the handler process; this module parses the message, runs the servicer's
+method and serializes its answer, and says errors with the status codes of KServe's
+``ExceptionToStatusInterceptor``.
 
 Served: ``ServerLive``, ``ServerReady``, ``ServerMetadata``, ``ModelReady``,
 ``ModelMetadata``, ``ModelInfer``. The repository extension's load and unload are not served
@@ -15,83 +16,106 @@ Served: ``ServerLive``, ``ServerReady``, ``ServerMetadata``, ``ModelReady``,
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import grpc
 
-from abeja_runtime.handler import RpcRunner
+from abeja_runtime.handler import RpcResult
 from abeja_runtime.styles._common import finish_now, require
 
-__all__ = ["GrpcService"]
+__all__ = ["HTTP_STATUS", "GrpcService"]
 
 _log = logging.getLogger("abeja_runtime")
 _SERVICE: Final = "/inference.GRPCInferenceService/"
-#: Answered on the loop, as KServe does: they read the server's state, not the model's code.
-_AT_ONCE: Final = ("ServerLive", "ServerReady", "ServerMetadata")
-#: Run like a request: they may call the model's own methods (``healthy``, ``predict``, ...).
-_BY_THE_MODEL: Final = ("ModelReady", "ModelMetadata", "ModelInfer")
+_SERVED: Final = (
+    "ServerLive", "ServerReady", "ServerMetadata", "ModelReady", "ModelMetadata", "ModelInfer",
+)  # fmt: skip
+#: The HTTP status the access log and the metrics count for a gRPC status (the mapping of
+#: gRPC's own HTTP gateway, with CANCELLED as the 499 of a client that left).
+HTTP_STATUS: Final = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,  # "service busy" on the HTTP port
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
 
 
 class _Metadata:
-    """The part of a ``ServicerContext`` that kserve's servicer reads (the request headers),
-    safe to hand to a handler thread."""
+    """The part of a ``ServicerContext`` that kserve's servicer reads (the request headers)."""
 
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        self._metadata = tuple(context.invocation_metadata() or ())
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
 
     def invocation_metadata(self) -> tuple[Any, ...]:
         return self._metadata
 
 
 class GrpcService:
-    """Registers the V2 inference service on the worker's gRPC server."""
+    """The V2 inference service's methods, called with the client's message bytes."""
 
     def __init__(
         self, dataplane: Any, repository: Any, *, is_async: bool, enter: Callable[[], None]
     ) -> None:
         servicer_module = require("kserve.protocol.grpc.servicer", "kserve")
         extension = require("kserve.protocol.model_repository_extension", "kserve")
+        messages = require("kserve.protocol.grpc.grpc_predict_v2_pb2", "kserve")
         self._errors = require("kserve.errors", "kserve")
-        self._inner = servicer_module.InferenceServicer(
+        inner = servicer_module.InferenceServicer(
             dataplane, extension.ModelRepositoryExtension(model_registry=repository)
         )
-        self._is_async = is_async
-        self._enter = enter  # run first in each call's context (a transformer's predictor)
+        self._methods = {
+            _SERVICE + name: (getattr(messages, f"{name}Request"), getattr(inner, name))
+            for name in _SERVED
+        }
+        self.methods = tuple(self._methods)
+        self.is_async = is_async
+        self._enter = enter  # run first in each call (a transformer's predictor)
 
-    def register(self, server: Any, run: RpcRunner) -> None:
-        stubs = require("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc", "kserve")
-        inner, errors = self._inner, self.status
+    def call(
+        self, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]
+    ) -> RpcResult | Awaitable[RpcResult]:
+        request_type, run = self._methods[method]
+        try:
+            request = request_type.FromString(payload)
+        except Exception as exc:  # protobuf's DecodeError
+            return self._refused(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {exc}")
+        if self.is_async:
+            return self._call_async(run, request, metadata)
+        try:
+            self._enter()
+            response = finish_now(run(request, _Metadata(metadata)))
+        except Exception as exc:
+            return self._failed(exc)
+        return _ok(response)
 
-        def answered_at_once(name: str) -> Any:
-            async def method(request: Any, context: Any) -> Any:
-                work = functools.partial(getattr(inner, name), request, context)
-                return await run(
-                    context, _SERVICE + name, work, is_async=True, errors=errors, admitted=False
-                )
+    async def _call_async(
+        self, run: Any, request: Any, metadata: tuple[tuple[str, str], ...]
+    ) -> RpcResult:
+        try:
+            self._enter()
+            response = await run(request, _Metadata(metadata))
+        except Exception as exc:
+            return self._failed(exc)
+        return _ok(response)
 
-            return method
+    def _failed(self, exc: Exception) -> RpcResult:
+        code, message = self.status(exc)
+        return self._refused(code, message)
 
-        def answered_by_the_model(name: str) -> Any:
-            async def method(request: Any, context: Any) -> Any:
-                work = functools.partial(
-                    _entered, self._enter, getattr(inner, name), request, _Metadata(context)
-                )
-                if not self._is_async:  # kserve's coroutine never waits: run it on the thread
-                    work = functools.partial(_finish_now, work)
-                return await run(
-                    context, _SERVICE + name, work, is_async=self._is_async, errors=errors
-                )
-
-            return method
-
-        methods = {name: staticmethod(answered_at_once(name)) for name in _AT_ONCE}
-        methods.update({name: staticmethod(answered_by_the_model(name)) for name in _BY_THE_MODEL})
-        # Methods not listed answer UNIMPLEMENTED, as the generated base class does.
-        servicer = type("Servicer", (stubs.GRPCInferenceServiceServicer,), methods)
-        stubs.add_GRPCInferenceServiceServicer_to_server(servicer(), server)
+    @staticmethod
+    def _refused(code: grpc.StatusCode, message: str) -> RpcResult:
+        return code.value[0], b"", message, HTTP_STATUS.get(code, 500)
 
     def status(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
         """KServe's ExceptionToStatusInterceptor: the same codes and messages."""
@@ -119,10 +143,5 @@ class GrpcService:
         return code, str(getattr(exc, "reason", None) or exc)
 
 
-def _finish_now(work: Any) -> Any:
-    return finish_now(work())
-
-
-def _entered(enter: Callable[[], None], method: Any, *args: Any) -> Any:
-    enter()
-    return method(*args)
+def _ok(response: Any) -> RpcResult:
+    return grpc.StatusCode.OK.value[0], response.SerializeToString(), "", 200

@@ -1,0 +1,245 @@
+"""The frames between the front and its handler processes, and how they travel (version 1).
+
+The front (``supervisor.py``, ``server.py``) speaks HTTP and gRPC; a handler process
+(``worker.py``) only runs the handler. They talk over one Unix stream socket pair per handler
+process, in frames::
+
+    length (4 bytes, big endian) | kind (1 byte) | has_fd (1 byte) | payload (length bytes)
+
+The payload is the frame's fields as a pickled tuple (both ends are this package, over a
+private socket; a tuple pickles in well under a microsecond, a dataclass in several). A frame
+may carry one file descriptor (``SCM_RIGHTS``, on its first byte): a request body above the
+spool threshold travels as the front's spool file, an answer body above it as a memfd, never
+byte by byte through the socket.
+
+The conversation: the front sends :class:`Start`; the handler process loads the handler and
+answers :class:`Ready` or :class:`LoadFailed`. Then the front sends :class:`Call` and
+:class:`RpcCall` frames, each with an id; the handler process answers each with :class:`Answer`
+(followed, for a streamed body, by :class:`Chunk` frames and an :class:`End`) or
+:class:`RpcAnswer`, and writes each answer **before** it reads the next request, so that a
+crash can lose only the calls that were running. A closed socket tells either side that the
+other is gone: the handler process finishes (the handler's teardown runs), the front fails the
+calls that were running and sends the others to another process.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections import deque
+from typing import Any, Final, NamedTuple
+
+__all__ = [
+    "VERSION",
+    "Answer",
+    "BlockingChannel",
+    "Call",
+    "Chunk",
+    "End",
+    "Frame",
+    "FrameDecoder",
+    "LoadFailed",
+    "Ready",
+    "RpcAnswer",
+    "RpcCall",
+    "Start",
+    "encode_frame",
+]
+
+VERSION: Final = 1
+_HEAD: Final = struct.Struct("!IBB")
+#: How much one read asks for: a few small requests at once, or a big piece of one.
+READ_SIZE: Final = 256 * 1024
+_FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * 8)
+
+
+class Start(NamedTuple):
+    """Front → handler process, first: the settings (a :class:`~abeja_runtime.config.Config`)."""
+
+    version: int
+    config: Any
+
+
+class Ready(NamedTuple):
+    """Handler process → front: the handler is loaded; requests may come."""
+
+    version: int
+    style: str
+    #: Paths of the service port that the front answers itself for this style (KServe's
+    #: ``/metrics``).
+    front_paths: tuple[str, ...]
+    #: gRPC methods the style serves (full names); empty when it has no gRPC protocol.
+    rpc_methods: tuple[str, ...]
+
+
+class LoadFailed(NamedTuple):
+    """Handler process → front: the handler could not be loaded; the process exits."""
+
+    text: str
+    details: str
+
+
+class Call(NamedTuple):
+    """Front → handler process: one HTTP request, its body read whole by the front.
+
+    ``body`` is the body itself, or ``None`` when it travels as the frame's descriptor (a spool
+    file, whose name ``spool_path`` gives the handler's file object).
+    """
+
+    id: int
+    method: str
+    raw_path: str
+    raw_query: str
+    headers: tuple[tuple[str, str], ...]
+    request_id: str
+    requester_id: str | None
+    body: bytes | None
+    spool_path: str
+
+
+class RpcCall(NamedTuple):
+    """Front → handler process: one unary gRPC call, its message as the client's bytes."""
+
+    id: int
+    method: str
+    payload: bytes
+    metadata: tuple[tuple[str, str], ...]
+    request_id: str
+
+
+class Answer(NamedTuple):
+    """Handler process → front: the answer to :class:`Call` ``id``.
+
+    ``body`` is the body, or ``None`` when it travels as the frame's descriptor (a memfd) or,
+    with ``streamed``, as the :class:`Chunk` frames that follow until :class:`End`.
+    """
+
+    id: int
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+    streamed: bool
+
+
+class Chunk(NamedTuple):
+    id: int
+    data: bytes
+
+
+class End(NamedTuple):
+    """The end of a streamed body; ``failed`` when the handler's generator raised."""
+
+    id: int
+    failed: bool
+
+
+class RpcAnswer(NamedTuple):
+    """Handler process → front: the answer to :class:`RpcCall` ``id``: ``code`` 0 (OK) and the
+    response message's bytes, or a gRPC status code's value and its message."""
+
+    id: int
+    code: int
+    payload: bytes
+    message: str
+    #: The HTTP status the access log and the metrics count for it.
+    http_status: int
+
+
+Frame = Start | Ready | LoadFailed | Call | RpcCall | Answer | Chunk | End | RpcAnswer
+_KINDS: Final[tuple[type[Any], ...]] = (
+    Start, Ready, LoadFailed, Call, RpcCall, Answer, Chunk, End, RpcAnswer,
+)  # fmt: skip
+_KIND_OF: Final = {kind: index for index, kind in enumerate(_KINDS)}
+
+
+def encode_frame(frame: Frame, *, has_fd: bool = False) -> bytes:
+    payload = pickle.dumps(tuple(frame), pickle.HIGHEST_PROTOCOL)
+    return _HEAD.pack(len(payload), _KIND_OF[type(frame)], has_fd) + payload
+
+
+class FrameDecoder:
+    """Bytes and descriptors in, frames out, whatever pieces they arrive in."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._fds: deque[int] = deque()
+
+    def feed(self, data: bytes, fds: list[int]) -> list[tuple[Frame, int | None]]:
+        """The frames completed by ``data``, each with its descriptor (or None)."""
+        self._fds.extend(fds)
+        buffer = self._buffer
+        buffer += data
+        frames: list[tuple[Frame, int | None]] = []
+        start = 0
+        end = len(buffer)
+        while end - start >= _HEAD.size:
+            length, kind, has_fd = _HEAD.unpack_from(buffer, start)
+            stop = start + _HEAD.size + length
+            if stop > end:
+                break
+            fields = pickle.loads(memoryview(buffer)[start + _HEAD.size : stop])
+            fd = self._fds.popleft() if has_fd else None
+            frames.append((_KINDS[kind]._make(fields), fd))
+            start = stop
+        if start:
+            del buffer[:start]
+        return frames
+
+    def close(self) -> None:
+        """Close descriptors that arrived for frames never completed."""
+        while self._fds:
+            with contextlib.suppress(OSError):
+                os.close(self._fds.popleft())
+
+
+def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One read: the bytes and any descriptors that came with them (``b""``: closed)."""
+    data, ancillary, _, _ = sock.recvmsg(READ_SIZE, _FD_SPACE)
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds.extend(received)
+    return data, fds
+
+
+class BlockingChannel:
+    """The handler process's end: blocking reads of whole frames, writes with descriptors."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._decoder = FrameDecoder()
+        self._ready: deque[tuple[Frame, int | None]] = deque()
+        self._write_lock = threading.Lock()  # handler threads answer on their own
+
+    def read(self) -> tuple[Frame, int | None] | None:
+        """The next frame and its descriptor; ``None`` once the front has closed the socket."""
+        while not self._ready:
+            try:
+                data, fds = receive(self._sock)
+            except ConnectionError:
+                data, fds = b"", []
+            if not data:
+                return None
+            self._ready.extend(self._decoder.feed(data, fds))
+        return self._ready.popleft()
+
+    def write(self, frame: Frame, fd: int | None = None) -> None:
+        data = encode_frame(frame, has_fd=fd is not None)
+        with self._write_lock:
+            if fd is None:
+                self._sock.sendall(data)
+                return
+            sent = self._sock.sendmsg([data], [_rights(fd)])
+            if sent < len(data):
+                self._sock.sendall(data[sent:])
+
+
+def _rights(fd: int) -> tuple[int, int, bytes]:
+    return (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())

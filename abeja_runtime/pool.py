@@ -1,0 +1,680 @@
+"""The front's handler processes, and the one queue in front of them.
+
+Every call (an HTTP request's, a gRPC call's) is a :class:`PendingCall` submitted to the
+:class:`HandlerPool`. It goes at once to a ready handler process with a free slot, or waits in
+the one queue that all processes take from, so that no call waits behind a slow one while
+another process is idle; admission bounds the calls in the pool (``503 service busy`` beyond).
+A process has ``concurrency`` slots plus :data:`PIPELINE`: with one more call already in its
+socket, a ``def`` handler starts its next call without waiting for the front.
+
+A process that exits fails only the calls it was running (the first ``concurrency`` of those it
+was sent and had not answered, in order: a process takes calls in the order they came); the
+others go back to the head of the queue. The pool replaces a process that died (with a
+growing back-off while replacements die before they are ready), one whose oldest call is
+older than ``timeout + grace`` (it is killed: the call was answered 504 long ago), and, without
+failing a call, one that has served ``--max-requests`` or holds more than
+``--max-worker-memory``: its replacement starts first, and it stops once that one is ready and
+its own calls are answered.
+
+Processes are fresh interpreters (``python -m abeja_runtime.worker FD``), never forks: no state
+of the front is copied into them, and they do not import aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from abeja_runtime.config import Config, MiB
+from abeja_runtime.errors import HttpError, ServiceBusy
+from abeja_runtime.frames import (
+    VERSION,
+    Answer,
+    Call,
+    Chunk,
+    End,
+    Frame,
+    FrameDecoder,
+    LoadFailed,
+    Ready,
+    RpcAnswer,
+    RpcCall,
+    Start,
+    encode_frame,
+    receive,
+)
+from abeja_runtime.metrics import FrontMetrics, handler_environment
+
+__all__ = ["PIPELINE", "HandlerPool", "PendingCall", "WorkerCrashed"]
+
+_log = logging.getLogger("abeja_runtime")
+#: Calls a process may hold beyond its concurrency, waiting in its socket.
+PIPELINE: Final = 1
+_TICK: Final = 0.25
+#: Back-off before the next replacement while replacements keep dying before they are ready.
+_MAX_BACKOFF: Final = 30.0
+_SPAWN_RETRY: Final = 1.0
+#: A streamed answer may run this many chunks ahead of its client before the front stops
+#: reading from the process that produces it.
+_STREAM_AHEAD: Final = 8
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_STREAM_FAILED: Final = object()
+
+
+class WorkerCrashed(HttpError):
+    status = 502
+
+    def __init__(self, how: str) -> None:
+        super().__init__(
+            f"the worker process running this request exited ({how}); it is being replaced: "
+            "try again"
+        )
+
+
+class PendingCall:
+    """One call on its way: the frame to send, its answer when it comes, its streamed chunks."""
+
+    __slots__ = ("abandoned", "answer", "chunks", "fd", "frame", "process", "sent_at", "_cleanup")
+
+    def __init__(
+        self, frame: Call | RpcCall, fd: int | None, cleanup: Callable[[], None] | None = None
+    ) -> None:
+        self.frame = frame
+        self.fd = fd  # sent with the frame (the spool file)
+        #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
+        self._cleanup = cleanup
+        self.answer: asyncio.Future[Answer | RpcAnswer] = asyncio.get_running_loop().create_future()
+        self.answer.add_done_callback(_retrieve)
+        self.chunks: asyncio.Queue[Any] | None = None
+        self.abandoned = False
+        self.process: _Process | None = None
+        self.sent_at = 0.0
+
+    async def stream(self) -> Any:
+        """The streamed body's chunks as they come (an async iterator); raises
+        ``RuntimeError`` where the handler's generator failed or its process died."""
+        chunks = self.chunks
+        assert chunks is not None
+        while (item := await chunks.get()) is not None:
+            if item is _STREAM_FAILED:
+                raise RuntimeError("the streamed answer was cut short")
+            process = self.process
+            if process is not None and chunks.qsize() < 2:
+                process.resume()
+            yield item
+
+    def finish(self) -> None:
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup()
+
+    def abandon(self) -> None:
+        """Nobody waits for the answer any more (timeout, client gone): drop it when it comes."""
+        self.abandoned = True
+        if self.process is not None:
+            self.process.resume()
+
+
+class _Process:
+    """One handler process: its socket, the calls it was sent, its state."""
+
+    def __init__(self, config: Config, environment: dict[str, str], pool: HandlerPool) -> None:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "abeja_runtime.worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=environment,
+            )
+        self.pid = self.popen.pid
+        self._pool = pool
+        self._sock = ours
+        ours.setblocking(False)
+        self._decoder = FrameDecoder()
+        self._out: deque[tuple[memoryview, int | None]] = deque()
+        self._loop = asyncio.get_running_loop()
+        self.state = "starting"  # → ready → stopping
+        #: Calls sent and not answered, in the order they were sent.
+        self.sent: dict[int, PendingCall] = {}
+        self.answered = 0
+        self.request_limit: int | None = None
+        self.retiring = False
+        self.replaces: _Process | None = None
+        self.style = ""
+        self.front_paths: tuple[str, ...] = ()
+        self.rpc_methods: tuple[str, ...] = ()
+        self._reading = True
+        self.exit_fd = _pidfd(self.pid)
+        self._loop.add_reader(ours.fileno(), self._readable)
+        self.send(Start(VERSION, config))
+
+    # -- the socket ---------------------------------------------------------------------------
+
+    def send(self, frame: Frame, fd: int | None = None) -> None:
+        data = memoryview(encode_frame(frame, has_fd=fd is not None))
+        if self._out:
+            self._out.append((data, fd if fd is None else os.dup(fd)))
+            return
+        try:
+            sent = self._write(data, fd)
+        except (BlockingIOError, InterruptedError):
+            sent = -1
+        except OSError:  # the process is gone; its exit is handled on its own
+            return
+        if sent < 0:
+            self._out.append((data, fd if fd is None else os.dup(fd)))
+        elif sent < len(data):
+            self._out.append((data[sent:], None))
+        else:
+            return
+        self._loop.add_writer(self._sock.fileno(), self._writable)
+
+    def _write(self, data: memoryview, fd: int | None) -> int:
+        if fd is None:
+            return self._sock.send(data)
+        rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder, signed=True))
+        return self._sock.sendmsg([data], [rights])
+
+    def _writable(self) -> None:
+        while self._out:
+            data, fd = self._out[0]
+            try:
+                sent = self._write(data, fd)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                sent = len(data)
+                self._out.clear()
+                break
+            if fd is not None:
+                os.close(fd)
+            if sent < len(data):
+                self._out[0] = (data[sent:], None)
+                return
+            self._out.popleft()
+        self._loop.remove_writer(self._sock.fileno())
+
+    def _readable(self) -> None:
+        while True:
+            try:
+                data, fds = receive(self._sock)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self.close_socket()
+                return
+            for frame, fd in self._decoder.feed(data, fds):
+                self._pool.received(self, frame, fd)
+
+    def pause(self) -> None:
+        if self._reading and self._sock.fileno() >= 0:
+            self._reading = False
+            self._loop.remove_reader(self._sock.fileno())
+
+    def resume(self) -> None:
+        if not self._reading and self._sock.fileno() >= 0:
+            self._reading = True
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def close_socket(self) -> None:
+        """Tells the process to finish (it reads the end of its input), or forgets a dead one."""
+        if self._sock.fileno() < 0:
+            return
+        if self._reading:
+            self._loop.remove_reader(self._sock.fileno())
+        if self._out:
+            self._loop.remove_writer(self._sock.fileno())
+        for _, fd in self._out:
+            if fd is not None:
+                os.close(fd)
+        self._out.clear()
+        self._sock.close()
+        self._decoder.close()
+
+    # -- the process --------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        return self.state == "ready" and not self.retiring
+
+    def signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def oldest_call_age(self, now: float) -> float | None:
+        for pending in self.sent.values():
+            return now - pending.sent_at
+        return None
+
+
+class HandlerPool:
+    """``config.workers`` handler processes behind one queue."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics_dir: str,
+        on_change: Callable[[], None],
+        on_load_failed: Callable[[str, str], None],
+    ) -> None:
+        self._config = config
+        self._environment = handler_environment(metrics_dir)
+        self._on_change = on_change
+        self._on_load_failed = on_load_failed
+        self.metrics: FrontMetrics | None = None
+        self.processes: list[_Process] = []
+        self._queue: deque[PendingCall] = deque()
+        self._queued = 0  # as the gauge says
+        #: Calls admitted and not finished (queued, sent, or running past their deadline).
+        self.admitted = 0
+        self._capacity = config.workers * (config.concurrency + config.max_queue)
+        self._ids = itertools.count(1)
+        self.ever_ready = False
+        self.stopping = False
+        self._deaths_before_ready = 0
+        self._respawns: set[asyncio.TimerHandle] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self.all_gone = asyncio.Event()
+        #: What the first ready process said about its style.
+        self.style = ""
+        self.front_paths: tuple[str, ...] = ()
+        self.rpc_methods: tuple[str, ...] = ()
+
+    def start(self) -> None:
+        for _ in range(self._config.workers):
+            self._ensure_spawn()
+        self._ticker = asyncio.create_task(self._watch())
+
+    @property
+    def serving(self) -> bool:
+        return not self.stopping and any(p.state == "ready" for p in self.processes)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    # -- calls --------------------------------------------------------------------------------
+
+    def submit(self, pending: PendingCall) -> None:
+        """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full."""
+        if self.admitted >= self._capacity:
+            raise ServiceBusy()
+        self.admitted += 1
+        process = self._free_process()
+        if process is None:
+            self._queue.append(pending)
+        else:
+            self._send(process, pending)
+        self._sample()
+
+    def withdraw(self, pending: PendingCall) -> None:
+        """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
+        answer is dropped when it comes."""
+        pending.abandon()
+        if pending.process is None:
+            with contextlib.suppress(ValueError):
+                self._queue.remove(pending)
+                self.admitted -= 1
+                pending.finish()
+                self._sample()
+
+    def _free_process(self) -> _Process | None:
+        best: _Process | None = None
+        room = self._config.concurrency + PIPELINE
+        for process in self.processes:
+            if process.serving and len(process.sent) < room:
+                if best is None or len(process.sent) < len(best.sent):
+                    best = process
+                    if not process.sent:
+                        break
+        return best
+
+    def _send(self, process: _Process, pending: PendingCall) -> None:
+        pending.process = process
+        pending.sent_at = time.monotonic()
+        process.sent[pending.frame.id] = pending
+        process.send(pending.frame, pending.fd)
+
+    def _dispatch(self) -> None:
+        while self._queue:
+            process = self._free_process()
+            if process is None:
+                return
+            self._send(process, self._queue.popleft())
+        self._sample()
+
+    def _sample(self) -> None:
+        queued = len(self._queue)
+        if queued != self._queued and self.metrics is not None:
+            self._queued = queued
+            self.metrics.queued.set(queued)
+
+    def received(self, process: _Process, frame: Frame, fd: int | None) -> None:
+        """A frame from ``process``."""
+        if isinstance(frame, Answer | RpcAnswer):
+            pending = process.sent.get(frame.id)
+            if pending is None or pending.abandoned or pending.answer.done():
+                if fd is not None:
+                    os.close(fd)
+                if pending is not None and not (isinstance(frame, Answer) and frame.streamed):
+                    self._finished(process, pending)
+                elif pending is not None:
+                    pending.chunks = None  # chunks until End are dropped
+                return
+            if isinstance(frame, Answer) and frame.streamed:
+                pending.chunks = asyncio.Queue()
+                pending.answer.set_result(frame)
+                return
+            if fd is not None:
+                frame = frame._replace(body=_read_all(fd))  # type: ignore[union-attr]
+            pending.answer.set_result(frame)
+            self._finished(process, pending)
+        elif isinstance(frame, Chunk):
+            pending = process.sent.get(frame.id)
+            if pending is not None and pending.chunks is not None and not pending.abandoned:
+                pending.chunks.put_nowait(frame.data)
+                if pending.chunks.qsize() >= _STREAM_AHEAD:
+                    process.pause()
+        elif isinstance(frame, End):
+            pending = process.sent.get(frame.id)
+            if pending is not None:
+                if pending.chunks is not None:
+                    pending.chunks.put_nowait(_STREAM_FAILED if frame.failed else None)
+                self._finished(process, pending)
+        elif isinstance(frame, Ready):
+            self._ready(process, frame)
+        elif isinstance(frame, LoadFailed):
+            if self.ever_ready:
+                _log.error("worker %s could not load the handler: %s", process.pid, frame.text)
+            else:
+                self._on_load_failed(frame.text, frame.details)
+
+    def _finished(self, process: _Process, pending: PendingCall) -> None:
+        del process.sent[pending.frame.id]
+        pending.finish()
+        self.admitted -= 1
+        process.answered += 1
+        if process.answered == process.request_limit:
+            self._retire(process, "max_requests", f"it has served {process.answered} requests")
+        if process.state == "stopping" and not process.sent:
+            process.close_socket()
+        self._dispatch()
+
+    def _ready(self, process: _Process, ready: Ready) -> None:
+        if process.state != "starting":
+            return
+        process.state = "ready"
+        process.style, process.front_paths, process.rpc_methods = (
+            ready.style,
+            ready.front_paths,
+            ready.rpc_methods,
+        )
+        if not self.ever_ready:
+            self.style, self.front_paths, self.rpc_methods = process.style, ready.front_paths, ready.rpc_methods
+        self.ever_ready = True
+        self._deaths_before_ready = 0
+        if self._config.max_requests:  # a little more for some, so that processes retire apart
+            limit = self._config.max_requests
+            process.request_limit = limit + random.randint(0, limit // 10)
+        _log.info("worker %s is ready", process.pid)
+        retired, process.replaces = process.replaces, None
+        if retired is not None and retired.state == "ready":
+            self._stop(retired)
+        self._dispatch()
+        self._on_change()
+
+    # -- process lifecycle --------------------------------------------------------------------
+
+    def _ensure_spawn(self) -> None:
+        if self._spawn() is None:
+            self._spawn_later(_SPAWN_RETRY)
+
+    def _spawn_later(self, delay: float) -> None:
+        handle: asyncio.TimerHandle
+
+        def spawn() -> None:
+            self._respawns.discard(handle)
+            if not self.stopping:
+                self._ensure_spawn()
+
+        handle = asyncio.get_running_loop().call_later(delay, spawn)
+        self._respawns.add(handle)
+
+    def _spawn(self) -> _Process | None:
+        try:
+            process = _Process(self._config, self._environment, self)
+        except OSError as exc:
+            _log.error("cannot start a worker process: %s", exc)
+            return None
+        self.processes.append(process)
+        if process.exit_fd is not None:
+            asyncio.get_running_loop().add_reader(process.exit_fd, self._exited, process)
+        _log.debug("started worker %s", process.pid)
+        return process
+
+    def _stop(self, process: _Process) -> None:
+        """No more calls for ``process``; it finishes once the ones it has are answered."""
+        process.state = "stopping"
+        if not process.sent:
+            process.close_socket()
+        self._on_change()
+
+    def _retire(self, process: _Process, reason: str, why: str) -> None:
+        """Replace a process that reached a limit without failing a call."""
+        if process.retiring or process.state != "ready" or self.stopping:
+            return
+        replacement = self._spawn()
+        if replacement is None:
+            return
+        process.retiring = True
+        replacement.replaces = process
+        _log.info("replacing worker %s: %s", process.pid, why)
+        self._count_restart(reason)
+        self._dispatch()
+
+    def _count_restart(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.worker_restarted(reason)
+
+    def _exited(self, process: _Process) -> None:
+        if process.exit_fd is not None:
+            asyncio.get_running_loop().remove_reader(process.exit_fd)
+            os.close(process.exit_fd)
+            process.exit_fd = None
+        code = process.popen.wait()
+        with contextlib.suppress(OSError):  # frames it wrote before it exited (an answer, load_failed)
+            process._readable()
+        process.close_socket()
+        self.processes.remove(process)
+        if self.metrics is not None:
+            self.metrics.worker_gone(process.pid)
+        if process.replaces is not None:  # died before it was ready: the retiree may try again
+            process.replaces.retiring = False
+        how = _describe_exit(code)
+        self._fail_or_requeue(process, how)
+        if self.stopping:
+            if not self.processes:
+                self.all_gone.set()
+            self._on_change()
+            return
+        if process.state == "starting" and not self.ever_ready:
+            self._on_load_failed(f"the worker exited ({how}) while loading the handler", "")
+            return
+        if process.state == "stopping" and process.popen.returncode == 0:
+            pass  # retired or recycled: its replacement exists already
+        elif process.state == "stopping":
+            pass  # killed as stuck: replaced when it was recycled
+        elif process.retiring:
+            _log.error(
+                "worker %s exited unexpectedly (%s); its replacement is starting already",
+                process.pid,
+                how,
+            )
+            self._count_restart("crashed")
+        else:
+            self._replace(process, how)
+        self._dispatch()
+        self._on_change()
+
+    def _fail_or_requeue(self, process: _Process, how: str) -> None:
+        """The calls that were running fail; the ones that had not started go to the queue."""
+        running = self._config.concurrency
+        requeue: list[PendingCall] = []
+        for index, pending in enumerate(process.sent.values()):
+            if index < running or pending.answer.done() or pending.abandoned:
+                self.admitted -= 1
+                pending.finish()
+                if not pending.answer.done():
+                    pending.answer.set_exception(WorkerCrashed(how))
+                elif pending.chunks is not None:
+                    pending.chunks.put_nowait(_STREAM_FAILED)
+            else:
+                pending.process = None
+                requeue.append(pending)
+        process.sent.clear()
+        self._queue.extendleft(reversed(requeue))
+
+    def _replace(self, process: _Process, how: str) -> None:
+        if process.state == "starting":
+            self._deaths_before_ready += 1
+        delay = _backoff(self._deaths_before_ready)
+        when = f" in {delay:g} s (replacements keep dying before they are ready)" if delay else ""
+        _log.error(
+            "worker %s exited unexpectedly (%s); starting a replacement%s", process.pid, how, when
+        )
+        self._count_restart("crashed")
+        if delay:
+            self._spawn_later(delay)
+        else:
+            self._ensure_spawn()
+
+    async def _watch(self) -> None:
+        """Judge calls that outlive timeout + grace, memory limits, and exits without pidfd."""
+        limit = self._config.stuck_after
+        while True:
+            await asyncio.sleep(_TICK)
+            now = time.monotonic()
+            for process in list(self.processes):
+                if process.exit_fd is None and process.popen.poll() is not None:
+                    self._exited(process)
+                    continue
+                if process.state != "ready":
+                    continue
+                age = process.oldest_call_age(now)
+                if limit is not None and age is not None and age > limit:
+                    self._recycle_stuck(process)
+                else:
+                    self._check_memory(process)
+
+    def _recycle_stuck(self, process: _Process) -> None:
+        config = self._config
+        _log.error(
+            "a handler call in worker %s has been running for more than %g s (timeout %g s + "
+            "grace %g s); this worker is killed and replaced",
+            process.pid,
+            config.stuck_after,
+            config.timeout,
+            config.grace_period,
+        )
+        _log.warning("recycling worker %s, whose handler is stuck", process.pid)
+        process.state = "stopping"
+        process.kill()
+        self._count_restart("stuck")
+        if not self.stopping:
+            self._ensure_spawn()
+
+    def _check_memory(self, process: _Process) -> None:
+        limit = self._config.max_worker_memory
+        if not limit or process.retiring:
+            return
+        resident = _resident(process.pid)
+        if resident is not None and resident > limit:
+            self._retire(
+                process,
+                "memory",
+                f"it holds {resident / MiB:.0f} MiB, more than --max-worker-memory "
+                f"{limit / MiB:.0f} MiB",
+            )
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """No new calls; each process finishes once its calls are answered."""
+        self.stopping = True
+        for handle in self._respawns:
+            handle.cancel()
+        self._respawns.clear()
+        for process in self.processes:
+            process.state = "stopping"
+            if not process.sent:
+                process.close_socket()
+        if not self.processes:
+            self.all_gone.set()
+
+    def kill_all(self) -> None:
+        for process in self.processes:
+            process.kill()
+
+    def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self.kill_all()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """An answer nobody awaits any more (a crash after the deadline) is no "never retrieved"."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as file:
+        return file.read()
+
+
+def _pidfd(pid: int) -> int | None:
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:
+        return None
+    return fd
+
+
+def _resident(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _backoff(deaths_before_ready: int) -> float:
+    if deaths_before_ready <= 1:
+        return 0.0
+    return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths_before_ready - 2)))
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
