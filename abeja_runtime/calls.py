@@ -26,13 +26,21 @@ from abeja_runtime.logs import user_exc_info
 from abeja_runtime.pixels import is_image_bomb
 from abeja_runtime.request import Request
 
-__all__ = ["REQUESTER_ID_HEADER", "REQUEST_ID_HEADER", "RUNTIME_VERSION_HEADER", "HandlerCalls"]
+__all__ = [
+    "REQUESTER_ID_HEADER",
+    "REQUEST_ID_HEADER",
+    "RUNTIME_VERSION_HEADER",
+    "UNEXPECTED_ERROR",
+    "HandlerCalls",
+]
 
 _log = logging.getLogger("abeja_runtime")
 
 RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
 REQUEST_ID_HEADER: Final = "x-abeja-request-id"
 REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
+#: The answer when the handler raised: the one object, so that callers can tell it apart.
+UNEXPECTED_ERROR: Final = status_reply(500, "unexpected error occurred")
 
 
 class HandlerCalls:
@@ -105,4 +113,4 @@ class HandlerCalls:
                 self.handler.name,
                 exc_info=user_exc_info(exc),
             )
-        return status_reply(500, "unexpected error occurred")
+        return UNEXPECTED_ERROR

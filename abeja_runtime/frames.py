@@ -39,6 +39,7 @@ __all__ = [
     "Answer",
     "BlockingChannel",
     "Call",
+    "Cancel",
     "Chunk",
     "End",
     "Frame",
@@ -112,6 +113,14 @@ class RpcCall(NamedTuple):
     request_id: str
 
 
+class Cancel(NamedTuple):
+    """Front → handler process: nobody waits for call ``id`` any more (its deadline passed, its
+    client left). An ``async def`` handler's call is cancelled; a ``def`` handler's call cannot
+    be stopped and runs to its end. Either way an answer still comes, and is dropped."""
+
+    id: int
+
+
 class Answer(NamedTuple):
     """Handler process → front: the answer to :class:`Call` ``id``.
 
@@ -124,6 +133,8 @@ class Answer(NamedTuple):
     headers: tuple[tuple[str, str], ...]
     body: bytes | None
     streamed: bool
+    #: The handler raised (the body is the runtime's 500): an async request reports a failure.
+    failed: bool = False
 
 
 class Chunk(NamedTuple):
@@ -150,9 +161,9 @@ class RpcAnswer(NamedTuple):
     http_status: int
 
 
-Frame = Start | Ready | LoadFailed | Call | RpcCall | Answer | Chunk | End | RpcAnswer
+Frame = Start | Ready | LoadFailed | Call | RpcCall | Cancel | Answer | Chunk | End | RpcAnswer
 _KINDS: Final[tuple[type[Any], ...]] = (
-    Start, Ready, LoadFailed, Call, RpcCall, Answer, Chunk, End, RpcAnswer,
+    Start, Ready, LoadFailed, Call, RpcCall, Cancel, Answer, Chunk, End, RpcAnswer,
 )  # fmt: skip
 _KIND_OF: Final = {kind: index for index, kind in enumerate(_KINDS)}
 

@@ -43,6 +43,7 @@ from abeja_runtime.frames import (
     VERSION,
     Answer,
     Call,
+    Cancel,
     Chunk,
     End,
     Frame,
@@ -247,10 +248,6 @@ class _Process:
 
     # -- the process --------------------------------------------------------------------------
 
-    @property
-    def serving(self) -> bool:
-        return self.state == "ready" and not self.retiring
-
     def signal(self, signum: int) -> None:
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -283,6 +280,7 @@ class HandlerPool:
         self.processes: list[_Process] = []
         self._queue: deque[PendingCall] = deque()
         self._queued = 0  # as the gauge says
+        self._turn = 0  # where the next search for a free process starts
         #: Calls admitted and not finished (queued, sent, or running past their deadline).
         self.admitted = 0
         self._capacity = config.workers * (config.concurrency + config.max_queue)
@@ -328,7 +326,9 @@ class HandlerPool:
         """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
         answer is dropped when it comes."""
         pending.abandon()
-        if pending.process is None:
+        if pending.process is not None:
+            pending.process.send(Cancel(pending.frame.id))
+        else:
             with contextlib.suppress(ValueError):
                 self._queue.remove(pending)
                 self.admitted -= 1
@@ -336,14 +336,21 @@ class HandlerPool:
                 self._sample()
 
     def _free_process(self) -> _Process | None:
+        """The ready process with the fewest calls, if it has room; ties go round the
+        processes, so that each keeps serving (and stays warm) under light load."""
+        processes = self.processes
+        count = len(processes)
         best: _Process | None = None
         room = self._config.concurrency + PIPELINE
-        for process in self.processes:
-            if process.serving and len(process.sent) < room:
+        start = self._turn
+        for offset in range(count):
+            process = processes[(start + offset) % count]
+            if process.state == "ready" and len(process.sent) < room:
                 if best is None or len(process.sent) < len(best.sent):
                     best = process
                     if not process.sent:
                         break
+        self._turn = (start + 1) % count if count else 0
         return best
 
     def _send(self, process: _Process, pending: PendingCall) -> None:
@@ -361,7 +368,11 @@ class HandlerPool:
         self._sample()
 
     def _sample(self) -> None:
-        queued = len(self._queue)
+        """The queued gauge: calls admitted and not running (in the queue, or in a process's
+        socket behind the calls it runs)."""
+        concurrency = self._config.concurrency
+        running = sum(min(len(process.sent), concurrency) for process in self.processes)
+        queued = max(0, self.admitted - running)
         if queued != self._queued and self.metrics is not None:
             self._queued = queued
             self.metrics.queued.set(queued)
@@ -404,7 +415,13 @@ class HandlerPool:
             if self.ever_ready:
                 _log.error("worker %s could not load the handler: %s", process.pid, frame.text)
             else:
-                self._on_load_failed(frame.text, frame.details)
+                self._load_failed(frame.text, frame.details)
+
+    def _load_failed(self, text: str, details: str) -> None:
+        """The first start failed: the service stops, as on the anchor (reported once)."""
+        if not self.stopping:
+            self.stopping = True
+            self._on_load_failed(text, details)
 
     def _finished(self, process: _Process, pending: PendingCall) -> None:
         del process.sent[pending.frame.id]
@@ -515,7 +532,7 @@ class HandlerPool:
             self._on_change()
             return
         if process.state == "starting" and not self.ever_ready:
-            self._on_load_failed(f"the worker exited ({how}) while loading the handler", "")
+            self._load_failed(f"the worker exited ({how}) while loading the handler", "")
             return
         if process.state == "stopping" and process.popen.returncode == 0:
             pass  # retired or recycled: its replacement exists already

@@ -369,6 +369,9 @@ class HttpServer:
                 reply = self._refusal(exc)
             else:
                 assert isinstance(answer, Answer)
+                if answer.failed:  # logged in the handler process
+                    await self._results.send_failure(async_id, token, "response from runtime")
+                    return
                 data = answer.body
                 if answer.streamed:
                     data = b"".join([chunk async for chunk in pending.stream()])

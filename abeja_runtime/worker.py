@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
-from abeja_runtime.calls import HandlerCalls
+from abeja_runtime.calls import UNEXPECTED_ERROR, HandlerCalls
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
@@ -49,6 +49,7 @@ from abeja_runtime.frames import (
     Answer,
     BlockingChannel,
     Call,
+    Cancel,
     Chunk,
     End,
     Frame,
@@ -152,34 +153,56 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
 
 
 async def _serve_on_loop(calls: _Calls, concurrency: int) -> None:
-    """Calls read on a thread of their own and run as tasks, at most ``concurrency`` at once."""
+    """Calls read on a thread of their own and run as tasks, at most ``concurrency`` at once;
+    a :class:`~abeja_runtime.frames.Cancel` cancels its call's task."""
     loop = asyncio.get_running_loop()
     slots = asyncio.Semaphore(concurrency)
     arrived: asyncio.Queue[tuple[Frame, int | None] | None] = asyncio.Queue()
+    running: dict[int, asyncio.Task[None]] = {}
+    cancelled: set[int] = set()
+
+    def cancel(call_id: int) -> None:
+        task = running.get(call_id)
+        if task is not None:
+            task.cancel()
+        else:  # not started yet
+            cancelled.add(call_id)
 
     def read() -> None:
         while True:
             item = calls.channel.read()
+            if item is not None and isinstance(item[0], Cancel):
+                loop.call_soon_threadsafe(cancel, item[0].id)
+                continue
             loop.call_soon_threadsafe(arrived.put_nowait, item)
             if item is None:
                 return
 
     threading.Thread(target=read, name="abeja-frames", daemon=True).start()
-    running: set[asyncio.Task[None]] = set()
 
-    async def run(frame: Frame, fd: int | None) -> None:
+    async def run(frame: Call | RpcCall, fd: int | None) -> None:
         try:
             await calls.run_async(frame, fd)
+        except asyncio.CancelledError:
+            calls.dropped(frame)
         finally:
+            running.pop(frame.id, None)
             slots.release()
 
     while (item := await arrived.get()) is not None:
+        frame, fd = item
+        assert isinstance(frame, Call | RpcCall)
         await slots.acquire()
-        task = asyncio.create_task(run(*item))
-        running.add(task)
-        task.add_done_callback(running.discard)
+        if frame.id in cancelled:
+            cancelled.discard(frame.id)
+            if fd is not None:
+                os.close(fd)
+            calls.dropped(frame)
+            slots.release()
+            continue
+        running[frame.id] = asyncio.create_task(run(frame, fd))
     if running:
-        await asyncio.wait(running)
+        await asyncio.wait(running.values())
 
 
 def _run_loop(main: Any, loop: str) -> None:
@@ -258,6 +281,14 @@ class _Calls:
                     result = await result
                 self.channel.write(RpcAnswer(frame.id, *result))
 
+    def dropped(self, frame: Call | RpcCall) -> None:
+        """The answer to a call that was cancelled: the front has answered it already and
+        drops this; it only frees the call's slot there."""
+        if isinstance(frame, Call):
+            self.channel.write(Answer(frame.id, 504, (), b"", False))
+        else:
+            self.channel.write(RpcAnswer(frame.id, 4, b"", "cancelled", 504))
+
     def _request(self, call: Call, fd: int | None) -> Any:
         """The handler's request, or the error reply when none can be built from the call."""
         body: IO[bytes]
@@ -283,7 +314,8 @@ class _Calls:
         body = reply.body
         if isinstance(body, bytes):
             if len(body) <= self._big:
-                self.channel.write(Answer(call_id, reply.status, reply.headers, body, False))
+                failed = reply is UNEXPECTED_ERROR
+                self.channel.write(Answer(call_id, reply.status, reply.headers, body, False, failed))
                 return
             fd = _memfd(body)
             try:

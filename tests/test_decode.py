@@ -2,50 +2,58 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+import io
 
 import pytest
 
-from abeja_runtime.decode import BodyLimits, check_declared_length, decode_request
+from abeja_runtime import decode
+from abeja_runtime.decode import (
+    BodyCounter,
+    BodyLimits,
+    check_declared_length,
+    check_method,
+    decode_request,
+)
 from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge
 
 LIMITS = BodyLimits(max_body_size=1000, spool_threshold=10)
 
 
-async def _chunks(*chunks: bytes) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
-
-
-def _decode(method="POST", headers=(), chunks=(), limits=LIMITS, raw_query="", raw_path="/"):
-    return asyncio.run(
-        decode_request(
-            method=method,
-            raw_path=raw_path,
-            raw_query=raw_query,
-            headers=list(headers),
-            body=_chunks(*chunks),
-            limits=limits,
-        )
+def _decode(method="POST", headers=(), body=b"", limits=LIMITS, raw_query="", raw_path="/"):
+    return decode_request(
+        method=method,
+        raw_path=raw_path,
+        raw_query=raw_query,
+        headers=list(headers),
+        body=io.BytesIO(body),
+        limits=limits,
     )
 
 
-def test_body_split_across_chunks_is_joined_and_spooled():
-    request = _decode(headers=[("Content-Type", "text/plain")], chunks=[b"hello ", b"world!"])
+def test_a_plain_body_is_the_file_the_front_gave():
+    request = _decode(headers=[("Content-Type", "text/plain")], body=b"hello world!")
     try:
         assert request.read() == b"hello world!"
-        assert hasattr(request["contents"][0]["body"], "name")  # 12 bytes > threshold 10
+        assert isinstance(request["contents"][0]["body"], io.BytesIO)
     finally:
         request.close()
 
 
-def test_multipart_split_mid_boundary_is_parsed():
+def test_a_multipart_part_above_the_threshold_is_spooled():
+    body = b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\nhello world!\r\n--b--\r\n'
+    request = _decode(headers=[("Content-Type", "multipart/form-data; boundary=b")], body=body)
+    try:
+        (part,) = request["contents"]
+        assert part.read() == b"hello world!"
+        assert hasattr(part["body"], "name")  # 12 bytes > threshold 10
+    finally:
+        request.close()
+
+
+def test_multipart_split_mid_boundary_is_parsed(monkeypatch):
+    monkeypatch.setattr(decode, "_PARSE_CHUNK", 3)
     body = b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\nvalue\r\n--b--\r\n'
-    request = _decode(
-        headers=[("Content-Type", "multipart/form-data; boundary=b")],
-        chunks=[body[i : i + 3] for i in range(0, len(body), 3)],
-    )
+    request = _decode(headers=[("Content-Type", "multipart/form-data; boundary=b")], body=body)
     try:
         (part,) = request["contents"]
         assert (part["form_name"], part.read()) == ("a", b"value")
@@ -54,20 +62,19 @@ def test_multipart_split_mid_boundary_is_parsed():
 
 
 @pytest.mark.parametrize(
-    ("chunks", "error"),
-    [
-        ([b"--b\r\nContent-Disposition: form-data; name=a\r\n\r\nunfinished"], BadRequest),
-        ([b"no boundary here"], BadRequest),
-    ],
+    "body",
+    [b"--b\r\nContent-Disposition: form-data; name=a\r\n\r\nunfinished", b"no boundary here"],
 )
-def test_malformed_multipart_raises_bad_request(chunks, error):
-    with pytest.raises(error, match="malformed multipart/form-data body"):
-        _decode(headers=[("Content-Type", "multipart/form-data; boundary=b")], chunks=chunks)
+def test_malformed_multipart_raises_bad_request(body):
+    with pytest.raises(BadRequest, match="malformed multipart/form-data body"):
+        _decode(headers=[("Content-Type", "multipart/form-data; boundary=b")], body=body)
 
 
-def test_streamed_body_over_the_limit_raises_while_reading():
+def test_a_body_over_the_limit_raises_while_it_is_counted():
+    counter = BodyCounter(1000)
+    counter.add(b"x" * 600)
     with pytest.raises(PayloadTooLarge) as caught:
-        _decode(chunks=[b"x" * 600, b"x" * 600])
+        counter.add(b"x" * 600)
     assert caught.value.message == "request body too large (limit 1000 bytes)"
 
 
@@ -80,7 +87,7 @@ def test_declared_length_is_checked_before_reading():
 
 def test_unknown_method_raises_with_allowed_methods():
     with pytest.raises(MethodNotAllowed) as caught:
-        _decode(method="HEAD")
+        check_method("HEAD")
     assert caught.value.headers == {"Allow": "GET, POST, PUT, PATCH, DELETE"}
 
 

@@ -64,9 +64,10 @@ def test_a_handler_that_crashes_its_worker(loaded: tuple[RunningServer, LoadClie
     during = load.tally()
     after = recovered(server, load, 3)
     report("crash (os._exit)", during, after)
-    # At most the connections the dead worker held, each losing its one request in flight.
-    assert len(during.failures) <= CONNECTIONS, during.failures
-    assert all("status" not in f and not f[0].isdigit() for f in during.failures), during.failures
+    # Only the request that was running fails, with the front's JSON 502; the ones the
+    # process had been sent but not started run elsewhere.
+    assert len(during.failures) <= 1, during.failures
+    assert all(f.startswith("502 ") and "status" in f for f in during.failures), during.failures
     assert after.failures == [] and after.answered > 0
 
 
@@ -78,8 +79,8 @@ def test_kill_9_of_a_worker(loaded: tuple[RunningServer, LoadClient]) -> None:
     during = load.tally()
     after = recovered(server, load, 3)
     report("kill -9 of a worker", during, after)
-    assert len(during.failures) <= CONNECTIONS, during.failures
-    assert all(not f[0].isdigit() for f in during.failures), during.failures  # no 5xx
+    assert len(during.failures) <= 1, during.failures
+    assert all(f.startswith("502 ") for f in during.failures), during.failures
     assert after.failures == [] and after.answered > 0
 
 

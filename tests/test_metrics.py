@@ -68,8 +68,9 @@ def test_counts_survive_a_replaced_worker(two_workers):
 
     samples = scrape(server)
 
-    # The crashed request got no answer, so it is not counted; the dead worker's are.
-    assert total(samples, "abeja_runtime_requests_total") == 20
+    # The crashed request was answered 502 by the front and counted, as the dead worker's were.
+    assert total(samples, "abeja_runtime_requests_total") == 21
+    assert total(samples, "abeja_runtime_requests_total", code="502") == 1
     assert total(samples, "abeja_runtime_worker_restarts_total", reason="crashed") == 1
     assert total(samples, "abeja_runtime_worker_restarts_total", reason="stuck") == 0
 

@@ -116,7 +116,7 @@ def test_a_blocked_event_loop_is_killed_and_replaced_from_outside(make_server):
     caller.start()
     blocked = wait_until(
         lambda: next(
-            (r for r in server.records() if "its event loop is blocked" in r.get("message", "")),
+            (r for r in server.records() if "whose handler is stuck" in r.get("message", "")),
             None,
         ),
         10,
@@ -131,7 +131,7 @@ def test_a_blocked_event_loop_is_killed_and_replaced_from_outside(make_server):
         assert time.monotonic() - health_began < 1.0
     caller.join(10)
 
-    victim = int(blocked["message"].split()[1])
+    victim = int(blocked["message"].split()[2].rstrip(","))
     assert victim in workers
     assert noticed < 1 + 2 + 2, f"noticed after {noticed:.1f} s; timeout + grace is 3 s"
     assert outcome and outcome[0] != 200, outcome
@@ -159,7 +159,7 @@ def test_a_finished_response_survives_a_crash_right_after(make_server):
     crashed = crash_a_worker(server)  # queued behind the slow call; exits once it runs
     caller.join(20)
 
-    assert crashed in (500, "RemoteDisconnected", "ConnectionResetError"), crashed
+    assert crashed == 502, crashed  # the front answers for the dead worker
     (answer,) = first
     assert isinstance(answer, Response) and answer.status == 200, answer
     server.wait_healthy(15)

@@ -117,7 +117,7 @@ def test_a_crashing_handler_loses_only_its_own_request(start):
     outcome = crash_a_worker(server)
     elapsed = time.monotonic() - began
 
-    assert outcome in (500, "RemoteDisconnected", "ConnectionResetError"), outcome
+    assert outcome == 502, outcome  # the front answers for the dead worker
     assert elapsed < 5, f"the crashed request took {elapsed:.1f} s"
     record = server.wait_for_record(lambda r: "exited unexpectedly" in r.get("message", ""))
     assert record["message"] == (
@@ -140,7 +140,7 @@ def test_other_workers_keep_serving_while_a_crashed_one_is_replaced(start):
     # No wait for the replacement: the other worker (or the kernel queue) takes these.
     answers = [server.request("GET", "/", timeout=10) for _ in range(6)]
 
-    assert outcome in (500, "RemoteDisconnected", "ConnectionResetError"), outcome
+    assert outcome == 502, outcome  # the front answers for the dead worker
     assert [answer.status for answer in answers] == [200] * 6
     assert server.health() == 200
     wait_for_ready_workers(server, 3)  # the replacement
@@ -160,7 +160,7 @@ def test_a_stuck_handler_gets_504_at_once_and_its_worker_recycled(start):
     assert stuck.status == 504
     assert stuck.json() == TIMED_OUT_AFTER_1_S
     assert elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
-    noticed = server.wait_for_record(lambda r: "stops taking requests" in r.get("message", ""))
+    noticed = server.wait_for_record(lambda r: "is killed and replaced" in r.get("message", ""))
     assert noticed["log_level"] == "error"
     recycled = server.wait_for_record(
         lambda r: r.get("message") == f"recycling worker {old}, whose handler is stuck"
