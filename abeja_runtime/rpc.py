@@ -111,6 +111,7 @@ class RpcServer:
                 try:
                     answer = await http.call(PendingCall(call, None), received)
                 except HttpError as exc:
+                    http.refusal(exc)  # counted as on the HTTP port
                     code, message, status = _status_of(exc), exc.message, exc.status
                 except asyncio.CancelledError:  # the client left, or its own deadline passed
                     http.account("POST", method, 499, received)

@@ -177,7 +177,7 @@ class HttpServer:
             check_declared_length(request.content_length, self._limits)
             body = await self._read_body(request)
         except HttpError as exc:
-            reply = self._refusal(exc).with_headers((tag,))
+            reply = self.refusal(exc).with_headers((tag,))
             self._account(request, reply.status, received)
             if exc.ends_connection:  # the body was not read whole
                 return await _refuse(request, reply)
@@ -189,7 +189,7 @@ class HttpServer:
         try:
             answer = await self.call(pending, received)
         except HttpError as exc:
-            reply = self._refusal(exc).with_headers((tag,))
+            reply = self.refusal(exc).with_headers((tag,))
             self._account(request, reply.status, received)
             return await self._send_reply(request, reply)
         assert isinstance(answer, Answer)
@@ -271,7 +271,8 @@ class HttpServer:
             return _Body(getvalue(), None, scratch)
         return _Body(None, file, scratch)
 
-    def _refusal(self, exc: HttpError) -> EncodedResponse:
+    def refusal(self, exc: HttpError) -> EncodedResponse:
+        """The answer to one of the front's refusals, counted."""
         if isinstance(exc, ServiceBusy):
             self._metrics.rejected("busy")
         elif isinstance(exc, ServiceUnavailable):
@@ -339,7 +340,7 @@ class HttpServer:
         problem = async_id_problem(async_id)
         refusal = status_reply(400, problem) if problem else self._async_refusal
         if refusal is None and len(self._async_jobs) >= MAX_PENDING:
-            refusal = self._refusal(ServiceBusy())
+            refusal = self.refusal(ServiceBusy())
         if refusal is not None:
             self._account(request, refusal.status, received)
             return await self._send_reply(request, refusal.with_headers((tag,)))
@@ -366,7 +367,7 @@ class HttpServer:
             try:
                 answer = await self.call(pending, received)
             except HttpError as exc:  # a timeout or a full queue: the answer a client would get
-                reply = self._refusal(exc)
+                reply = self.refusal(exc)
             else:
                 assert isinstance(answer, Answer)
                 if answer.failed:  # logged in the handler process

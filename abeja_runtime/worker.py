@@ -120,7 +120,10 @@ def _serve(config: Config, channel: BlockingChannel) -> int:
         channel.write(LoadFailed(str(exc), details))
         return 1
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
-    channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
+    # A front that stopped while this loaded is gone: the loop below ends at once, and the
+    # handler's teardown still runs.
+    with contextlib.suppress(OSError):
+        channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
     calls = _Calls(config, HandlerCalls(config, handler), channel)
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         _run_loop(_serve_on_loop(calls, config.concurrency), config.event_loop)

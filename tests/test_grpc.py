@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_supervisor import wait_for_ready_workers
 from conftest import HANDLERS, runtime_env
 from PIL import Image
 from waiting import wait_until
@@ -223,11 +224,8 @@ def test_the_runtime_deadline_and_queue_apply_to_grpc_calls(make_server):
 def test_two_workers_share_the_grpc_port_and_finish_calls_at_shutdown(make_server):
     server = with_grpc(make_server, "st_kserve_async", "--workers", "2", env=ASYNC_MODEL)
     port = server.grpc_port
-    wait_until(
-        lambda: sum("serving gRPC" in r.get("message", "") for r in server.records()) == 2,
-        20,
-        "both workers to serve gRPC",
-    )
+    server.wait_for_record(lambda r: "serving gRPC" in r.get("message", ""))  # the front's
+    wait_for_ready_workers(server, 2)
     caller, running = running_call(server, port, fp64("sleep", 3))
     assert server.stop(signal.SIGTERM) == 0
     caller.join(20)

@@ -201,7 +201,7 @@ def test_sync_model_thread(make_server, tmp_path):
     )
     server = make_server(tmp_path)  # HANDLER main:handler: main.py's one kserve.Model is used
     answer = server.post_json({"instances": []}, path="/v1/models/model:predict")
-    assert answer.json() == {"thread": "abeja-handler-0"}
+    assert answer.json() == {"thread": "MainThread"}  # the handler process's, which loaded it
 
 
 def test_a_model_that_becomes_unready_answers_503(make_server):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import grpc
 
@@ -51,13 +51,20 @@ HTTP_STATUS: Final = {
 }
 
 
+class _Metadatum(NamedTuple):
+    """One metadata entry as grpc gives it (kserve reads ``.key`` and ``.value``)."""
+
+    key: str
+    value: str
+
+
 class _Metadata:
     """The part of a ``ServicerContext`` that kserve's servicer reads (the request headers)."""
 
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._metadata = metadata
+        self._metadata = tuple(_Metadatum(key, value) for key, value in metadata)
 
-    def invocation_metadata(self) -> tuple[Any, ...]:
+    def invocation_metadata(self) -> tuple[_Metadatum, ...]:
         return self._metadata
 
 
