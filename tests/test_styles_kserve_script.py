@@ -210,10 +210,11 @@ def test_a_transformer_reached_over_grpc_reaches_its_predictor_over_grpc(make_se
 
 
 def run_script(handler_dir: str, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    http_port, health_port = free_ports(2)  # two calls of free_port() may give the same one
     return subprocess.run(
-        runtime_command("kserve", script, "--http_port", str(free_port()), *args),
+        runtime_command("kserve", script, "--http_port", str(http_port), *args),
         cwd=HANDLERS / handler_dir,
-        env=runtime_env(ABEJA_RUNTIME_HOST="127.0.0.1", HEALTHCHECK_PORT=str(free_port())),
+        env=runtime_env(ABEJA_RUNTIME_HOST="127.0.0.1", HEALTHCHECK_PORT=str(health_port)),
         capture_output=True,
         text=True,
         timeout=60,
