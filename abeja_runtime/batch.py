@@ -202,7 +202,9 @@ class _Batch:
             except asyncio.TimeoutError:
                 timeout = HandlerTimeout(self._config.timeout)
                 reply = status_reply(timeout.status, timeout.message)
-            self._access_log.record("POST", name, reply.status, received, time.time())
+            self._access_log.record(
+                "POST", name, reply.status, received, time.time(), request.request_id
+            )
             return reply
         finally:
             request.close()

@@ -101,45 +101,82 @@ class JsonFormatter(logging.Formatter):
 class AccessLog:
     """One access record per request, written in one batch per event-loop iteration.
 
-    It is the hottest log path by far: measured on this machine kind, building, formatting and
-    flushing one ``LogRecord`` per request cost 20-30 % of serving a small JSON request. Records
-    are formatted here with the prebuilt encoder and go out as a single pre-formatted record per
-    batch, through the same handlers and lock as every other record, so lines never interleave.
+    It is the hottest log path by far: a ``LogRecord`` per request cost 20-30 % of serving a
+    small JSON request, and a dict through the JSON encoder another 10 %. Each record is one
+    ``str.format`` of a template built once (keys sorted as the encoder sorts them, the static
+    fields encoded already), and the records of an iteration go out as one pre-formatted
+    record, through the same handlers and lock as every other record, so lines never
+    interleave.
     """
 
     def __init__(self, static_fields: dict[str, str] | None = None) -> None:
-        self._static = static_fields or {}
+        static = static_fields or {}
+        self._plain = _access_template(static, with_requester=False)
+        self._with_requester = _access_template(static, with_requester=True)
         self._pending: list[str] = []
 
     def record(
-        self, method: str, path: str, status: int, received: float, responded: float
+        self,
+        method: str,
+        path: str,
+        status: int,
+        received: float,
+        responded: float,
+        request_id: str,
+        requester_id: str | None = None,
     ) -> None:
         """``path`` is the URL path without the query (which may carry what logs must not)."""
         if not access_logger.isEnabledFor(logging.INFO):
             return
-        data: dict[str, Any] = {
-            "log_type": "access_log",
-            "http_method": method,
-            "http_path": path,
-            "http_status": status,
-            "elapsed_microsecs": int((responded - received) * 1_000_000),
-            "request_timestamp": format_timestamp(received, "microseconds"),
-            "response_timestamp": format_timestamp(responded, "microseconds"),
-            "log_level": "info",
-            "timestamp": format_timestamp(responded),
-            **self._static,
-        }
-        if (request_id := request_id_var.get()) is not None:
-            data["request_id"] = request_id
-        if (requester_id := requester_id_var.get()) is not None:
-            data["requester_id"] = requester_id
+        template = self._plain if requester_id is None else self._with_requester
+        line = template.format(
+            elapsed_microsecs=int((responded - received) * 1_000_000),
+            http_method=_json_string(method),
+            http_path=_json_string(path),
+            http_status=status,
+            request_id=_json_string(request_id),
+            requester_id=_json_string(requester_id or ""),
+            request_timestamp=_json_string(format_timestamp(received, "microseconds")),
+            response_timestamp=_json_string(format_timestamp(responded, "microseconds")),
+            timestamp=_json_string(format_timestamp(responded)),
+        )
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(_encode_record(data))
+        self._pending.append(line)
 
     def _flush(self) -> None:
         lines, self._pending = self._pending, []
         access_logger.info("\n".join(lines), extra={"preformatted": True})
+
+
+_json_string: Final[Any] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_ACCESS_FIELDS: Final = (
+    "elapsed_microsecs",
+    "http_method",
+    "http_path",
+    "http_status",
+    "request_id",
+    "request_timestamp",
+    "response_timestamp",
+    "timestamp",
+)
+_ACCESS_CONSTANTS: Final = {"log_level": "info", "log_type": "access_log"}
+
+
+def _access_template(static: dict[str, str], *, with_requester: bool) -> str:
+    """A ``str.format`` template of an access record: the JSON object the encoder would
+    write for it (keys sorted; the static fields win over the constants, as in a dict that
+    lists them last; the request ids over both)."""
+    values = {key: _escape(_encode_record(value)) for key, value in _ACCESS_CONSTANTS.items()}
+    values.update({key: _escape(_encode_record(value)) for key, value in static.items()})
+    fields = (*_ACCESS_FIELDS, "requester_id") if with_requester else _ACCESS_FIELDS
+    values.update({key: "{" + key + "}" for key in fields})
+    body = ", ".join(f"{_escape(_encode_record(key))}: {values[key]}" for key in sorted(values))
+    return "{{" + body + "}}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 _RUNTIME_DIR: Final = str(Path(__file__).resolve().parent)

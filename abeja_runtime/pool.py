@@ -16,7 +16,7 @@ failing a call, one that has served ``--max-requests`` or holds more than
 ``--max-worker-memory``: its replacement starts first, and it stops once that one is ready and
 its own calls are answered.
 
-Processes are fresh interpreters (``python -m abeja_runtime.worker FD``), never forks: no state
+Processes are fresh interpreters (``python -m abeja_runtime.worker FD FRONT_PID``), never forks: no state
 of the front is copied into them, and they do not import aiohttp.
 """
 
@@ -61,8 +61,11 @@ from abeja_runtime.metrics import FrontMetrics, handler_environment
 __all__ = ["PIPELINE", "HandlerPool", "PendingCall", "WorkerCrashed"]
 
 _log = logging.getLogger("abeja_runtime")
-#: Calls a process may hold beyond its concurrency, waiting in its socket.
-PIPELINE: Final = 1
+#: Calls a process may hold beyond its concurrency, waiting in its socket, while its calls are
+#: quick (the oldest younger than :data:`_PIPELINE_WHILE_YOUNGER`): it takes the next one
+#: without waiting for the front, and the front hands over a loop iteration's requests at once.
+PIPELINE: Final = 16
+_PIPELINE_WHILE_YOUNGER: Final = 0.05
 _TICK: Final = 0.25
 #: Back-off before the next replacement while replacements keep dying before they are ready.
 _MAX_BACKOFF: Final = 30.0
@@ -135,7 +138,13 @@ class _Process:
         ours, theirs = socket.socketpair()
         with theirs:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "abeja_runtime.worker", str(theirs.fileno())],
+                [
+                    sys.executable,
+                    "-m",
+                    "abeja_runtime.worker",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
                 pass_fds=(theirs.fileno(),),
                 env=environment,
             )
@@ -279,7 +288,6 @@ class HandlerPool:
         self.metrics: FrontMetrics | None = None
         self.processes: list[_Process] = []
         self._queue: deque[PendingCall] = deque()
-        self._queued = 0  # as the gauge says
         self._turn = 0  # where the next search for a free process starts
         #: Calls admitted and not finished (queued, sent, or running past their deadline).
         self.admitted = 0
@@ -320,7 +328,6 @@ class HandlerPool:
             self._queue.append(pending)
         else:
             self._send(process, pending)
-        self._sample()
 
     def withdraw(self, pending: PendingCall) -> None:
         """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
@@ -333,25 +340,34 @@ class HandlerPool:
                 self._queue.remove(pending)
                 self.admitted -= 1
                 pending.finish()
-                self._sample()
 
     def _free_process(self) -> _Process | None:
-        """The ready process with the fewest calls, if it has room; ties go round the
-        processes, so that each keeps serving (and stays warm) under light load."""
+        """Where the next call goes: the ready process with the fewest calls (ties go round the
+        processes, so that each keeps serving and stays warm) when it has a free slot; else,
+        pipelined, one whose calls are quick. A call never waits in a process behind a slow
+        one: it waits in the queue, for whichever process frees a slot first."""
         processes = self.processes
         count = len(processes)
         best: _Process | None = None
-        room = self._config.concurrency + PIPELINE
         start = self._turn
         for offset in range(count):
             process = processes[(start + offset) % count]
-            if process.state == "ready" and len(process.sent) < room:
-                if best is None or len(process.sent) < len(best.sent):
-                    best = process
-                    if not process.sent:
-                        break
+            if process.state == "ready" and (best is None or len(process.sent) < len(best.sent)):
+                best = process
+                if not process.sent:
+                    break
         self._turn = (start + 1) % count if count else 0
-        return best
+        if best is None:
+            return None
+        held = len(best.sent)
+        concurrency = self._config.concurrency
+        if held < concurrency:
+            return best
+        if held < concurrency + PIPELINE:
+            age = best.oldest_call_age(time.monotonic())
+            if age is not None and age < _PIPELINE_WHILE_YOUNGER:
+                return best
+        return None
 
     def _send(self, process: _Process, pending: PendingCall) -> None:
         pending.process = process
@@ -365,17 +381,14 @@ class HandlerPool:
             if process is None:
                 return
             self._send(process, self._queue.popleft())
-        self._sample()
 
-    def _sample(self) -> None:
-        """The queued gauge: calls admitted and not running (in the queue, or in a process's
-        socket behind the calls it runs)."""
+    @property
+    def queued(self) -> int:
+        """Calls admitted and not running (in the queue, or in a process's socket behind the
+        calls it runs), for the queued gauge."""
         concurrency = self._config.concurrency
         running = sum(min(len(process.sent), concurrency) for process in self.processes)
-        queued = max(0, self.admitted - running)
-        if queued != self._queued and self.metrics is not None:
-            self._queued = queued
-            self.metrics.queued.set(queued)
+        return max(0, self.admitted - running)
 
     def received(self, process: _Process, frame: Frame, fd: int | None) -> None:
         """A frame from ``process``."""
@@ -444,7 +457,11 @@ class HandlerPool:
             ready.rpc_methods,
         )
         if not self.ever_ready:
-            self.style, self.front_paths, self.rpc_methods = process.style, ready.front_paths, ready.rpc_methods
+            self.style, self.front_paths, self.rpc_methods = (
+                process.style,
+                ready.front_paths,
+                ready.rpc_methods,
+            )
         self.ever_ready = True
         self._deaths_before_ready = 0
         if self._config.max_requests:  # a little more for some, so that processes retire apart
@@ -516,7 +533,9 @@ class HandlerPool:
             os.close(process.exit_fd)
             process.exit_fd = None
         code = process.popen.wait()
-        with contextlib.suppress(OSError):  # frames it wrote before it exited (an answer, load_failed)
+        with contextlib.suppress(
+            OSError
+        ):  # frames it wrote before it exited (an answer, load_failed)
             process._readable()
         process.close_socket()
         self.processes.remove(process)

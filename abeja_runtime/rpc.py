@@ -25,7 +25,6 @@ from abeja_runtime.calls import REQUEST_ID_HEADER
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
 from abeja_runtime.frames import RpcAnswer, RpcCall
-from abeja_runtime.logs import request_id_var
 from abeja_runtime.pool import HandlerPool, PendingCall
 from abeja_runtime.server import HttpServer
 
@@ -100,7 +99,6 @@ class RpcServer:
         )
         request_id = dict(metadata).get(REQUEST_ID_HEADER) or os.urandom(16).hex()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
-        token = request_id_var.set(request_id)
         http = self._http
         http.begin()
         try:
@@ -114,18 +112,17 @@ class RpcServer:
                     http.refusal(exc)  # counted as on the HTTP port
                     code, message, status = _status_of(exc), exc.message, exc.status
                 except asyncio.CancelledError:  # the client left, or its own deadline passed
-                    http.account("POST", method, 499, received)
+                    http.account("POST", method, 499, received, request_id)
                     raise
                 else:
                     assert isinstance(answer, RpcAnswer)
                     if answer.code == 0:
-                        http.account("POST", method, 200, received)
+                        http.account("POST", method, 200, received, request_id)
                         return answer.payload
                     code, message, status = _CODES[answer.code], answer.message, answer.http_status
-            http.account("POST", method, status, received)
+            http.account("POST", method, status, received, request_id)
         finally:
             http.end()
-            request_id_var.reset(token)
         await context.abort(code, message)
         raise AssertionError("abort raises")  # pragma: no cover
 
@@ -134,5 +131,7 @@ class _Methods(grpc.GenericRpcHandler):
     def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         self._handlers = handlers
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
         return self._handlers.get(handler_call_details.method)  # type: ignore[attr-defined]

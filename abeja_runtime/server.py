@@ -42,7 +42,7 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import Answer, Call, RpcAnswer
-from abeja_runtime.logs import AccessLog, request_id_var, requester_id_var
+from abeja_runtime.logs import AccessLog
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.pool import HandlerPool, PendingCall
@@ -88,7 +88,7 @@ class _Body:
 
     __slots__ = ("data", "file", "scratch")
 
-    def __init__(self, data: bytes | None, file: IO[bytes] | None, scratch: Scratch) -> None:
+    def __init__(self, data: bytes | None, file: IO[bytes] | None, scratch: Scratch | None) -> None:
         self.data = data
         self.file = file
         self.scratch = scratch
@@ -96,7 +96,8 @@ class _Body:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
-        self.scratch.remove()
+        if self.scratch is not None:
+            self.scratch.remove()
 
 
 class HttpServer:
@@ -139,30 +140,25 @@ class HttpServer:
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
             return self.metrics_response()
         received = time.time()
-        headers = request.headers
-        request_id = headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
-        request_token = request_id_var.set(request_id)
-        requester_token = requester_id_var.set(headers.get(REQUESTER_ID_HEADER))
+        request_id = request.headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
         self.begin()
         try:
             return await self._serve(request, request_id, received)
         finally:
             self.end()
-            request_id_var.reset(request_token)
-            requester_id_var.reset(requester_token)
 
     def metrics_response(self) -> web.Response:
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return web.Response(
+            body=self._metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
 
     def begin(self) -> None:
         """A request (or gRPC call) starts: the drain waits for it."""
         self.in_flight += 1
         self._idle.clear()
-        self._metrics.in_flight.inc()
 
     def end(self) -> None:
         self.in_flight -= 1
-        self._metrics.in_flight.dec()
         if not self.in_flight:
             self._idle.set()
 
@@ -178,7 +174,7 @@ class HttpServer:
             body = await self._read_body(request)
         except HttpError as exc:
             reply = self.refusal(exc).with_headers((tag,))
-            self._account(request, reply.status, received)
+            self._account(request, reply.status, received, request_id)
             if exc.ends_connection:  # the body was not read whole
                 return await _refuse(request, reply)
             return await self._send_reply(request, reply)
@@ -190,11 +186,11 @@ class HttpServer:
             answer = await self.call(pending, received)
         except HttpError as exc:
             reply = self.refusal(exc).with_headers((tag,))
-            self._account(request, reply.status, received)
+            self._account(request, reply.status, received, request_id)
             return await self._send_reply(request, reply)
         assert isinstance(answer, Answer)
         headers = (*answer.headers, tag)
-        self._account(request, answer.status, received)
+        self._account(request, answer.status, received, request_id)
         if not answer.streamed:
             assert answer.body is not None
             reply = EncodedResponse(answer.status, headers, answer.body)
@@ -245,20 +241,32 @@ class HttpServer:
 
     async def _read_body(self, request: web.BaseRequest) -> _Body:
         """The whole body, counted against the limit; above the spool threshold in a file."""
-        scratch = Scratch()
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
-            return _Body(b"", None, scratch)
-        if not content.is_eof():  # still arriving
-            protocol = request.protocol
-            assert isinstance(protocol, _RequestHandler)
-            protocol.watch_body(request)
+            return _Body(b"", None, None)
+        limits = self._limits
+        if content.is_eof():  # all of it arrived with the head: the common small request
+            data = content.read_nowait()
+            if len(data) <= limits.spool_threshold:
+                BodyCounter(limits.max_body_size).add(data)
+                return _Body(data, None, None)
+            return await self._spool(request, data)
+        protocol = request.protocol
+        assert isinstance(protocol, _RequestHandler)
+        protocol.watch_body(request)  # still arriving
         if request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return await self._spool(request, b"")
+
+    async def _spool(self, request: web.BaseRequest, first: bytes) -> _Body:
+        scratch = Scratch()
         counter = BodyCounter(self._limits.max_body_size)
         spool = Spool(scratch, self._limits.spool_threshold)
         try:
-            async for chunk in content.iter_any():
+            if first:
+                counter.add(first)
+                spool.write(first)
+            async for chunk in request.content.iter_any():
                 counter.add(chunk)
                 spool.write(chunk)
             file = spool.finish()
@@ -279,17 +287,30 @@ class HttpServer:
             self._metrics.rejected("unavailable")
         return status_reply(exc.status, exc.message, exc.headers.items())
 
-    def _account(self, request: web.BaseRequest, status: int, received: float) -> None:
-        self.account(request.method, request.path, status, received)
+    def _account(
+        self, request: web.BaseRequest, status: int, received: float, request_id: str
+    ) -> None:
+        requester_id = request.headers.get(REQUESTER_ID_HEADER)
+        self.account(request.method, request.path, status, received, request_id, requester_id)
 
-    def account(self, method: str, path: str, status: int, received: float) -> None:
+    def account(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        received: float,
+        request_id: str,
+        requester_id: str | None = None,
+    ) -> None:
         """Counted before the first byte leaves, so that a client never holds an answer that a
         scrape does not count."""
         responded = time.time()
-        self._access_log.record(method, path, status, received, responded)
+        self._access_log.record(method, path, status, received, responded, request_id, requester_id)
         self._metrics.observe(status, responded - received)
 
-    async def _send_reply(self, request: web.BaseRequest, reply: EncodedResponse) -> web.StreamResponse:
+    async def _send_reply(
+        self, request: web.BaseRequest, reply: EncodedResponse
+    ) -> web.StreamResponse:
         response = _web_response(reply)
         if self.draining:
             response.force_close()
@@ -342,7 +363,7 @@ class HttpServer:
         if refusal is None and len(self._async_jobs) >= MAX_PENDING:
             refusal = self.refusal(ServiceBusy())
         if refusal is not None:
-            self._account(request, refusal.status, received)
+            self._account(request, refusal.status, received, tag[1])
             return await self._send_reply(request, refusal.with_headers((tag,)))
         pending = self._pending(request, body, tag[1])
         token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
@@ -350,7 +371,7 @@ class HttpServer:
         job = asyncio.create_task(self._run_async(pending, async_id, token, tag, received))
         self._async_jobs.add(job)
         job.add_done_callback(self._async_jobs.discard)
-        self._account(request, 202, received)
+        self._account(request, 202, received, tag[1])
         response = web.Response(status=202, headers=(*_JSON, tag))
         response.force_close()
         return response
@@ -390,7 +411,9 @@ async def _discard_rest(request: web.BaseRequest) -> None:
     """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
     ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
     # The client may stop, reset, or send a broken chunk: all mean "done" here.
-    with contextlib.suppress(asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError):
+    with contextlib.suppress(
+        asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
+    ):
         await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
 
 

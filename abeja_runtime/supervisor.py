@@ -152,7 +152,9 @@ class _Front:
         from abeja_runtime.metrics import FrontMetrics
         from abeja_runtime.server import ControlServer, HttpServer, make_web_server
 
-        metrics = FrontMetrics(__version__, config.handler, config.style, self._metrics_dir)
+        metrics = FrontMetrics(
+            __version__, config.handler, config.style, self._metrics_dir, self._gauges
+        )
         pool.metrics = metrics
         http = self._http = HttpServer(config, pool, metrics)
         control = ControlServer(self._is_ready, metrics.render)
@@ -180,6 +182,11 @@ class _Front:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
         return self._exit_code
+
+    def _gauges(self) -> tuple[int, int]:
+        """Requests in flight and calls queued, for a scrape."""
+        in_flight = self._http.in_flight if self._http is not None else 0
+        return in_flight, self._pool.queued
 
     def _is_ready(self) -> bool:
         return not self._draining and self._pool.serving
