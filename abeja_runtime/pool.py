@@ -54,6 +54,7 @@ from abeja_runtime.frames import (
     RpcCall,
     Start,
     encode_frame,
+    read_fd,
     receive,
 )
 from abeja_runtime.metrics import FrontMetrics, handler_environment
@@ -407,7 +408,7 @@ class HandlerPool:
                 pending.answer.set_result(frame)
                 return
             if fd is not None:
-                frame = frame._replace(body=_read_all(fd))  # type: ignore[union-attr]
+                frame = frame._replace(body=read_fd(fd))  # type: ignore[union-attr]
             pending.answer.set_result(frame)
             self._finished(process, pending)
         elif isinstance(frame, Chunk):
@@ -678,11 +679,6 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     """An answer nobody awaits any more (a crash after the deadline) is no "never retrieved"."""
     if not future.cancelled():
         future.exception()
-
-
-def _read_all(fd: int) -> bytes:
-    with os.fdopen(fd, "rb") as file:
-        return file.read()
 
 
 def _pidfd(pid: int) -> int | None:

@@ -24,11 +24,13 @@ means "stop": the handler's teardown (KServe's ``Model.stop()``) runs, and the p
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import inspect
 import io
 import logging
+import mmap
 import os
 import queue
 import signal
@@ -45,6 +47,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.frames import (
+    INLINE_LIMIT,
     VERSION,
     Answer,
     BlockingChannel,
@@ -58,6 +61,8 @@ from abeja_runtime.frames import (
     RpcAnswer,
     RpcCall,
     Start,
+    memfd,
+    read_fd,
 )
 from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.loader import load_handler
@@ -251,8 +256,7 @@ class _Calls:
         self.channel = channel
         self._calls = calls
         self._handler = calls.handler
-        #: Answers above this go out as a memfd rather than through the socket.
-        self._big = config.spool_threshold
+        self._shared = _SharedBodies()
 
     def run(self, frame: Frame, fd: int | None) -> None:
         if isinstance(frame, Call):
@@ -310,6 +314,8 @@ class _Calls:
         body: IO[bytes]
         if fd is None:
             body = io.BytesIO(call.body or b"")
+        elif not call.spool_path:  # shared memory: the body is in memory, as the handler sees it
+            body = io.BytesIO(self._shared.read(fd, call.body_size))
         else:
             body = os.fdopen(fd, "rb")
             body.raw.name = call.spool_path  # type: ignore[attr-defined]
@@ -329,13 +335,13 @@ class _Calls:
         """The answer, written whole (a streamed body chunk by chunk) before this returns."""
         body = reply.body
         if isinstance(body, bytes):
-            if len(body) <= self._big:
+            if len(body) <= INLINE_LIMIT:
                 failed = reply is UNEXPECTED_ERROR
                 self.channel.write(
                     Answer(call_id, reply.status, reply.headers, body, False, failed)
                 )
                 return
-            fd = _memfd(body)
+            fd = memfd([body])
             try:
                 self.channel.write(Answer(call_id, reply.status, reply.headers, None, False), fd)
             finally:
@@ -359,14 +365,34 @@ class _Calls:
         self.channel.write(End(call_id, failed))
 
 
-def _memfd(data: bytes) -> int:
-    """A file in memory holding ``data``, at offset 0."""
-    fd = os.memfd_create("abeja-answer", os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+class _SharedBodies:
+    """The front's body buffers (memfds it reuses), each mapped once here: a body is one copy
+    out of pages already mapped, not a mapping (and its page faults) per call."""
+
+    #: Mappings kept; the front keeps 8 buffers, and may make (and drop) more when busy.
+    _KEPT: Final = 16
+
+    def __init__(self) -> None:
+        self._mapped: collections.OrderedDict[tuple[int, int], mmap.mmap] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()  # handler threads build their requests themselves
+
+    def read(self, fd: int, size: int) -> bytes:
+        """The first ``size`` bytes of the buffer ``fd`` (closed here)."""
+        try:
+            status = os.fstat(fd)
+            key = (status.st_dev, status.st_ino)
+            with self._lock:
+                mapped = self._mapped.get(key)
+                if mapped is None or len(mapped) < size:
+                    mapped = self._mapped[key] = mmap.mmap(fd, status.st_size, prot=mmap.PROT_READ)
+                    while len(self._mapped) > self._KEPT:
+                        self._mapped.popitem(last=False)[1].close()
+                self._mapped.move_to_end(key)
+                return mapped[:size]
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
