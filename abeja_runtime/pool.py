@@ -22,6 +22,7 @@ of the front is copied into them, and they do not import aiohttp.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import itertools
@@ -154,7 +155,11 @@ class _Process:
         self._sock = ours
         ours.setblocking(False)
         self._decoder = FrameDecoder()
-        self._out: deque[tuple[memoryview, int | None]] = deque()
+        #: Frames of this loop iteration, not written yet, and the descriptors they carry.
+        self._batch: list[bytes] = []
+        self._batch_fds: list[int] = []
+        #: What the socket did not take yet.
+        self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
         self._loop = asyncio.get_running_loop()
         self.state = "starting"  # → ready → stopping
         #: Calls sent and not answered, in the order they were sent.
@@ -174,48 +179,56 @@ class _Process:
     # -- the socket ---------------------------------------------------------------------------
 
     def send(self, frame: Frame, fd: int | None = None) -> None:
-        data = memoryview(encode_frame(frame, has_fd=fd is not None))
-        if self._out:
-            self._out.append((data, fd if fd is None else os.dup(fd)))
-            return
-        try:
-            sent = self._write(data, fd)
-        except (BlockingIOError, InterruptedError):
-            sent = -1
-        except OSError:  # the process is gone; its exit is handled on its own
-            return
-        if sent < 0:
-            self._out.append((data, fd if fd is None else os.dup(fd)))
-        elif sent < len(data):
-            self._out.append((data[sent:], None))
-        else:
-            return
-        self._loop.add_writer(self._sock.fileno(), self._writable)
+        """Queue ``frame`` (and a duplicate of ``fd``): the frames of one loop iteration go out
+        in one write, and the worker reads them in one."""
+        if not self._batch:
+            self._loop.call_soon(self._flush)
+        self._batch.append(encode_frame(frame, has_fd=fd is not None))
+        if fd is not None:
+            self._batch_fds.append(os.dup(fd))  # the caller may close its own meanwhile
 
-    def _write(self, data: memoryview, fd: int | None) -> int:
-        if fd is None:
-            return self._sock.send(data)
-        rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder, signed=True))
-        return self._sock.sendmsg([data], [rights])
+    def _flush(self) -> None:
+        data = memoryview(b"".join(self._batch))
+        fds = tuple(self._batch_fds)
+        self._batch.clear()
+        self._batch_fds.clear()
+        if self._sock.fileno() < 0:  # gone meanwhile
+            _close_all(fds)
+            return
+        self._out.append((data, fds))
+        if len(self._out) == 1:
+            self._writable()
+            if self._out:
+                self._loop.add_writer(self._sock.fileno(), self._writable)
 
     def _writable(self) -> None:
         while self._out:
-            data, fd = self._out[0]
+            data, fds = self._out[0]
             try:
-                sent = self._write(data, fd)
+                if fds:
+                    rights = array.array("i", fds).tobytes()
+                    sent = self._sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                    )
+                else:
+                    sent = self._sock.send(data)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
-                sent = len(data)
-                self._out.clear()
+            except OSError:  # the process is gone; its exit is handled on its own
+                self._drop_output()
                 break
-            if fd is not None:
-                os.close(fd)
+            _close_all(fds)  # the kernel holds its own copies now
             if sent < len(data):
-                self._out[0] = (data[sent:], None)
+                self._out[0] = (data[sent:], ())
                 return
             self._out.popleft()
-        self._loop.remove_writer(self._sock.fileno())
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_writer(self._sock.fileno())
+
+    def _drop_output(self) -> None:
+        for _, fds in self._out:
+            _close_all(fds)
+        self._out.clear()
 
     def _readable(self) -> None:
         while True:
@@ -249,10 +262,7 @@ class _Process:
             self._loop.remove_reader(self._sock.fileno())
         if self._out:
             self._loop.remove_writer(self._sock.fileno())
-        for _, fd in self._out:
-            if fd is not None:
-                os.close(fd)
-        self._out.clear()
+        self._drop_output()
         self._sock.close()
         self._decoder.close()
 
@@ -679,6 +689,11 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     """An answer nobody awaits any more (a crash after the deadline) is no "never retrieved"."""
     if not future.cancelled():
         future.exception()
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _pidfd(pid: int) -> int | None:
