@@ -33,8 +33,8 @@ import os
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -197,6 +197,7 @@ class _Batch:
             else:
                 loop = asyncio.get_running_loop()
                 work = loop.run_in_executor(self._threads, _collected, calls, request)
+            reply: EncodedResponse
             try:
                 reply = await asyncio.wait_for(work, self._config.timeout or None)
             except asyncio.TimeoutError:

@@ -3,9 +3,10 @@
 A handler process (``worker.py``) and a batch run (``batch.py``) both go through here: the
 request is built (``decode.py``: the file-like body, multipart parts spooled to disk), the
 handler is called with a fresh copy of the context, and its result is checked and encoded
-(``encode.py``). What goes wrong on the way becomes a reply through :meth:`HandlerCalls.error_reply`,
-the one error → response ladder of the handler side (the front has its own refusals: busy,
-timeout, unavailable). Nothing here knows sockets, processes or HTTP servers.
+(``encode.py``). What goes wrong on the way becomes a reply through
+:meth:`HandlerCalls.error_reply`, the one error → response ladder of the handler side (the front
+has its own refusals: busy, timeout, unavailable). Nothing here knows sockets, processes or HTTP
+servers.
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ class Config:
     keepalive_timeout: float = 75.0
     #: Seconds a client has to send a whole request line and headers (slowloris protection).
     request_head_timeout: float = 10.0
-    #: The workers' event loop: ``asyncio``, ``uvloop`` (the ``abeja-runtime[fast]`` extra), or
-    #: ``auto`` for uvloop when it is installed.
+    #: The event loop of the front and of async workers: ``asyncio``, ``uvloop`` (the
+    #: ``abeja-runtime[fast]`` extra), or ``auto`` for uvloop when it is installed.
     loop: str = "auto"
 
     @property
@@ -160,7 +160,7 @@ class Config:
     style: str = "auto"
     #: KServe style: the name in ``/v1/models/NAME`` and ``/v2/models/NAME`` (KServe's default).
     model_name: str = "model"
-    #: The port of the Open Inference (V2) gRPC protocol, served by every worker; None = off.
+    #: The port of the Open Inference (V2) gRPC protocol, served by the front; None = off.
     grpc_port: int | None = None
     #: KServe's main-script habit: the model file and its arguments, run as ``__main__``
     #: (``abeja-runtime kserve model.py ...``); empty = import ``handler`` as usual.

@@ -149,7 +149,7 @@ class AccessLog:
         access_logger.info("\n".join(lines), extra={"preformatted": True})
 
 
-_json_string: Final[Any] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_json_string: Final[Any] = json.encoder.encode_basestring
 _ACCESS_FIELDS: Final = (
     "elapsed_microsecs",
     "http_method",

@@ -296,8 +296,8 @@ _PORT = click.IntRange(0, 65535)
     type=click.Choice(LOOPS, case_sensitive=False),
     default=Config.loop,
     show_default=True,
-    help="The workers' event loop; auto picks uvloop when it is installed "
-    "(pip install 'abeja-runtime[fast]').",
+    help="The event loop of the front and of async workers; auto picks uvloop when it is "
+    "installed (pip install 'abeja-runtime[fast]').",
 )
 @click.option(
     "--style",

@@ -71,7 +71,7 @@ class FrontMetrics:
         self._directory = directory
         self.registry = registry = CollectorRegistry()
         self._stats = _RequestStats(gauges)
-        registry.register(self._stats)  # type: ignore[arg-type]
+        registry.register(self._stats)
         self._rejected = Counter(
             f"{_PREFIX}_rejected_requests",
             "Requests answered 503 without calling the handler: busy (queue full) or "
@@ -188,7 +188,7 @@ class _RequestStats:
 def _bucket_name(bound: float) -> str:
     from prometheus_client.utils import floatToGoString
 
-    return str(floatToGoString(bound))
+    return str(floatToGoString(bound))  # type: ignore[no-untyped-call]
 
 
 #: Seldon's TIMER buckets, in seconds: 0, then 50 log-spaced bounds from 1 ms to 30 s.

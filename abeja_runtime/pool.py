@@ -16,8 +16,8 @@ failing a call, one that has served ``--max-requests`` or holds more than
 ``--max-worker-memory``: its replacement starts first, and it stops once that one is ready and
 its own calls are answered.
 
-Processes are fresh interpreters (``python -m abeja_runtime.worker FD FRONT_PID``), never forks: no state
-of the front is copied into them, and they do not import aiohttp.
+Processes are fresh interpreters (``python -m abeja_runtime.worker FD FRONT_PID``), never
+forks: no state of the front is copied into them, and they do not import aiohttp.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class WorkerCrashed(HttpError):
 class PendingCall:
     """One call on its way: the frame to send, its answer when it comes, its streamed chunks."""
 
-    __slots__ = ("abandoned", "answer", "chunks", "fd", "frame", "process", "sent_at", "_cleanup")
+    __slots__ = ("_cleanup", "abandoned", "answer", "chunks", "fd", "frame", "process", "sent_at")
 
     def __init__(
         self, frame: Call | RpcCall, fd: int | None, cleanup: Callable[[], None] | None = None
@@ -417,8 +417,8 @@ class HandlerPool:
                 pending.chunks = asyncio.Queue()
                 pending.answer.set_result(frame)
                 return
-            if fd is not None:
-                frame = frame._replace(body=read_fd(fd))  # type: ignore[union-attr]
+            if fd is not None and isinstance(frame, Answer):  # its body came as a memfd
+                frame = frame._replace(body=read_fd(fd))
             pending.answer.set_result(frame)
             self._finished(process, pending)
         elif isinstance(frame, Chunk):

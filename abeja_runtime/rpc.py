@@ -61,11 +61,14 @@ class RpcServer:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        handlers = {
-            method: grpc.unary_unary_rpc_method_handler(self._forwarder(method))
-            for method in methods
-        }
-        self._server.add_generic_rpc_handlers((_Methods(handlers),))
+        services: dict[str, dict[str, Any]] = {}
+        for method in methods:  # "/package.Service/Method"
+            service, name = method.lstrip("/").split("/", 1)
+            forward: Any = grpc.unary_unary_rpc_method_handler(self._forwarder(method))
+            services.setdefault(service, {})[name] = forward
+        self._server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler(name, calls) for name, calls in services.items()]
+        )
         host = f"[{config.host}]" if ":" in config.host else config.host
         try:
             self._server.add_insecure_port(f"{host}:{config.grpc_port}")
@@ -125,13 +128,3 @@ class RpcServer:
             http.end()
         await context.abort(code, message)
         raise AssertionError("abort raises")  # pragma: no cover
-
-
-class _Methods(grpc.GenericRpcHandler):
-    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self._handlers = handlers
-
-    def service(
-        self, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        return self._handlers.get(handler_call_details.method)  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from abeja_runtime.arms import (
 )
 from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER
 from abeja_runtime.config import Config
-from abeja_runtime.decode import BodyCounter, check_declared_length, check_method, BodyLimits
+from abeja_runtime.decode import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.errors import (
     BodyTimeout,
@@ -133,7 +133,7 @@ class _MemoryBuffers:
 
     def fill(self, chunks: list[bytes], size: int) -> int:
         """A buffer holding ``chunks`` from offset 0: its descriptor, until :meth:`release`."""
-        for index, (fd, mapped) in enumerate(self._free):
+        for index, (fd, mapped) in enumerate(self._free):  # noqa: B007 (used after the loop)
             if len(mapped) >= size:
                 del self._free[index]
                 break

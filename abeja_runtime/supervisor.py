@@ -104,7 +104,7 @@ def _run_loop(main: Any, loop: str) -> int:
         import uvloop
 
         return int(uvloop.run(main))
-    return asyncio.run(main)
+    return int(asyncio.run(main))
 
 
 def _check_free(host: str, port: int) -> None:
@@ -136,6 +136,7 @@ class _Front:
         self._http: HttpServer | None = None
         self._service_site: web.BaseSite | None = None
         self._drainer: asyncio.Task[None] | None = None
+        self._rpc_starting: asyncio.Task[None] | None = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -192,8 +193,10 @@ class _Front:
         return not self._draining and self._pool.serving
 
     def _on_pool_change(self) -> None:
-        if self._pool.ever_ready and self._config.grpc_port is not None and self._rpc is None:
-            asyncio.create_task(self._start_rpc())
+        """Once a worker is ready, the gRPC port (when asked for) opens."""
+        wanted = self._config.grpc_port is not None and self._rpc_starting is None
+        if wanted and self._pool.ever_ready:
+            self._rpc_starting = asyncio.create_task(self._start_rpc())
 
     def _on_load_failed(self, text: str, details: str) -> None:
         fields = {"traceback": details.rstrip()} if details else {}

@@ -1,12 +1,13 @@
 """A handler process: load the handler, then answer the front's calls, each before the next.
 
-``python -m abeja_runtime.worker FD FRONT_PID``, started by the front (``supervisor.py``) with its end of
-a socket pair, on which frames travel (``frames.py``). This process imports no HTTP server: it
-reads a :class:`~abeja_runtime.frames.Call`, builds the ABEJA request from it, calls the handler,
-encodes the result and writes the :class:`~abeja_runtime.frames.Answer`, and only then reads the
-next call. A crash (``os._exit``, a segfault, the OOM killer) can therefore lose only the calls
-that were running: every finished answer is in the socket already, and the calls the front had
-sent but this process had not started are still the front's to give to another process.
+``python -m abeja_runtime.worker FD FRONT_PID``, started by the front (``supervisor.py``) with
+its end of a socket pair, on which frames travel (``frames.py``). This process imports no HTTP
+server: it reads a :class:`~abeja_runtime.frames.Call`, builds the ABEJA request from it, calls
+the handler, encodes the result and writes the :class:`~abeja_runtime.frames.Answer`, and only
+then reads the next call. A crash (``os._exit``, a segfault, the OOM killer) can therefore lose
+only the calls that were running: every finished answer is in the socket already, and the calls
+the front had sent but this process had not started are still the front's to give to another
+process.
 
 How calls run, by the handler:
 
@@ -62,7 +63,6 @@ from abeja_runtime.frames import (
     RpcCall,
     Start,
     memfd,
-    read_fd,
 )
 from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.loader import load_handler
@@ -273,9 +273,9 @@ class _Calls:
             rpc = self._handler.rpc
             assert rpc is not None, "the front sends gRPC calls only to styles that have them"
             with _request_ids(frame.request_id, None):
-                self.channel.write(
-                    RpcAnswer(frame.id, *rpc.call(frame.method, frame.payload, frame.metadata))
-                )
+                result = rpc.call(frame.method, frame.payload, frame.metadata)
+                assert isinstance(result, tuple), "a sync style answers at once"
+                self.channel.write(RpcAnswer(frame.id, *result))
 
     async def run_async(self, frame: Frame, fd: int | None) -> None:
         if isinstance(frame, Call):

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_supervisor import wait_for_ready_workers
 from conftest import HANDLERS, runtime_env
 from PIL import Image
+from test_supervisor import wait_for_ready_workers
 from waiting import wait_until
 
 from abeja_runtime.launch import free_port, runtime_command
