@@ -44,6 +44,7 @@ __all__ = [
     "Cancel",
     "Chunk",
     "End",
+    "FDS_PER_WRITE",
     "Frame",
     "FrameDecoder",
     "LoadFailed",
@@ -62,7 +63,10 @@ INLINE_LIMIT: Final = 64 * 1024
 _HEAD: Final = struct.Struct("!IBB")
 #: How much one read asks for: a few small requests at once, or a big piece of one.
 READ_SIZE: Final = 256 * 1024
-_FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * 8)
+#: The most descriptors one write may carry (the frames of one loop iteration go in one write),
+#: and room for them in a read: descriptors beyond a read's room would be lost.
+FDS_PER_WRITE: Final = 32
+_FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * FDS_PER_WRITE)
 
 
 class Start(NamedTuple):
@@ -218,7 +222,9 @@ class FrameDecoder:
 
 def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     """One read: the bytes and any descriptors that came with them (``b""``: closed)."""
-    data, ancillary, _, _ = sock.recvmsg(READ_SIZE, _FD_SPACE)
+    data, ancillary, flags, _ = sock.recvmsg(READ_SIZE, _FD_SPACE)
+    if flags & socket.MSG_CTRUNC:  # the other end broke FDS_PER_WRITE: frames would be lost
+        raise ConnectionError("more descriptors arrived in one read than frames.py allows")
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

@@ -44,6 +44,7 @@ from abeja_runtime.frames import (
     VERSION,
     Answer,
     Call,
+    FDS_PER_WRITE,
     Cancel,
     Chunk,
     End,
@@ -183,23 +184,27 @@ class _Process:
         in one write, and the worker reads them in one."""
         if not self._batch:
             self._loop.call_soon(self._flush)
+        elif fd is not None and len(self._batch_fds) == FDS_PER_WRITE:
+            self._seal()  # what one write may carry
         self._batch.append(encode_frame(frame, has_fd=fd is not None))
         if fd is not None:
             self._batch_fds.append(os.dup(fd))  # the caller may close its own meanwhile
 
-    def _flush(self) -> None:
-        data = memoryview(b"".join(self._batch))
-        fds = tuple(self._batch_fds)
+    def _seal(self) -> None:
+        """The batch so far becomes one write."""
+        self._out.append((memoryview(b"".join(self._batch)), tuple(self._batch_fds)))
         self._batch.clear()
         self._batch_fds.clear()
+
+    def _flush(self) -> None:
+        if self._batch:
+            self._seal()
         if self._sock.fileno() < 0:  # gone meanwhile
-            _close_all(fds)
+            self._drop_output()
             return
-        self._out.append((data, fds))
-        if len(self._out) == 1:
-            self._writable()
-            if self._out:
-                self._loop.add_writer(self._sock.fileno(), self._writable)
+        self._writable()
+        if self._out:
+            self._loop.add_writer(self._sock.fileno(), self._writable)
 
     def _writable(self) -> None:
         while self._out:

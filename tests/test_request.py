@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 
 import pytest
+from conftest import wait_until
 
 
 @pytest.fixture
@@ -165,6 +167,31 @@ def test_large_body_is_spooled_and_read_back_byte_exact(make_server):
     (content,) = seen.json()["contents"]
     assert base64.b64decode(content["body"]) == payload
     assert content["spooled_to_disk"] is True
+
+
+def test_many_bodies_in_shared_memory_at_once_all_arrive(make_server):
+    """Bodies above 64 KiB travel to the worker as descriptors. 40 of them wait while a slow
+    call runs, then go to the worker at once: more of them in one write than one read there
+    once took (a worker lost the descriptors beyond 8 and died, again and again)."""
+    server = make_server("ex_sleep")
+    slow = socket.create_connection(("127.0.0.1", server.port), 10)
+    slow.sendall(b"GET /?sleep=0.5 HTTP/1.1\r\nHost: x\r\n\r\n")
+    wait_until(lambda: _events(server, "start"), 5, "the slow call to start")
+    body = b"x" * (100 * 1024)
+    head = f"POST /?tag=big HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    waiting = [socket.create_connection(("127.0.0.1", server.port), 10) for _ in range(40)]
+    for connection in waiting:
+        connection.sendall(head.encode() + body)
+    for connection in [slow, *waiting]:
+        with connection:
+            assert connection.recv(12) == b"HTTP/1.1 200"
+    assert _events(server, "end") == 41
+
+
+def _events(server, event: str) -> int:
+    return sum(
+        record.get("message", "").count(f'"event": "{event}"') for record in server.records()
+    )
 
 
 def test_large_multipart_part_is_spooled(make_server):
