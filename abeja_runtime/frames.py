@@ -36,6 +36,7 @@ from collections import deque
 from typing import Any, Final, NamedTuple
 
 __all__ = [
+    "FDS_PER_WRITE",
     "INLINE_LIMIT",
     "VERSION",
     "Answer",
@@ -44,7 +45,6 @@ __all__ = [
     "Cancel",
     "Chunk",
     "End",
-    "FDS_PER_WRITE",
     "Frame",
     "FrameDecoder",
     "LoadFailed",

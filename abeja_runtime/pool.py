@@ -41,10 +41,10 @@ from typing import Any, Final
 from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import (
+    FDS_PER_WRITE,
     VERSION,
     Answer,
     Call,
-    FDS_PER_WRITE,
     Cancel,
     Chunk,
     End,
