@@ -74,6 +74,7 @@ from abeja_runtime.logs import (
     user_traceback,
 )
 from abeja_runtime.pixels import limit_image_pixels
+from abeja_runtime.request import Request
 
 __all__ = ["main"]
 
@@ -259,47 +260,53 @@ class _Calls:
         self._shared = _SharedBodies()
 
     def run(self, frame: Frame, fd: int | None) -> None:
+        """One call, on this thread (a ``def`` handler)."""
         if isinstance(frame, Call):
-            with _request_ids(frame.request_id, frame.requester_id):
-                request = self._request(frame, fd)
-                if isinstance(request, EncodedResponse):
-                    self._send(frame.id, request)
-                    return
-                try:
+            with self._opened(frame, fd) as request:
+                if request is not None:
                     self._send(frame.id, self._calls.answer(request))
-                finally:
-                    request.close()
         elif isinstance(frame, RpcCall):
-            rpc = self._handler.rpc
-            assert rpc is not None, "the front sends gRPC calls only to styles that have them"
             with _request_ids(frame.request_id, None):
-                result = rpc.call(frame.method, frame.payload, frame.metadata)
+                result = self._rpc(frame)
                 assert isinstance(result, tuple), "a sync style answers at once"
                 self.channel.write(RpcAnswer(frame.id, *result))
 
     async def run_async(self, frame: Frame, fd: int | None) -> None:
+        """One call, on this process's event loop."""
         if isinstance(frame, Call):
-            with _request_ids(frame.request_id, frame.requester_id):
-                request = self._request(frame, fd)
-                if isinstance(request, EncodedResponse):
-                    self._send(frame.id, request)
-                    return
-                try:
+            with self._opened(frame, fd) as request:
+                if request is not None:
                     if self._handler.is_async:
                         reply = await self._calls.answer_async(request)
                     else:
                         reply = self._calls.answer(request)
                     self._send(frame.id, reply)
-                finally:
-                    request.close()
         elif isinstance(frame, RpcCall):
-            rpc = self._handler.rpc
-            assert rpc is not None, "the front sends gRPC calls only to styles that have them"
             with _request_ids(frame.request_id, None):
-                result = rpc.call(frame.method, frame.payload, frame.metadata)
+                result = self._rpc(frame)
                 if inspect.isawaitable(result):
                     result = await result
                 self.channel.write(RpcAnswer(frame.id, *result))
+
+    @contextlib.contextmanager
+    def _opened(self, call: Call, fd: int | None) -> Iterator[Request | None]:
+        """The call's request, closed afterwards; ``None`` when none could be built from it
+        (its error reply is sent already)."""
+        with _request_ids(call.request_id, call.requester_id):
+            request = self._request(call, fd)
+            if isinstance(request, EncodedResponse):
+                self._send(call.id, request)
+                yield None
+                return
+            try:
+                yield request
+            finally:
+                request.close()
+
+    def _rpc(self, call: RpcCall) -> Any:
+        rpc = self._handler.rpc
+        assert rpc is not None, "the front sends gRPC calls only to styles that have them"
+        return rpc.call(call.method, call.payload, call.metadata)
 
     def dropped(self, frame: Call | RpcCall) -> None:
         """The answer to a call that was cancelled: the front has answered it already and
@@ -309,7 +316,7 @@ class _Calls:
         else:
             self.channel.write(RpcAnswer(frame.id, 4, b"", "cancelled", 504))
 
-    def _request(self, call: Call, fd: int | None) -> Any:
+    def _request(self, call: Call, fd: int | None) -> Request | EncodedResponse:
         """The handler's request, or the error reply when none can be built from the call."""
         body: IO[bytes]
         if fd is None:
