@@ -80,3 +80,18 @@ def test_status_codes_pass_through(make_server, status):
     answer = server.request("GET", f"/?status={status}")
     assert answer.status == status
     assert answer.body == b""
+
+
+def test_an_answer_above_64_kib_arrives_whole(make_server, tmp_path):
+    """Answers above 64 KiB come back from the worker as a memfd, not through the socket."""
+    (tmp_path / "main.py").write_text(
+        "def handler(request, context):\n"
+        "    size = int(request.query['size'])\n"
+        "    content = bytes(range(256)) * (size // 256)\n"
+        "    return {'content_type': 'application/octet-stream', 'content': content}\n"
+    )
+    server = make_server(tmp_path)
+    for size in (64 * 1024, 64 * 1024 + 256, 3 * 1024 * 1024):
+        answer = server.request("GET", f"/?size={size}")
+        assert answer.status == 200
+        assert answer.body == bytes(range(256)) * (size // 256)
