@@ -21,6 +21,7 @@ __all__ = [
     "ServiceBusy",
     "ServiceUnavailable",
     "TooManyParts",
+    "WorkerCrashed",
 ]
 
 
@@ -141,6 +142,18 @@ class ServiceBusy(HttpError):
 
     def __init__(self, retry_after: int = 1) -> None:
         super().__init__("service busy", headers={"Retry-After": str(retry_after)})
+
+
+class WorkerCrashed(HttpError):
+    """The worker running the request died under it (the front answers for it)."""
+
+    status = 502
+
+    def __init__(self, how: str) -> None:
+        super().__init__(
+            f"the worker process running this request exited ({how}); it is being replaced: "
+            "try again"
+        )
 
 
 class HandlerTimeout(HttpError):

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from abeja_runtime.config import Config, MiB
-from abeja_runtime.errors import HttpError, ServiceBusy
+from abeja_runtime.errors import ServiceBusy, WorkerCrashed
 from abeja_runtime.frames import (
     FDS_PER_WRITE,
     VERSION,
@@ -61,7 +61,7 @@ from abeja_runtime.frames import (
 )
 from abeja_runtime.metrics import FrontMetrics, handler_environment
 
-__all__ = ["PIPELINE", "HandlerPool", "PendingCall", "WorkerCrashed"]
+__all__ = ["PIPELINE", "HandlerPool", "PendingCall"]
 
 _log = logging.getLogger("abeja_runtime")
 #: Calls a process may hold beyond its concurrency, waiting in its socket, while its calls are
@@ -78,16 +78,6 @@ _SPAWN_RETRY: Final = 1.0
 _STREAM_AHEAD: Final = 8
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _STREAM_FAILED: Final = object()
-
-
-class WorkerCrashed(HttpError):
-    status = 502
-
-    def __init__(self, how: str) -> None:
-        super().__init__(
-            f"the worker process running this request exited ({how}); it is being replaced: "
-            "try again"
-        )
 
 
 class PendingCall:
