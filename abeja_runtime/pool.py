@@ -159,9 +159,6 @@ class _Process:
         self.request_limit: int | None = None
         self.retiring = False
         self.replaces: _Process | None = None
-        self.style = ""
-        self.front_paths: tuple[str, ...] = ()
-        self.rpc_methods: tuple[str, ...] = ()
         self._reading = True
         self.exit_fd = _pidfd(self.pid)
         self._loop.add_reader(ours.fileno(), self._readable)
@@ -457,17 +454,10 @@ class HandlerPool:
         if process.state != "starting":
             return
         process.state = "ready"
-        process.style, process.front_paths, process.rpc_methods = (
-            ready.style,
-            ready.front_paths,
-            ready.rpc_methods,
-        )
-        if not self.ever_ready:
-            self.style, self.front_paths, self.rpc_methods = (
-                process.style,
-                ready.front_paths,
-                ready.rpc_methods,
-            )
+        if not self.ever_ready:  # every worker loads the same handler: the first one says
+            self.style = ready.style
+            self.front_paths = ready.front_paths
+            self.rpc_methods = ready.rpc_methods
         self.ever_ready = True
         self._deaths_before_ready = 0
         if self._config.max_requests:  # a little more for some, so that processes retire apart
