@@ -31,6 +31,7 @@ import os
 import pickle
 import socket
 import struct
+import tempfile
 import threading
 from collections import deque
 from typing import Any, Final, NamedTuple
@@ -52,6 +53,7 @@ __all__ = [
     "RpcAnswer",
     "RpcCall",
     "Start",
+    "anonymous_file",
     "encode_frame",
     "memfd",
     "read_fd",
@@ -234,9 +236,21 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, fds
 
 
+def anonymous_file() -> int:
+    """A file with no name, in memory where the system has memfds (Linux), else an unlinked
+    temporary file (macOS, for the CLI's local engine)."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        fd: int = memfd_create("abeja-body", os.MFD_CLOEXEC)
+        return fd
+    fd, path = tempfile.mkstemp(prefix="abeja-body-")
+    os.unlink(path)
+    return fd
+
+
 def memfd(chunks: list[bytes]) -> int:
     """A file in memory holding ``chunks``, at offset 0 (the caller closes it)."""
-    fd = os.memfd_create("abeja-body", os.MFD_CLOEXEC)
+    fd = anonymous_file()
     try:
         for chunk in chunks:
             view = memoryview(chunk)

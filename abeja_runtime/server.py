@@ -42,7 +42,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
     ServiceUnavailable,
 )
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, anonymous_file
 from abeja_runtime.logs import AccessLog
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
@@ -138,7 +138,7 @@ class _MemoryBuffers:
                 del self._free[index]
                 break
         else:
-            fd = os.memfd_create("abeja-body", os.MFD_CLOEXEC)
+            fd = anonymous_file()
             capacity = max(size, self._SMALLEST)
             os.ftruncate(fd, capacity)
             mapped = mmap.mmap(fd, capacity)
