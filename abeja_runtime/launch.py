@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -48,18 +49,40 @@ class NotHealthy(Exception):
 
 #: Tries to find a free port other than some given ones (the system rarely repeats one).
 _PORT_TRIES: Final = 100
+#: Ports are picked from here up to the ephemeral range (below: well-known services' ports).
+_LOWEST_PICKED: Final = 20000
+_EPHEMERAL_LOW: Final = 32768
 
 
 def free_port(host: str = "127.0.0.1", *, other_than: Collection[int] = ()) -> int:
-    """A port on ``host`` that was free a moment ago (the system picks it), and none of
-    ``other_than`` (ports picked a moment before: the system may hand the same one again)."""
+    """A port on ``host`` that was free a moment ago, and none of ``other_than`` (ports picked
+    a moment before).
+
+    It comes from below the system's ephemeral range where it can: a port from that range (what
+    binding port 0 gives) is also what the next outgoing connection may take as its local port,
+    so a port picked now and bound seconds later (a container published on it) was sometimes
+    taken meanwhile ("address already in use")."""
+    low = _ephemeral_low()
     for _ in range(_PORT_TRIES):
+        port = random.randrange(_LOWEST_PICKED, low) if low > _LOWEST_PICKED else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
             port = int(sock.getsockname()[1])
         if port not in other_than:
             return port
     raise OSError(f"no free port on {host} other than {sorted(other_than)}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the system's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_LOW
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
