@@ -61,7 +61,7 @@ from abeja_runtime.frames import (
 )
 from abeja_runtime.metrics import FrontMetrics, handler_environment
 
-__all__ = ["PIPELINE", "HandlerPool", "PendingCall"]
+__all__ = ["HandlerPool", "PendingCall"]
 
 _log = logging.getLogger("abeja_runtime")
 #: Calls a process may hold beyond its concurrency, waiting in its socket, while its calls are
@@ -161,7 +161,7 @@ class _Process:
         self.replaces: _Process | None = None
         self._reading = True
         self.exit_fd = _pidfd(self.pid)
-        self._loop.add_reader(ours.fileno(), self._readable)
+        self._loop.add_reader(ours.fileno(), self.read_available)
         self.send(Start(VERSION, config))
 
     # -- the socket ---------------------------------------------------------------------------
@@ -222,7 +222,8 @@ class _Process:
             _close_all(fds)
         self._out.clear()
 
-    def _readable(self) -> None:
+    def read_available(self) -> None:
+        """Every frame the socket holds now (also what a process wrote just before it exited)."""
         while True:
             try:
                 data, fds = receive(self._sock)
@@ -244,7 +245,7 @@ class _Process:
     def resume(self) -> None:
         if not self._reading and self._sock.fileno() >= 0:
             self._reading = True
-            self._loop.add_reader(self._sock.fileno(), self._readable)
+            self._loop.add_reader(self._sock.fileno(), self.read_available)
 
     def close_socket(self) -> None:
         """Tells the process to finish (it reads the end of its input), or forgets a dead one."""
@@ -532,7 +533,7 @@ class HandlerPool:
         with contextlib.suppress(
             OSError
         ):  # frames it wrote before it exited (an answer, load_failed)
-            process._readable()
+            process.read_available()
         process.close_socket()
         self.processes.remove(process)
         if self.metrics is not None:
