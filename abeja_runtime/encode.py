@@ -141,7 +141,7 @@ def encode_result(
     """
     if isinstance(result, EncodedResponse):
         return result.with_headers(tuple(extra_headers))
-    if not isinstance(result, Mapping):
+    if type(result) is not dict and not isinstance(result, Mapping):
         raise HandlerResultError(
             f"the handler returned {_describe(result)}, but it must return a dict such as "
             "{'status_code': 200, 'content_type': 'application/json', 'content': {...}}"
@@ -176,6 +176,8 @@ def _status(value: object) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _media_type(content_type: str) -> tuple[str, str]:
+    if _FORBIDDEN_IN_VALUE.search(content_type):
+        raise HandlerResultError(f"the handler's content_type {content_type!r} has a line break")
     mime, options = multipart.parse_options_header(content_type)
     charset = options.get("charset") or "utf-8"
     try:
@@ -191,6 +193,8 @@ def _media_type(content_type: str) -> tuple[str, str]:
 def _headers(
     content_type: str, metadata: object, extra: Iterable[tuple[str, str]]
 ) -> tuple[tuple[str, str], ...]:
+    if metadata is None and isinstance(extra, tuple):  # the common case, the same every time
+        return _headers_without_metadata(content_type, extra)
     headers: dict[str, tuple[str, str]] = {"content-type": ("Content-Type", content_type)}
     if metadata is not None and not isinstance(metadata, Mapping):
         raise HandlerResultError(
@@ -218,6 +222,13 @@ def _headers(
     return tuple(headers.values())
 
 
+@functools.lru_cache(maxsize=64)
+def _headers_without_metadata(
+    content_type: str, extra: tuple[tuple[str, str], ...]
+) -> tuple[tuple[str, str], ...]:
+    return _headers(content_type, {}, extra)
+
+
 @functools.cache
 def _warn_protected(name: str) -> None:
     """Log once per header name: the handler keeps trying, the log should not fill up."""
@@ -239,7 +250,7 @@ class _ElementWriter:
         self._dumps = dumps
         self._wrote = False
         self._csv: csv.DictWriter[str] | None = None
-        self._csv_buffer = io.StringIO()
+        self._csv_buffer: io.StringIO | None = None  # made for the first CSV row
 
     def encode(self, element: object) -> bytes:
         if isinstance(element, _BYTES_LIKE):
@@ -272,7 +283,8 @@ class _ElementWriter:
             raise HandlerResultError(
                 f"text/csv content must be dicts, one per row (or a str); got {_describe(row)}"
             )
-        if self._csv is None:
+        if self._csv is None or self._csv_buffer is None:
+            self._csv_buffer = io.StringIO()
             self._csv = csv.DictWriter(self._csv_buffer, fieldnames=list(row))
             self._csv.writeheader()
         try:
@@ -302,7 +314,7 @@ def _render(content: object, writer: _ElementWriter) -> Body:
         return b""
     if isinstance(content, _BYTES_LIKE):
         return bytes(content)  # raw: contract A3 (the anchor sent decimal byte values)
-    if isinstance(content, str | Mapping):
+    if type(content) is dict or isinstance(content, str | Mapping):
         return writer.encode(content)
     if isinstance(content, io.BytesIO):
         return content.read()

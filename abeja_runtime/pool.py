@@ -93,7 +93,6 @@ class PendingCall:
         #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
         self._cleanup = cleanup
         self.answer: asyncio.Future[Answer | RpcAnswer] = asyncio.get_running_loop().create_future()
-        self.answer.add_done_callback(_retrieve)
         self.chunks: asyncio.Queue[Any] | None = None
         self.abandoned = False
         self.process: _Process | None = None
@@ -120,6 +119,7 @@ class PendingCall:
     def abandon(self) -> None:
         """Nobody waits for the answer any more (timeout, client gone): drop it when it comes."""
         self.abandoned = True
+        self.answer.add_done_callback(_retrieve)
         if self.process is not None:
             self.process.resume()
 
@@ -672,7 +672,8 @@ class HandlerPool:
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
-    """An answer nobody awaits any more (a crash after the deadline) is no "never retrieved"."""
+    """An answer nobody awaits any more (a crash after the client left) is no "never
+    retrieved"."""
     if not future.cancelled():
         future.exception()
 

@@ -33,10 +33,10 @@ from abeja_runtime.arms import (
 )
 from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER
 from abeja_runtime.config import Config
+from abeja_runtime.connection import Connection
 from abeja_runtime.decode import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.errors import (
-    BodyTimeout,
     HandlerTimeout,
     HttpError,
     ServiceBusy,
@@ -55,7 +55,6 @@ __all__ = [
     "METRICS_PATH",
     "ControlServer",
     "HttpServer",
-    "make_web_server",
 ]
 
 _log = logging.getLogger("abeja_runtime")
@@ -189,6 +188,18 @@ class HttpServer:
         self._results = ResultSender(config.platform)
         self._async_jobs: set[asyncio.Task[None]] = set()
 
+    @property
+    def serving(self) -> bool:
+        """Whether a request can be handed to the pool now (else it is answered 503)."""
+        return self._pool.serving and not self.draining
+
+    def own_path(self, path: str) -> bool:
+        """The front answers this path itself (the health check, a style's front paths)."""
+        return path == HEALTH_PATH or path in self._pool.front_paths
+
+    def next_call_id(self) -> int:
+        return self._pool.next_id()
+
     async def idle(self) -> None:
         await self._idle.wait()
 
@@ -272,18 +283,22 @@ class HttpServer:
         )
         return PendingCall(call, body.fd, body.close)
 
-    async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
-        """The call through the pool, answered within the deadline (a timer on the answer's
-        future: no task or timeout context per request)."""
+    def submit(self, pending: PendingCall, received: float) -> asyncio.TimerHandle | None:
+        """Hand ``pending`` to the pool; its deadline's timer (a timer on the answer's future:
+        no task or timeout context per request). ``ServiceBusy`` when the pool is full."""
         try:
             self._pool.submit(pending)
         except ServiceBusy:
             pending.finish()
             raise
-        timer = None
-        if self._timeout is not None:
-            left = max(0.0, received + self._timeout - time.time())
-            timer = asyncio.get_running_loop().call_later(left, self._expire, pending)
+        if self._timeout is None:
+            return None
+        left = max(0.0, received + self._timeout - time.time())
+        return asyncio.get_running_loop().call_later(left, self._expire, pending)
+
+    async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
+        """The call through the pool, answered within the deadline."""
+        timer = self.submit(pending, received)
         try:
             return await pending.answer
         except asyncio.CancelledError:  # the client left
@@ -292,6 +307,9 @@ class HttpServer:
         finally:
             if timer is not None:
                 timer.cancel()
+
+    def withdraw(self, pending: PendingCall) -> None:
+        self._pool.withdraw(pending)
 
     def _expire(self, pending: PendingCall) -> None:
         if not pending.answer.done():
@@ -316,7 +334,7 @@ class HttpServer:
             chunks.append(data)
         else:
             protocol = request.protocol
-            assert isinstance(protocol, _RequestHandler)
+            assert isinstance(protocol, Connection)
             protocol.watch_body(request)  # still arriving
             if request.headers.get("Expect", "").lower() == "100-continue":
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -544,142 +562,3 @@ class ControlServer:
                 f"{METRICS_PATH}",
             )
         )
-
-
-class _RequestHandler(web_protocol.RequestHandler):
-    """aiohttp's connection handler with two things it does not do itself.
-
-    * Malformed HTTP (header floods, bad request lines) is answered as ``{"status": ...}`` JSON,
-      as the contract wants every error, instead of aiohttp's text/plain.
-    * A request head must arrive whole within ``head_timeout`` of its first byte (or of the
-      connection, for the first request): a client trickling its request line and headers
-      (slowloris) is answered ``408`` and cut off. aiohttp's keep-alive timer covers idle
-      connections, but not one that keeps sending a byte now and then.
-    * A body being read must make progress: no byte for ``head_timeout`` seconds fails its
-      reading with :class:`BodyTimeout` (``408``, the connection closed), where aiohttp would
-      wait for ever.
-    """
-
-    def __init__(self, manager: web.Server, *, head_timeout: float, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._head_timeout = head_timeout
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._head_started = False
-        #: When bytes last arrived, and the watch over a body being read (see watch_body).
-        self._last_data = 0.0
-        self._body_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._arm_head_timer()
-
-    def data_received(self, data: bytes) -> None:
-        self._last_data = self._loop.time()
-        super().data_received(data)
-        if self._messages or self._current_request is not None:
-            self._disarm_head_timer()  # a whole head arrived
-        elif data:
-            self._head_started = True
-            self._arm_head_timer()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm_head_timer()
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-        super().connection_lost(exc)
-
-    @property
-    def fresh(self) -> bool:
-        """Accepted, and not a byte received yet: a request is on its way (or the client
-        will be cut off at ``head_timeout``)."""
-        return self._last_data == 0.0
-
-    def watch_body(self, request: web.BaseRequest) -> None:
-        """Fail the reading of ``request``'s body if no byte arrives for ``head_timeout``.
-
-        One timer per body still arriving, which looks at when bytes last came (a float that
-        ``data_received`` sets) rather than being reset for every packet.
-        """
-        self._last_data = self._loop.time()
-        if self._body_timer is None:
-            self._body_timer = self._loop.call_later(self._head_timeout, self._check_body, request)
-
-    def _check_body(self, request: web.BaseRequest) -> None:
-        self._body_timer = None
-        content = request.content
-        if content.is_eof() or content.exception() is not None:
-            return
-        idle = self._loop.time() - self._last_data
-        if idle >= self._head_timeout:
-            content.set_exception(BodyTimeout(self._head_timeout))
-        else:
-            self._body_timer = self._loop.call_later(
-                self._head_timeout - idle, self._check_body, request
-            )
-
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self._loop.call_later(self._head_timeout, self._head_timed_out)
-
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        self._head_started = False
-
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if self._messages or self._current_request is not None or self.transport is None:
-            return
-        if self._head_started:  # a partial request: it can still be told why
-            self.transport.write(_HEAD_TIMEOUT_RESPONSE)
-        self.force_close()
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        response = super().handle_error(request, status, exc, message)
-        if status == 500:
-            text = "unexpected error occurred"
-        else:
-            text = f"malformed HTTP request: {message or exc or 'bad request'}"
-        error = _web_response(status_reply(response.status, text))
-        error.force_close()
-        return error
-
-
-_HEAD_TIMEOUT_BODY: Final = status_body("request head not received in time")
-_HEAD_TIMEOUT_RESPONSE: Final = (
-    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-    + f"Content-Length: {len(_HEAD_TIMEOUT_BODY)}\r\nConnection: close\r\n\r\n".encode()
-    + _HEAD_TIMEOUT_BODY
-)
-
-
-class _Server(web.Server):
-    def __init__(self, handler: Any, *, head_timeout: float, **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._head_timeout = head_timeout
-
-    def __call__(self) -> web_protocol.RequestHandler:
-        return _RequestHandler(
-            self, loop=self._loop, head_timeout=self._head_timeout, **self._kwargs
-        )
-
-
-def make_web_server(handler: Any, config: Config) -> web.Server:
-    """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors,
-    the connection timeouts of ``config``, and no lingering read of a body nobody will use
-    (the 413 path reads a bounded amount itself)."""
-    return _Server(
-        handler,
-        access_log=None,
-        keepalive_timeout=config.keepalive_timeout,
-        head_timeout=config.request_head_timeout,
-        lingering_time=0,
-    )

@@ -150,8 +150,10 @@ class _Front:
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
+        from abeja_runtime.connection import make_web_server
+        from abeja_runtime.direct import DirectRequests
         from abeja_runtime.metrics import FrontMetrics
-        from abeja_runtime.server import ControlServer, HttpServer, make_web_server
+        from abeja_runtime.server import ControlServer, HttpServer
 
         metrics = FrontMetrics(
             __version__, config.handler, config.style, self._metrics_dir, self._gauges
@@ -159,8 +161,9 @@ class _Front:
         pool.metrics = metrics
         http = self._http = HttpServer(config, pool, metrics)
         control = ControlServer(self._is_ready, metrics.render)
+        direct = DirectRequests(http, config.max_body_size, config.spool_threshold)
         service = web.ServerRunner(
-            make_web_server(http.service, config), handle_signals=False, shutdown_timeout=1
+            make_web_server(http.service, config, direct), handle_signals=False, shutdown_timeout=1
         )
         health = web.ServerRunner(
             make_web_server(control.handle, config), handle_signals=False, shutdown_timeout=1

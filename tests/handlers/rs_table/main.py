@@ -24,6 +24,7 @@ BAD_RESULTS = {
     "status_bool": lambda: {"status_code": True},
     "content_type_none": lambda: {"content_type": None, "content": "x"},
     "content_type_blank": lambda: {"content_type": "  ", "content": "x"},
+    "content_type_newline": lambda: {"content_type": "text/plain\r\nX-Injected: 1", "content": "x"},
     "metadata_list": lambda: {"metadata": ["x"]},
     "metadata_value_list": lambda: {"metadata": {"x-a": [1]}},
     "metadata_newline": lambda: {"metadata": {"x-a": "a\r\nSet-Cookie: x=1"}},

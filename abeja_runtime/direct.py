@@ -1,0 +1,277 @@
+"""The direct path: a request that came whole with its head, served from callbacks.
+
+Nearly every model call is one HTTP/1.1 request whose body (JSON, a small image) arrives with
+its head. :class:`DirectRequests` takes such a request from the connection as soon as aiohttp's
+parser has it (``connection.py``), submits its call to the pool, and writes the answer from the
+answer's callback: no aiohttp request or response object, no task, no coroutine. It does what
+:meth:`HttpServer.service <abeja_runtime.server.HttpServer.service>` does for the same request
+(the same call frame, deadline, refusals, access record, metrics and answer headers), and
+leaves every other request to it: a body still arriving or above the inline limit, HTTP/1.0,
+an upgrade, a method the runtime refuses, the health check and the style's own front paths,
+an async (ARMS) request, and any request while no worker is ready or the front is draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import functools
+import http
+import logging
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Final
+
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion11, RawRequestMessage, StreamWriter
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from multidict import CIMultiDict
+
+from abeja_runtime.arms import ASYNC_ID_HEADER
+from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, UNEXPECTED_ERROR
+from abeja_runtime.connection import Connection
+from abeja_runtime.decode import ALLOWED_METHODS
+from abeja_runtime.errors import HttpError, ServiceBusy
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
+from abeja_runtime.pool import PendingCall
+
+if TYPE_CHECKING:
+    from abeja_runtime.server import HttpServer
+
+__all__ = ["DirectRequests"]
+
+_log = logging.getLogger("abeja_runtime")
+
+#: Statuses whose answers have no body, and no Content-Length (as aiohttp sends them).
+_EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
+#: What a header name or value must not hold (aiohttp refuses the same: header injection).
+_FORBIDDEN_IN_HEADER: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
+
+
+class DirectRequests:
+    """The service port's direct path (see the module's docstring)."""
+
+    def __init__(self, server: HttpServer, max_body_size: int, spool_threshold: int) -> None:
+        self._server = server
+        limits = [INLINE_LIMIT, spool_threshold] + ([max_body_size] if max_body_size else [])
+        #: The largest body taken here: it travels inside the call frame, as service() sends it.
+        self._largest_body = min(limits)
+
+    def accepts(self, message: RawRequestMessage, payload: StreamReader) -> bool:
+        if payload is not EMPTY_PAYLOAD and not (
+            payload.is_eof()
+            and payload.exception() is None
+            and payload.total_bytes <= self._largest_body
+        ):
+            return False
+        server = self._server
+        return (
+            message.version == HttpVersion11
+            and message.method in ALLOWED_METHODS
+            and not message.upgrade
+            and server.serving
+            and not server.own_path(message.url.path)
+            and ASYNC_ID_HEADER not in message.headers
+        )
+
+    def take(
+        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+    ) -> _DirectCall | None:
+        received = time.time()
+        headers = message.headers
+        server = self._server
+        method = message.method
+        url = message.url
+        body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
+        request_id = headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
+        call = Call(
+            server.next_call_id(),
+            method,
+            url.raw_path,
+            url.raw_query_string,
+            tuple(headers.items()),
+            request_id,
+            headers.get(REQUESTER_ID_HEADER),
+            body,
+            "",
+            len(body),
+        )
+        direct = _DirectCall(server, connection, PendingCall(call, None), url.path, received)
+        direct.keep_alive = not message.should_close
+        server.begin()
+        try:
+            direct.timer = server.submit(direct.pending, received)
+        except ServiceBusy as exc:
+            direct.refused(exc)
+            return None
+        direct.pending.answer.add_done_callback(direct.answered)
+        return direct
+
+
+class _DirectCall:
+    """One request on the direct path, from its call's submission until its answer is out."""
+
+    __slots__ = (
+        "_connection",
+        "_over",
+        "_path",
+        "_received",
+        "_server",
+        "_streaming",
+        "keep_alive",
+        "pending",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        server: HttpServer,
+        connection: Connection,
+        pending: PendingCall,
+        path: str,
+        received: float,
+    ) -> None:
+        self._server = server
+        self._connection = connection
+        self.pending = pending
+        self._path = path
+        self._received = received
+        self.keep_alive = True
+        self.timer: asyncio.TimerHandle | None = None
+        self._over = False
+        self._streaming: asyncio.Task[None] | None = None
+
+    def answered(self, future: asyncio.Future[Answer | RpcAnswer]) -> None:
+        """The answer's callback: an answer, or the front's 504 / 502 for this call."""
+        if self._over:  # the client left
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        exc = future.exception()
+        if exc is not None:
+            if not isinstance(exc, HttpError):
+                raise exc
+            self.refused(exc)
+            return
+        answer = future.result()
+        assert isinstance(answer, Answer)
+        if answer.streamed:
+            self._streaming = asyncio.create_task(self._stream(answer))
+            return
+        assert answer.body is not None
+        self._write(answer.status, answer.headers, answer.body)
+
+    def refused(self, exc: HttpError) -> None:
+        reply = self._server.refusal(exc)
+        assert isinstance(reply.body, bytes)
+        self._write(reply.status, reply.headers, reply.body)
+
+    def _write(self, status: int, headers: tuple[tuple[str, str], ...], body: bytes) -> None:
+        self._over = True
+        server = self._server
+        call = self.pending.frame
+        assert isinstance(call, Call)
+        close = not self.keep_alive or server.draining
+        headers = (*headers, (REQUEST_ID_HEADER, call.request_id))
+        try:
+            head = _response_head(status, headers, body, close=close)
+        except ValueError as exc:  # a header that would split the answer
+            _log.error("the handler's answer cannot be sent: %s", exc)
+            status, body = UNEXPECTED_ERROR.status, UNEXPECTED_ERROR.body  # type: ignore[assignment]
+            headers = (*UNEXPECTED_ERROR.headers, (REQUEST_ID_HEADER, call.request_id))
+            head = _response_head(status, headers, body, close=close)
+        if status in _EMPTY_BODY_STATUSES:
+            body = b""
+        server.account(
+            call.method, self._path, status, self._received, call.request_id, call.requester_id
+        )
+        self._connection.send_direct(head, body)
+        server.end()
+        self._connection.direct_done(close=close)
+
+    async def _stream(self, answer: Answer) -> None:
+        """A streamed answer: chunked, each chunk written as the handler process sends it."""
+        server = self._server
+        connection = self._connection
+        call = self.pending.frame
+        assert isinstance(call, Call)
+        close = not self.keep_alive or server.draining
+        server.account(
+            call.method, self._path, answer.status, self._received, call.request_id,
+            call.requester_id,
+        )  # fmt: skip
+        headers = CIMultiDict(answer.headers)
+        headers[REQUEST_ID_HEADER] = call.request_id
+        headers["Transfer-Encoding"] = "chunked"
+        headers["Date"] = _http_date(int(time.time()))
+        headers["Server"] = SERVER_SOFTWARE
+        if close:
+            headers["Connection"] = "close"
+        writer = StreamWriter(connection, asyncio.get_running_loop())
+        writer.enable_chunking()
+        try:
+            status_line = f"HTTP/1.1 {answer.status} {_reason(answer.status)}"
+            await writer.write_headers(status_line, headers)
+            async for chunk in self.pending.stream():
+                await writer.write(chunk)
+            await writer.write_eof()
+        except ConnectionError:
+            server.withdraw(self.pending)
+            close = True
+        except RuntimeError:
+            # Headers are out: the only honest signal left is to cut the chunked body short.
+            close = True
+        except asyncio.CancelledError:  # the client left (client_gone)
+            server.withdraw(self.pending)
+            raise
+        finally:
+            self._over = True
+            server.end()
+        connection.direct_done(close=close)
+
+    def client_gone(self) -> None:
+        """The connection was lost before the answer was out: nobody waits for it."""
+        if self._streaming is not None:
+            self._streaming.cancel()  # it ends itself
+            return
+        if self._over:
+            return
+        self._over = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self._server.withdraw(self.pending)
+        self._server.end()
+
+
+def _response_head(
+    status: int, headers: tuple[tuple[str, str], ...], body: bytes, *, close: bool
+) -> bytes:
+    """The status line and headers of an answer with a body of known length, as aiohttp
+    writes them (Content-Length, Date, Server; Connection: close when the connection ends)."""
+    lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
+    for name, value in headers:
+        if _FORBIDDEN_IN_HEADER.search(name) or _FORBIDDEN_IN_HEADER.search(value):
+            raise ValueError(f"the header {name!r} holds a line break or a control character")
+        lines.append(f"{name}: {value}\r\n")
+    if status not in _EMPTY_BODY_STATUSES:
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append(f"Date: {_http_date(int(time.time()))}\r\n")
+    lines.append(_SERVER_LINE)
+    if close:
+        lines.append("Connection: close\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("utf-8")
+
+
+@functools.lru_cache(maxsize=2)
+def _http_date(second: int) -> str:
+    return email.utils.formatdate(second, usegmt=True)
+
+
+@functools.cache
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""

@@ -1,0 +1,141 @@
+"""Requests on one kept-alive connection, over raw sockets: the front serves a request that came
+whole itself (the direct path, ``direct.py``) and hands every other one to aiohttp; whichever
+serves them, the answers come in order, a long call outlives the keep-alive timer, a client
+that leaves frees its request, and ``Connection: close`` is honoured."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import socket
+
+import pytest
+from conftest import RunningServer, ServerFactory, wait_until
+
+#: Above the inline limit (64 KiB): such a body goes through aiohttp's request handling.
+BIG_BODY = b'{"pad": "' + b"x" * (100 * 1024) + b'"}'
+
+
+class _Unclosable(io.BufferedReader):
+    """The socket's one buffered reader, shared by the answers read from it."""
+
+    def close(self) -> None:
+        pass
+
+
+class _Source:
+    def __init__(self, sock: socket.socket) -> None:
+        self._file = _Unclosable(socket.SocketIO(sock, "rb"))
+
+    def makefile(self, mode: str) -> _Unclosable:
+        return self._file
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """``count`` answers from ``sock``, one after the other (bounded by the socket timeout)."""
+    source = _Source(sock)
+    answers = []
+    for _ in range(count):
+        answer = http.client.HTTPResponse(source)  # type: ignore[arg-type]
+        answer.begin()
+        answers.append((answer.status, dict(answer.getheaders()), answer.read()))
+    return answers
+
+
+def request(method: str, target: str, body: bytes = b"", *extra: str) -> bytes:
+    head = [f"{method} {target} HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    head += [f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def chunked(target: str, body: bytes) -> bytes:
+    head = f"POST {target} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return head.encode() + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+
+
+def connect(server: RunningServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=20)
+
+
+def in_flight(server: RunningServer) -> float:
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+    for line in metrics.splitlines():
+        if line.startswith("abeja_runtime_in_flight_requests "):
+            return float(line.split()[1])
+    raise AssertionError("no in-flight gauge in /metrics")
+
+
+def test_pipelined_requests_are_answered_in_order_whoever_serves_them(
+    make_server: ServerFactory,
+) -> None:
+    server = make_server("ex_sleep")
+    sock = connect(server)
+    sock.sendall(
+        request("POST", "/?tag=1&sleep=0.3", b"{}")  # direct, and slow: the rest queue behind
+        + request("GET", "/health_check")  # the front's own path: aiohttp's handling
+        + request("POST", "/?tag=3", BIG_BODY)  # above the inline limit: aiohttp's
+        + chunked("/?tag=4", b"{}")  # whole, chunked: direct
+        + request("GET", "/?tag=5")  # direct
+    )
+    answers = read_answers(sock, 5)
+    sock.close()
+    assert [status for status, _, _ in answers] == [200] * 5
+    bodies = [json.loads(body) for _, _, body in answers]
+    assert bodies[1] == {"status": "ok"}
+    assert [bodies[i]["tag"] for i in (0, 2, 3, 4)] == ["1", "3", "4", "5"]
+    handled = [answers[i] for i in (0, 2, 3, 4)]  # the health check has no request id
+    assert len({headers["x-abeja-request-id"] for _, headers, _ in handled}) == 4
+
+
+def test_a_call_longer_than_the_keep_alive_timeout_is_answered(
+    make_server: ServerFactory,
+) -> None:
+    """The keep-alive timer closes idle connections only: not one whose call is running."""
+    server = make_server("ex_sleep", "--keepalive-timeout", "1")
+    sock = connect(server)
+    sock.sendall(request("POST", "/?tag=long&sleep=2.5", b"{}"))
+    [(status, _, body)] = read_answers(sock, 1)
+    assert status == 200 and json.loads(body)["tag"] == "long"
+    sock.sendall(request("POST", "/?tag=next", b"{}"))  # and the connection is still usable
+    [(status, _, body)] = read_answers(sock, 1)
+    sock.close()
+    assert status == 200 and json.loads(body)["tag"] == "next"
+
+
+@pytest.mark.parametrize("body", [b"{}", BIG_BODY], ids=["direct", "aiohttp"])
+def test_a_client_that_leaves_frees_its_request(make_server: ServerFactory, body: bytes) -> None:
+    """Its request stops counting as in flight at once, its call is cancelled in the handler
+    process (an ``async def`` handler's task is; a ``def`` handler runs to its end), and the
+    next request is served."""
+    server = make_server("ex_sleep", "--handler", "main:async_handler")
+    sock = connect(server)
+    sock.sendall(request("POST", "/?tag=left&sleep=60", body))
+    server.wait_for_record(lambda r: '"event": "start", "tag": "left"' in r.get("message", ""))
+    assert in_flight(server) == 1
+    sock.close()
+    wait_until(lambda: in_flight(server) == 0, 10, "the request to stop counting")
+    server.wait_for_record(lambda r: '"event": "cancelled", "tag": "left"' in r.get("message", ""))
+    answer = server.post_json({}, path="/?tag=after")
+    assert answer.status == 200 and json.loads(answer.body)["tag"] == "after"
+
+
+def test_connection_close_is_honoured(make_server: ServerFactory) -> None:
+    server = make_server("ex_sleep")
+    sock = connect(server)
+    sock.sendall(request("POST", "/?tag=last", b"{}", "Connection: close"))
+    [(status, headers, _)] = read_answers(sock, 1)
+    assert status == 200
+    assert headers.get("Connection") == "close"
+    assert sock.recv(1) == b""  # closed by the server
+    sock.close()
+
+
+def test_a_content_type_with_a_line_break_is_a_500_not_a_second_header(
+    make_server: ServerFactory,
+) -> None:
+    server = make_server("rs_table", "--handler", "main:bad")
+    answer = server.request("GET", "/?case=content_type_newline")
+    assert answer.status == 500
+    assert "X-Injected" not in answer.headers
+    assert json.loads(answer.body) == {"status": "unexpected error occurred"}
