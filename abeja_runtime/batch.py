@@ -48,7 +48,13 @@ from abeja_runtime.datalake import DATALAKE_KEY, DataLake, DataLakeError, datala
 from abeja_runtime.encode import EncodedResponse, status_reply
 from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError, HandlerTimeout
 from abeja_runtime.loader import install_dependencies, load_handler, prepare_workdir
-from abeja_runtime.logs import AccessLog, capture_prints, configure_logging, request_id_var
+from abeja_runtime.logs import (
+    AccessLog,
+    capture_prints,
+    configure_logging,
+    new_request_id,
+    request_id_var,
+)
 from abeja_runtime.media import extension_for, guess_content_type
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.request import Content, Request
@@ -286,7 +292,7 @@ def _request(content_type: str, contents: list[Content], headers: list[tuple[str
         content_type=content_type,
         headers=headers,
         contents=contents,
-        request_id=os.urandom(16).hex(),
+        request_id=new_request_id(),
     )
 
 

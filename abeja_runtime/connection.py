@@ -168,6 +168,13 @@ class Connection(web_protocol.RequestHandler):
         if not taking:
             self._take_requests()
 
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        """aiohttp calls this each time a body is read below its low-water mark, and it then
+        parses the buffer again (one more ``data_received``) even when reading was never
+        paused: only a paused connection has anything to resume."""
+        if self._reading_paused:
+            super().resume_reading(resume_parser)
+
     def _process_keepalive(self) -> None:
         if self._direct_call is not None:  # not idle: armed again when the answer is out
             self._keepalive_handle = None

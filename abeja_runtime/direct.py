@@ -18,7 +18,6 @@ import email.utils
 import functools
 import http
 import logging
-import os
 import re
 import time
 from typing import TYPE_CHECKING, Final
@@ -33,6 +32,7 @@ from abeja_runtime.connection import Connection
 from abeja_runtime.decode import ALLOWED_METHODS
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
+from abeja_runtime.logs import new_request_id
 from abeja_runtime.pool import PendingCall
 
 if TYPE_CHECKING:
@@ -44,8 +44,9 @@ _log = logging.getLogger("abeja_runtime")
 
 #: Statuses whose answers have no body, and no Content-Length (as aiohttp sends them).
 _EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
-#: What a header name or value must not hold (aiohttp refuses the same: header injection).
-_FORBIDDEN_IN_HEADER: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+#: What a header must not hold besides its line's end (aiohttp refuses the same in names
+#: and values, and line breaks: header injection).
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
 
 
@@ -84,7 +85,7 @@ class DirectRequests:
         method = message.method
         url = message.url
         body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
-        request_id = headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
+        request_id = headers.get(REQUEST_ID_HEADER) or new_request_id()
         call = Call(
             server.next_call_id(),
             method,
@@ -97,7 +98,7 @@ class DirectRequests:
             "",
             len(body),
         )
-        direct = _DirectCall(server, connection, PendingCall(call, None), url.path, received)
+        direct = _DirectCall(server, connection, PendingCall(call, server.loop), url.path, received)
         direct.keep_alive = not message.should_close
         server.begin()
         try:
@@ -208,7 +209,7 @@ class _DirectCall:
         headers["Server"] = SERVER_SOFTWARE
         if close:
             headers["Connection"] = "close"
-        writer = StreamWriter(connection, asyncio.get_running_loop())
+        writer = StreamWriter(connection, server.loop)
         writer.enable_chunking()
         try:
             status_line = f"HTTP/1.1 {answer.status} {_reason(answer.status)}"
@@ -250,18 +251,17 @@ def _response_head(
     """The status line and headers of an answer with a body of known length, as aiohttp
     writes them (Content-Length, Date, Server; Connection: close when the connection ends)."""
     lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
-    for name, value in headers:
-        if _FORBIDDEN_IN_HEADER.search(name) or _FORBIDDEN_IN_HEADER.search(value):
-            raise ValueError(f"the header {name!r} holds a line break or a control character")
-        lines.append(f"{name}: {value}\r\n")
-    if status not in _EMPTY_BODY_STATUSES:
-        lines.append(f"Content-Length: {len(body)}\r\n")
-    lines.append(f"Date: {_http_date(int(time.time()))}\r\n")
-    lines.append(_SERVER_LINE)
-    if close:
-        lines.append("Connection: close\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("utf-8")
+    lines += [f"{name}: {value}\r\n" for name, value in headers]
+    given = "".join(lines)
+    # One line each, and no other control character: three scans of the whole text instead
+    # of two per header.
+    ends = len(lines)
+    if given.count("\n") != ends or given.count("\r") != ends or _CONTROL.search(given):
+        raise ValueError("a header holds a line break or a control character")
+    length = "" if status in _EMPTY_BODY_STATUSES else f"Content-Length: {len(body)}\r\n"
+    date = f"Date: {_http_date(int(time.time()))}\r\n"
+    end = "Connection: close\r\n\r\n" if close else "\r\n"
+    return f"{given}{length}{date}{_SERVER_LINE}{end}".encode()
 
 
 @functools.lru_cache(maxsize=2)

@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import logging.config
+import random
 import sys
 import sysconfig
 import threading
@@ -40,6 +41,18 @@ __all__ = [
 ]
 
 request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
+_ids: Final = random.Random()  # seeded from the system's randomness
+
+
+def new_request_id() -> str:
+    """A request id for a request that came without one: 32 hex digits, as the anchor's.
+
+    An identifier, not a secret: drawn from a generator seeded once (``os.urandom`` is a
+    system call, a measurable part of a small request's cost in the front).
+    """
+    return f"{_ids.getrandbits(128):032x}"
+
+
 requester_id_var: ContextVar[str | None] = ContextVar("abeja_requester_id", default=None)
 
 access_logger: Final = logging.getLogger("abeja_runtime.access")
@@ -59,7 +72,7 @@ _LEVEL_NAMES: Final = {
 def format_timestamp(epoch: float, timespec: str = "milliseconds") -> str:
     """``2026-11-21T18:14:14.672+00:00``, the anchor's format (``microseconds``: 6 digits).
 
-    Called three times per request for the access log, so the date part is cached per second.
+    Called for every log record, so the date part is cached per second.
     """
     seconds = int(epoch)
     fraction = epoch - seconds
@@ -99,20 +112,22 @@ class JsonFormatter(logging.Formatter):
 
 
 class AccessLog:
-    """One access record per request, written in one batch per event-loop iteration.
+    """One access record per request, written in batches.
 
     It is the hottest log path by far: a ``LogRecord`` per request cost 20-30 % of serving a
     small JSON request, and a dict through the JSON encoder another 10 %. Each record is one
     ``str.format`` of a template built once (keys sorted as the encoder sorts them, the static
-    fields encoded already), and the records of an iteration go out as one pre-formatted
-    record, through the same handlers and lock as every other record, so lines never
-    interleave.
+    fields encoded already), and the records of a batch go out as one pre-formatted record,
+    through the same handlers and lock as every other record, so lines never interleave.
     """
 
-    def __init__(self, static_fields: dict[str, str] | None = None) -> None:
+    def __init__(self, static_fields: dict[str, str] | None = None, *, every: float = 0.0) -> None:
+        """``every``: seconds between writes; 0 writes at the end of each event-loop iteration.
+        Whoever keeps records for a while calls :meth:`flush` before the loop ends."""
         static = static_fields or {}
         self._plain = _access_template(static, with_requester=False)
         self._with_requester = _access_template(static, with_requester=True)
+        self._every = every
         self._pending: list[str] = []
 
     def record(
@@ -129,37 +144,51 @@ class AccessLog:
         if not access_logger.isEnabledFor(logging.INFO):
             return
         template = self._plain if requester_id is None else self._with_requester
+        received_second = int(received)
+        responded_second = int(responded)
+        responded_micros = min(int((responded - responded_second) * 1_000_000), 999_999)
         line = template.format(
-            elapsed_microsecs=int((responded - received) * 1_000_000),
-            http_method=_json_string(method),
-            http_path=_json_string(path),
-            http_status=status,
-            request_id=_json_string(request_id),
-            requester_id=_json_string(requester_id or ""),
-            request_timestamp=_json_string(format_timestamp(received, "microseconds")),
-            response_timestamp=_json_string(format_timestamp(responded, "microseconds")),
-            timestamp=_json_string(format_timestamp(responded)),
+            int((responded - received) * 1_000_000),
+            _json_string(method),
+            _json_string(path),
+            status,
+            _json_string(request_id),
+            _json_string(requester_id or ""),
+            _utc_seconds(received_second),
+            min(int((received - received_second) * 1_000_000), 999_999),
+            _utc_seconds(responded_second),
+            responded_micros,
+            responded_micros // 1000,  # the record's own timestamp, in milliseconds
         )
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            if self._every:
+                loop.call_later(self._every, self.flush)
+            else:
+                loop.call_soon(self.flush)
         self._pending.append(line)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write the records kept so far."""
         lines, self._pending = self._pending, []
-        access_logger.info("\n".join(lines), extra={"preformatted": True})
+        if lines:
+            access_logger.info("\n".join(lines), extra={"preformatted": True})
 
 
 _json_string: Final[Any] = json.encoder.encode_basestring
-_ACCESS_FIELDS: Final = (
-    "elapsed_microsecs",
-    "http_method",
-    "http_path",
-    "http_status",
-    "request_id",
-    "request_timestamp",
-    "response_timestamp",
-    "timestamp",
-)
+#: Each field's place in the template: positional arguments of ``AccessLog.record``'s one
+#: ``str.format`` call (0-5), the timestamps as their second and fraction (6-10).
+_ACCESS_FIELDS: Final = {
+    "elapsed_microsecs": "{0}",
+    "http_method": "{1}",
+    "http_path": "{2}",
+    "http_status": "{3}",
+    "request_id": "{4}",
+    "request_timestamp": '"{6}.{7:06d}+00:00"',
+    "response_timestamp": '"{8}.{9:06d}+00:00"',
+    "timestamp": '"{8}.{10:03d}+00:00"',
+}
+_REQUESTER_FIELD: Final = {"requester_id": "{5}"}
 _ACCESS_CONSTANTS: Final = {"log_level": "info", "log_type": "access_log"}
 
 
@@ -169,8 +198,9 @@ def _access_template(static: dict[str, str], *, with_requester: bool) -> str:
     lists them last; the request ids over both)."""
     values = {key: _escape(_encode_record(value)) for key, value in _ACCESS_CONSTANTS.items()}
     values.update({key: _escape(_encode_record(value)) for key, value in static.items()})
-    fields = (*_ACCESS_FIELDS, "requester_id") if with_requester else _ACCESS_FIELDS
-    values.update({key: "{" + key + "}" for key in fields})
+    values.update(_ACCESS_FIELDS)
+    if with_requester:
+        values.update(_REQUESTER_FIELD)
     body = ", ".join(f"{_escape(_encode_record(key))}: {values[key]}" for key in sorted(values))
     return "{{" + body + "}}"
 

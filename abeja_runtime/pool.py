@@ -56,6 +56,7 @@ from abeja_runtime.frames import (
     RpcCall,
     Start,
     encode_frame,
+    read_buffer,
     read_fd,
     receive,
 )
@@ -86,13 +87,18 @@ class PendingCall:
     __slots__ = ("_cleanup", "abandoned", "answer", "chunks", "fd", "frame", "process", "sent_at")
 
     def __init__(
-        self, frame: Call | RpcCall, fd: int | None, cleanup: Callable[[], None] | None = None
+        self,
+        frame: Call | RpcCall,
+        loop: asyncio.AbstractEventLoop,
+        fd: int | None = None,
+        cleanup: Callable[[], None] | None = None,
     ) -> None:
         self.frame = frame
         self.fd = fd  # sent with the frame (the spool file)
         #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
         self._cleanup = cleanup
-        self.answer: asyncio.Future[Answer | RpcAnswer] = asyncio.get_running_loop().create_future()
+        # The loop is passed, not looked up: on Python 3.11 each lookup is a getpid() call.
+        self.answer: asyncio.Future[Answer | RpcAnswer] = loop.create_future()
         self.chunks: asyncio.Queue[Any] | None = None
         self.abandoned = False
         self.process: _Process | None = None
@@ -146,6 +152,7 @@ class _Process:
         self._sock = ours
         ours.setblocking(False)
         self._decoder = FrameDecoder()
+        self._into = read_buffer()
         #: Frames of this loop iteration, not written yet, and the descriptors they carry.
         self._batch: list[bytes] = []
         self._batch_fds: list[int] = []
@@ -226,16 +233,18 @@ class _Process:
         """Every frame the socket holds now (also what a process wrote just before it exited)."""
         while True:
             try:
-                data, fds = receive(self._sock)
+                data, fds = receive(self._sock, self._into)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                data, fds = b"", []
+                data, fds = self._into[:0], []
             if not data:
                 self.close_socket()
                 return
             for frame, fd in self._decoder.feed(data, fds):
                 self._pool.received(self, frame, fd)
+            if len(data) < len(self._into):  # all there was: no read that says "nothing more"
+                return
 
     def pause(self) -> None:
         if self._reading and self._sock.fileno() >= 0:

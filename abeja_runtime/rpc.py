@@ -15,7 +15,6 @@ grpcio is imported only when the port is asked for.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any, Final
 
@@ -25,6 +24,7 @@ from abeja_runtime.calls import REQUEST_ID_HEADER
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
 from abeja_runtime.frames import RpcAnswer, RpcCall
+from abeja_runtime.logs import new_request_id
 from abeja_runtime.pool import HandlerPool, PendingCall
 from abeja_runtime.server import HttpServer
 
@@ -100,7 +100,7 @@ class RpcServer:
             for key, value in (context.invocation_metadata() or ())
             if isinstance(value, str)
         )
-        request_id = dict(metadata).get(REQUEST_ID_HEADER) or os.urandom(16).hex()
+        request_id = dict(metadata).get(REQUEST_ID_HEADER) or new_request_id()
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         http = self._http
         http.begin()
@@ -110,7 +110,7 @@ class RpcServer:
             else:
                 call = RpcCall(self._pool.next_id(), method, payload, metadata, request_id)
                 try:
-                    answer = await http.call(PendingCall(call, None), received)
+                    answer = await http.call(PendingCall(call, http.loop), received)
                 except HttpError as exc:
                     http.refusal(exc)  # counted as on the HTTP port
                     code, message, status = _status_of(exc), exc.message, exc.status

@@ -43,7 +43,7 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, anonymous_file
-from abeja_runtime.logs import AccessLog
+from abeja_runtime.logs import AccessLog, new_request_id
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.pool import HandlerPool, PendingCall
@@ -68,6 +68,9 @@ METRICS_PATH: Final = "/metrics"
 #: (and, for a small rest, to keep the connection), far from a whole refused body.
 _REFUSED_BODY_READ: Final = 1024 * 1024
 _REFUSED_BODY_WAIT: Final = 1.0
+#: The access records of this many seconds are written at once: a write per loop iteration
+#: cost 2.5 µs per small request (8 % of the front's work). They are written at shutdown too.
+_ACCESS_LOG_EVERY: Final = 0.05
 _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
 _UNAVAILABLE: Final = status_reply(503, "service unavailable")
 _JSON: Final = (("Content-Type", "application/json"),)
@@ -164,12 +167,14 @@ class HttpServer:
         self._config = config
         self._pool = pool
         self._metrics = metrics
+        #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
+        self.loop = asyncio.get_running_loop()
         self._limits = BodyLimits(
             max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
         )
         self._timeout = config.timeout or None
         self._buffers = _MemoryBuffers()
-        self._access_log = AccessLog(config.platform.log_fields())
+        self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         #: Requests being answered (async ones until their result is sent): the drain waits.
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -200,6 +205,10 @@ class HttpServer:
     def next_call_id(self) -> int:
         return self._pool.next_id()
 
+    def flush_log(self) -> None:
+        """Write the access records kept so far (before the event loop ends)."""
+        self._access_log.flush()
+
     async def idle(self) -> None:
         await self._idle.wait()
 
@@ -210,7 +219,7 @@ class HttpServer:
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
             return self.metrics_response()
         received = time.time()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or os.urandom(16).hex()
+        request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
         self.begin()
         try:
             return await self._serve(request, request_id, received)
@@ -281,7 +290,7 @@ class HttpServer:
             "" if body.file is None else body.file.name,
             body.size,
         )
-        return PendingCall(call, body.fd, body.close)
+        return PendingCall(call, self.loop, body.fd, body.close)
 
     def submit(self, pending: PendingCall, received: float) -> asyncio.TimerHandle | None:
         """Hand ``pending`` to the pool; its deadline's timer (a timer on the answer's future:
@@ -294,7 +303,7 @@ class HttpServer:
         if self._timeout is None:
             return None
         left = max(0.0, received + self._timeout - time.time())
-        return asyncio.get_running_loop().call_later(left, self._expire, pending)
+        return self.loop.call_later(left, self._expire, pending)
 
     async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
         """The call through the pool, answered within the deadline."""

@@ -183,6 +183,7 @@ class _Front:
             pool.close()
             await service.cleanup()
             await health.cleanup()
+            http.flush_log()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
         return self._exit_code
@@ -258,6 +259,7 @@ class _Front:
                 await asyncio.sleep(_FRESH_CONNECTION_POLL)
         if rpc_stopped is not None:
             await rpc_stopped
+        http.flush_log()  # the answers' records before what the workers log as they stop
         self._pool.stop()
         try:
             await asyncio.wait_for(self._pool.all_gone.wait(), (grace or 0) + _KILL_MARGIN)
