@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import signal
 import socket
@@ -84,12 +85,39 @@ def run(config: Config) -> int:
         config.event_loop,
         extra={"fields": {"port": port, "healthcheck_port": healthcheck_port}},
     )
+    _keep_freed_memory()
     try:
         with tempfile.TemporaryDirectory(prefix="abeja-runtime-metrics-") as metrics_dir:
             return _run_loop(_Front(config, sockets, metrics_dir).run(), config.event_loop)
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _keep_freed_memory() -> None:
+    """Have glibc's malloc keep the memory the front frees for its next requests.
+
+    By default it gives a large block back to the system as soon as it is freed (and maps
+    blocks of 128 KiB and more on their own): every request body of a MiB was then paid again
+    in page faults, 180 per request, 40 % of the front's work for such a request (measured:
+    680 -> 400 µs of CPU per 1 MiB request). The front's memory then stays at its busiest
+    size, as a server's should; the handler processes are left as they are. Elsewhere than
+    glibc this does nothing.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _KEPT_BLOCKS)
+    mallopt(_M_TRIM_THRESHOLD, _KEPT_FREE)
+
+
+#: mallopt(3) parameters; blocks below _KEPT_BLOCKS come from the heap, which keeps up to
+#: _KEPT_FREE of free memory before it returns any.
+_M_TRIM_THRESHOLD: Final = -1
+_M_MMAP_THRESHOLD: Final = -3
+_KEPT_BLOCKS: Final = 4 * 1024 * 1024
+_KEPT_FREE: Final = 64 * 1024 * 1024
 
 
 def _listen(host: str, port: int) -> socket.socket:

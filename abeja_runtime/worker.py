@@ -25,13 +25,11 @@ means "stop": the handler's teardown (KServe's ``Model.stop()``) runs, and the p
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import ctypes
 import inspect
 import io
 import logging
-import mmap
 import os
 import queue
 import signal
@@ -73,6 +71,7 @@ from abeja_runtime.logs import (
     requester_id_var,
     user_traceback,
 )
+from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.request import Request
 
@@ -257,7 +256,7 @@ class _Calls:
         self.channel = channel
         self._calls = calls
         self._handler = calls.handler
-        self._shared = _SharedBodies()
+        self._shared = SharedBodies()
 
     def run(self, frame: Frame, fd: int | None) -> None:
         """One call, on this thread (a ``def`` handler)."""
@@ -318,8 +317,8 @@ class _Calls:
         body: IO[bytes]
         if fd is None:
             body = io.BytesIO(call.body or b"")
-        elif not call.spool_path:  # shared memory: the body is in memory, as the handler sees it
-            body = io.BytesIO(self._shared.read(fd, call.body_size))
+        elif not call.spool_path:  # the front's shared memory, read in place
+            body = self._shared.open(fd, call.body_size)
         else:
             body = os.fdopen(fd, "rb")
             body.raw.name = call.spool_path  # type: ignore[attr-defined]
@@ -367,36 +366,6 @@ class _Calls:
             if callable(close):
                 close()
         self.channel.write(End(call_id, failed))
-
-
-class _SharedBodies:
-    """The front's body buffers (memfds it reuses), each mapped once here: a body is one copy
-    out of pages already mapped, not a mapping (and its page faults) per call."""
-
-    #: Mappings kept; the front keeps 8 buffers, and may make (and drop) more when busy.
-    _KEPT: Final = 16
-
-    def __init__(self) -> None:
-        self._mapped: collections.OrderedDict[tuple[int, int], mmap.mmap] = (
-            collections.OrderedDict()
-        )
-        self._lock = threading.Lock()  # handler threads build their requests themselves
-
-    def read(self, fd: int, size: int) -> bytes:
-        """The first ``size`` bytes of the buffer ``fd`` (closed here)."""
-        try:
-            status = os.fstat(fd)
-            key = (status.st_dev, status.st_ino)
-            with self._lock:
-                mapped = self._mapped.get(key)
-                if mapped is None or len(mapped) < size:
-                    mapped = self._mapped[key] = mmap.mmap(fd, status.st_size, prot=mmap.PROT_READ)
-                    while len(self._mapped) > self._KEPT:
-                        self._mapped.popitem(last=False)[1].close()
-                self._mapped.move_to_end(key)
-                return mapped[:size]
-        finally:
-            os.close(fd)
 
 
 class _RequestIds:
