@@ -31,7 +31,7 @@ from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, UNEXPECT
 from abeja_runtime.connection import Connection
 from abeja_runtime.decode import ALLOWED_METHODS
 from abeja_runtime.errors import HttpError, ServiceBusy
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
 from abeja_runtime.logs import new_request_id
 from abeja_runtime.pool import PendingCall
 
@@ -91,7 +91,7 @@ class DirectRequests:
             method,
             url.raw_path,
             url.raw_query_string,
-            tuple(headers.items()),
+            plain_headers(headers),
             request_id,
             headers.get(REQUESTER_ID_HEADER),
             body,

@@ -34,6 +34,7 @@ import struct
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 __all__ = [
@@ -115,6 +116,12 @@ class Call(NamedTuple):
     body: bytes | None
     spool_path: str
     body_size: int
+
+
+def plain_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """A request's headers for :attr:`Call.headers`, the names as plain ``str``: aiohttp's
+    case-insensitive names (multidict's ``istr``) pickle six times slower (1.6 µs a request)."""
+    return tuple(zip(map(str, headers.keys()), headers.values(), strict=True))
 
 
 class RpcCall(NamedTuple):

@@ -41,7 +41,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
     ServiceUnavailable,
 )
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
 from abeja_runtime.logs import AccessLog, new_request_id
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -241,7 +241,7 @@ class HttpServer:
             request.method,
             url.raw_path,
             url.raw_query_string,
-            tuple(request.headers.items()),
+            plain_headers(request.headers),
             request_id,
             request.headers.get(REQUESTER_ID_HEADER),
             body.data,

@@ -30,6 +30,7 @@ from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.loader import install_dependencies, prepare_workdir
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.pool import HandlerPool
+from abeja_runtime.scheduling import run_as_batch
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -86,6 +87,7 @@ def run(config: Config) -> int:
         extra={"fields": {"port": port, "healthcheck_port": healthcheck_port}},
     )
     _keep_freed_memory()
+    run_as_batch()
     try:
         with tempfile.TemporaryDirectory(prefix="abeja-runtime-metrics-") as metrics_dir:
             return _run_loop(_Front(config, sockets, metrics_dir).run(), config.event_loop)
