@@ -300,6 +300,7 @@ class HandlerPool:
         self._on_load_failed = on_load_failed
         self.metrics: FrontMetrics | None = None
         self.processes: list[_Process] = []
+        self._ready_count = 0
         self._queue: deque[PendingCall] = deque()
         self._turn = 0  # where the next search for a free process starts
         #: Calls admitted and not finished (queued, sent, or running past their deadline).
@@ -324,7 +325,17 @@ class HandlerPool:
 
     @property
     def serving(self) -> bool:
-        return not self.stopping and any(p.state == "ready" for p in self.processes)
+        """A ready process takes calls (asked for every request: a count, not a search)."""
+        return self._ready_count > 0 and not self.stopping
+
+    def _set_state(self, process: _Process, state: str) -> None:
+        """Counted while in the pool: one that exited left the count already (``_exited``)."""
+        counted = process in self.processes
+        if counted and process.state == "ready":
+            self._ready_count -= 1
+        process.state = state
+        if counted and state == "ready":
+            self._ready_count += 1
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -463,7 +474,7 @@ class HandlerPool:
     def _ready(self, process: _Process, ready: Ready) -> None:
         if process.state != "starting":
             return
-        process.state = "ready"
+        self._set_state(process, "ready")
         if not self.ever_ready:  # every worker loads the same handler: the first one says
             self.style = ready.style
             self.front_paths = ready.front_paths
@@ -511,7 +522,7 @@ class HandlerPool:
 
     def _stop(self, process: _Process) -> None:
         """No more calls for ``process``; it finishes once the ones it has are answered."""
-        process.state = "stopping"
+        self._set_state(process, "stopping")
         if not process.sent:
             process.close_socket()
         self._on_change()
@@ -545,6 +556,8 @@ class HandlerPool:
             process.read_available()
         process.close_socket()
         self.processes.remove(process)
+        if process.state == "ready":
+            self._ready_count -= 1
         if self.metrics is not None:
             self.metrics.worker_gone(process.pid)
         if process.replaces is not None:  # died before it was ready: the retiree may try again
@@ -636,7 +649,7 @@ class HandlerPool:
             config.grace_period,
         )
         _log.warning("recycling worker %s, whose handler is stuck", process.pid)
-        process.state = "stopping"
+        self._set_state(process, "stopping")
         process.kill()
         self._count_restart("stuck")
         if not self.stopping:
@@ -664,7 +677,7 @@ class HandlerPool:
             handle.cancel()
         self._respawns.clear()
         for process in self.processes:
-            process.state = "stopping"
+            self._set_state(process, "stopping")
             if not process.sent:
                 process.close_socket()
         if not self.processes:
