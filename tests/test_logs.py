@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 
 import pytest
 from conftest import HANDLERS, RunningServer
@@ -94,9 +95,21 @@ def test_one_access_record_per_request(make_server, folder):
         assert MICROSECOND_TIMESTAMP.match(record["response_timestamp"]), record
         assert record["request_timestamp"] <= record["response_timestamp"]
         assert TIMESTAMP.match(record["timestamp"]), record
+        assert record["timestamp"] == record["response_timestamp"][:23] + "+00:00"
         assert "message" not in record
     total = [r for r in server.records() if r.get("log_type") == "access_log"]
     assert len(total) == len(expected), "health checks or other requests logged as access"
+
+
+def test_the_last_access_records_are_written_at_shutdown(make_server):
+    """Records are written in batches (every 50 ms or 256 records): the runtime's stop writes
+    those it still holds, before the workers log theirs."""
+    server = make_server("lg_echo")
+    for n in range(20):
+        echo(server, "hi", "careful", {REQUEST_ID: f"last-{n}"})
+    assert server.stop(signal.SIGTERM) == 0
+    logged = {r.get("request_id") for r in server.records() if r.get("log_type") == "access_log"}
+    assert {f"last-{n}" for n in range(20)} <= logged
 
 
 @pytest.mark.parametrize("folder", ["lg_echo", "lg_echo_async"])

@@ -80,6 +80,15 @@ def test_one_worker_means_two_processes_and_no_helper(start):
     assert b"abeja_runtime.worker" in Path(f"/proc/{worker}/cmdline").read_bytes()
 
 
+def test_the_front_and_its_workers_do_not_preempt_one_another(start):
+    """Both run under SCHED_BATCH (scheduling.py: measured, the front's work per 1 ms numpy
+    request halves when it does not wake up cold after every answer)."""
+    server = start("sv_pid")
+    (worker,) = wait_for_ready_workers(server, 1)
+    assert os.sched_getscheduler(server.process.pid) == os.SCHED_BATCH
+    assert os.sched_getscheduler(worker) == os.SCHED_BATCH
+
+
 def children_of(pid: int) -> list[int]:
     return [
         int(child)
