@@ -91,33 +91,46 @@ def verdicts(bare: Row, runtime: Row) -> dict[str, bool]:
 
 def test_small_json_is_held_to_rate_p99_and_memory_ratios():
     bare = row("bare", rps=10_000.0, p99=2.0, rss=50.0)
-    assert verdicts(bare, row(rps=8_000.0, p99=3.0, rss=65.0)) == {
+    assert verdicts(bare, row(rps=8_000.0, p99=3.0, rss=75.0)) == {
         "req/s ≥ 0.8x": True,
         "p99 ≤ 1.5x": True,
-        "RSS ≤ 1.3x": True,
+        "RSS ≤ 1.5x": True,
     }
-    assert verdicts(bare, row(rps=7_999.0, p99=3.1, rss=65.1)) == {
+    assert verdicts(bare, row(rps=7_999.0, p99=3.1, rss=75.1)) == {
         "req/s ≥ 0.8x": False,
         "p99 ≤ 1.5x": False,
-        "RSS ≤ 1.3x": False,
+        "RSS ≤ 1.5x": False,
     }
 
 
 def test_other_workloads_need_nine_tenths_of_the_bare_rate_and_no_p99_bound():
     bare = row("bare", rps=1000.0, p99=2.0, workload="numpy_1ms")
     found = verdicts(bare, row(rps=900.0, p99=20.0, workload="numpy_1ms"))
-    assert found == {"req/s ≥ 0.9x": True, "RSS ≤ 1.3x": True}
+    assert found == {"req/s ≥ 0.9x": True, "RSS ≤ 1.5x": True}
 
 
-def test_rows_with_errors_fail_and_two_worker_rows_have_no_ratio_target():
+def test_rows_with_errors_fail():
     bare = row("bare", rps=1000.0)
     erring = row(rps=2000.0)
     assert erring.wrk is not None
     erring.wrk.errors = 3
     assert verdicts(bare, erring)["3 errors"] is False
-    two = row(rps=1.0)
+
+
+def test_two_worker_rows_are_held_to_the_rate_only_four_worker_rows_to_nothing():
+    """Against as many bare processes: small JSON 0.7, numpy 0.9 (issue 19); no p99 or RSS
+    bound, and none for 1 MiB bodies or 4 workers."""
+    bare = row("bare", rps=1000.0, p99=2.0, rss=100.0)
+    two = row(rps=700.0, p99=20.0, rss=500.0)
     two.workers = 2
-    assert ratio_checks(bare, two) == []
+    assert verdicts(bare, two) == {"req/s ≥ 0.7x": True}
+    two = row(rps=899.0, workload="numpy_1ms")
+    two.workers = 2
+    assert verdicts(bare, two) == {"req/s ≥ 0.9x": False}
+    for workers, workload in ((2, "binary_1mib"), (4, "small_json")):
+        other = row(rps=1.0, workload=workload)
+        other.workers = workers
+        assert ratio_checks(bare, other) == []
 
 
 def test_start_and_upload_bounds():
