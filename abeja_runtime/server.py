@@ -1,14 +1,16 @@
 """The front's HTTP: the service port, the health-check port, and their answers.
 
-This module and ``rpc.py`` are the only ones that import a server library. :class:`HttpServer`
-serves the service port: ``/health_check``, then for every other path the request's checks
-(method, size, a body that makes progress), its body read whole (in memory, or spooled to a
-file above the spool threshold, which travels to the handler process as a descriptor), the
-call through the :class:`~abeja_runtime.pool.HandlerPool` within the deadline, and the answer
-written (from memory, or streamed as the handler process produces it), counted in the metrics
-and the access log before its first byte. Malformed HTTP and slow request heads are answered
-by :class:`_RequestHandler`, in the same ``{"status": message}`` JSON as every other error.
-:class:`ControlServer` serves the health-check port (readiness, liveness, metrics).
+The front's modules are the only ones that serve HTTP (this one, ``connection.py``,
+``direct.py``) or gRPC (``rpc.py``); ``arms.py``, ``datalake.py`` and ``batch.py`` use aiohttp's
+client. :class:`HttpServer` serves what the direct path (``direct.py``) leaves to aiohttp:
+``/health_check``, then for every other path the request's checks (method, size, a body that
+makes progress), its body read whole (in memory, or spooled to a file above the spool
+threshold, which travels to the handler process as a descriptor), the call through the
+:class:`~abeja_runtime.pool.HandlerPool` within the deadline, and the answer written (from
+memory, or streamed as the handler process produces it), counted in the metrics and the access
+log before its first byte. Malformed HTTP and slow request heads are answered by
+:class:`~abeja_runtime.connection.Connection`, in the same ``{"status": message}`` JSON as every
+other error. :class:`ControlServer` serves the health-check port (readiness, liveness, metrics).
 """
 
 from __future__ import annotations
