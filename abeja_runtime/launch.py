@@ -148,6 +148,9 @@ class RuntimeProcess:
     """A server started in a session of its own, with its output read on a thread.
 
     ``on_line`` gets each line of its output (stdout and stderr together), decoded as UTF-8.
+    With ``output`` instead, the output goes straight into that file and no thread reads it
+    (the caller then sets the ports): a benchmark's server pays for its log's writes, not for
+    a reader that relays every line.
     """
 
     def __init__(
@@ -156,7 +159,8 @@ class RuntimeProcess:
         *,
         cwd: str | Path,
         env: Mapping[str, str],
-        on_line: Callable[[str], None],
+        on_line: Callable[[str], None] | None = None,
+        output: IO[bytes] | None = None,
         host: str = "127.0.0.1",
         preexec_fn: Callable[[], None] | None = None,
     ) -> None:
@@ -170,18 +174,20 @@ class RuntimeProcess:
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.PIPE if output is None else output,
             stderr=subprocess.STDOUT,
             # A Ctrl+C in a terminal reaches only the parent, which then stops the server in
             # order; and the server's workers share its group, so they are stopped with it.
             start_new_session=True,
             preexec_fn=preexec_fn,
         )
-        stream: IO[bytes] = self.popen.stdout  # type: ignore[assignment]
-        self.reader = threading.Thread(
-            target=self._read, args=(stream,), name="runtime-output", daemon=True
-        )
-        self.reader.start()
+        self.reader: threading.Thread | None = None
+        if output is None:
+            stream: IO[bytes] = self.popen.stdout  # type: ignore[assignment]
+            self.reader = threading.Thread(
+                target=self._read, args=(stream,), name="runtime-output", daemon=True
+            )
+            self.reader.start()
 
     @property
     def pid(self) -> int:
@@ -198,7 +204,8 @@ class RuntimeProcess:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 if not self._ports_seen.is_set():
                     self._look_for_ports(line)
-                self._on_line(line)
+                if self._on_line is not None:
+                    self._on_line(line)
         self._ports_seen.set()  # no more lines: whoever waits for the ports stops waiting
 
     def _look_for_ports(self, line: str) -> None:

@@ -85,7 +85,7 @@ class Server:
     process: RuntimeProcess | None = None
     ready_s: float = 0.0
     leftovers: list[int] = field(default_factory=list)
-    _log_file: IO[str] | None = None
+    _log_file: IO[bytes] | None = None
 
     @property
     def pid(self) -> int:
@@ -93,12 +93,12 @@ class Server:
         return self.process.pid
 
     def start(self) -> None:
-        self._log_file = log = self.log.open("w", encoding="utf-8", buffering=1)
-
-        def keep(line: str) -> None:
-            log.write(line + "\n")
-
-        self.process = RuntimeProcess(self.command, cwd=self.cwd, env=self.env, on_line=keep)
+        # Straight into the file: a thread that relayed each line (a write per line) competed
+        # with the servers for the same two cores, and the runtime logs a line per request.
+        self._log_file = self.log.open("wb")
+        self.process = RuntimeProcess(
+            self.command, cwd=self.cwd, env=self.env, output=self._log_file
+        )
         self.process.port, self.process.healthcheck_port = self.port, self.healthcheck_port
 
     def wait_ready(self, timeout: float) -> float:
@@ -127,7 +127,6 @@ class Server:
         if self.leftovers:
             print(f"  ! {self.target} left processes {self.leftovers} behind", file=sys.stderr)
         self.process.kill()
-        self.process.reader.join(5)
         if self._log_file is not None:
             self._log_file.close()
 

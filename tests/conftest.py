@@ -69,6 +69,7 @@ class RunningServer:
 
     @property
     def reader(self) -> threading.Thread:
+        assert self.runtime.reader is not None, "started with on_line: its output is read"
         return self.runtime.reader
 
     def records(self) -> list[dict[str, Any]]:
