@@ -98,8 +98,10 @@ class DirectRequests:
             "",
             len(body),
         )
-        direct = _DirectCall(server, connection, PendingCall(call, server.loop), url.path, received)
-        direct.keep_alive = not message.should_close
+        pending = PendingCall(call, server.loop)
+        direct = _DirectCall(
+            server, connection, pending, url.path, received, keep_alive=not message.should_close
+        )
         server.begin()
         try:
             direct.timer = server.submit(direct.pending, received)
@@ -115,12 +117,12 @@ class _DirectCall:
 
     __slots__ = (
         "_connection",
+        "_keep_alive",
         "_over",
         "_path",
         "_received",
         "_server",
         "_streaming",
-        "keep_alive",
         "pending",
         "timer",
     )
@@ -132,13 +134,15 @@ class _DirectCall:
         pending: PendingCall,
         path: str,
         received: float,
+        *,
+        keep_alive: bool,
     ) -> None:
         self._server = server
         self._connection = connection
         self.pending = pending
         self._path = path
         self._received = received
-        self.keep_alive = True
+        self._keep_alive = keep_alive
         self.timer: asyncio.TimerHandle | None = None
         self._over = False
         self._streaming: asyncio.Task[None] | None = None
@@ -150,9 +154,8 @@ class _DirectCall:
         if self.timer is not None:
             self.timer.cancel()
         exc = future.exception()
-        if exc is not None:
-            if not isinstance(exc, HttpError):
-                raise exc
+        if exc is not None:  # the front's own: 504 (deadline) or 502 (the worker died)
+            assert isinstance(exc, HttpError), exc
             self.refused(exc)
             return
         answer = future.result()
@@ -173,7 +176,7 @@ class _DirectCall:
         server = self._server
         call = self.pending.frame
         assert isinstance(call, Call)
-        close = not self.keep_alive or server.draining
+        close = not self._keep_alive or server.draining
         headers = (*headers, (REQUEST_ID_HEADER, call.request_id))
         try:
             head = _response_head(status, headers, body, close=close)
@@ -197,7 +200,7 @@ class _DirectCall:
         connection = self._connection
         call = self.pending.frame
         assert isinstance(call, Call)
-        close = not self.keep_alive or server.draining
+        close = not self._keep_alive or server.draining
         server.account(
             call.method, self._path, answer.status, self._received, call.request_id,
             call.requester_id,
