@@ -116,7 +116,7 @@ class AccessLog:
 
     It is the hottest log path by far: a ``LogRecord`` per request cost 20-30 % of serving a
     small JSON request, and a dict through the JSON encoder another 10 %. Each record is one
-    ``str.format`` of a template built once (keys sorted as the encoder sorts them, the static
+    ``%``-format of a template built once (keys sorted as the encoder sorts them, the static
     fields encoded already), and the records of a batch go out as one pre-formatted record,
     through the same handlers and lock as every other record, so lines never interleave.
     """
@@ -129,6 +129,8 @@ class AccessLog:
         self._with_requester = _access_template(static, with_requester=True)
         self._every = every
         self._pending: list[str] = []
+        self._last_second = -1
+        self._last_text = ""
 
     def record(
         self,
@@ -143,23 +145,30 @@ class AccessLog:
         """``path`` is the URL path without the query (which may carry what logs must not)."""
         if not access_logger.isEnabledFor(logging.INFO):
             return
-        template = self._plain if requester_id is None else self._with_requester
-        received_second = int(received)
-        responded_second = int(responded)
-        responded_micros = min(int((responded - responded_second) * 1_000_000), 999_999)
-        line = template.format(
-            int((responded - received) * 1_000_000),
-            _json_string(method),
-            _json_string(path),
-            status,
-            _json_string(request_id),
-            _json_string(requester_id or ""),
-            _utc_seconds(received_second),
-            min(int((received - received_second) * 1_000_000), 999_999),
-            _utc_seconds(responded_second),
-            responded_micros,
-            responded_micros // 1000,  # the record's own timestamp, in milliseconds
-        )
+        # Whole microseconds since the epoch: exact integers from here on (no clamping of a
+        # fraction that rounds up to a whole second).
+        received_us = int(received * 1_000_000)
+        responded_us = int(responded * 1_000_000)
+        received_second, received_fraction = divmod(received_us, 1_000_000)
+        responded_second, responded_fraction = divmod(responded_us, 1_000_000)
+        elapsed = responded_us - received_us
+        request_seconds = self._second(received_second)
+        response_seconds = self._second(responded_second)
+        method = _json_string(method)
+        path = _json_string(path)
+        request_id = _json_string(request_id)
+        milliseconds = responded_fraction // 1000  # the record's own timestamp
+        if requester_id is None:
+            line = self._plain % (
+                elapsed, method, path, status, request_id, request_seconds, received_fraction,
+                response_seconds, responded_fraction, response_seconds, milliseconds,
+            )  # fmt: skip
+        else:
+            line = self._with_requester % (
+                elapsed, method, path, status, request_id, request_seconds, received_fraction,
+                _json_string(requester_id),
+                response_seconds, responded_fraction, response_seconds, milliseconds,
+            )  # fmt: skip
         pending = self._pending
         if not pending:
             loop = asyncio.get_running_loop()
@@ -172,6 +181,13 @@ class AccessLog:
             self.flush()  # a large write holds the loop: measured, p99 1.4 ms at 50 ms's worth
             # of records, 0.93 ms at 256 (which kept the throughput; 64 lost 3 %)
 
+    def _second(self, second: int) -> str:
+        """``2026-11-21T18:14:14``: formatted once per second (both timestamps of a record
+        almost always fall in the last one)."""
+        if second != self._last_second:
+            self._last_second, self._last_text = second, _utc_seconds(second)
+        return self._last_text
+
     def flush(self) -> None:
         """Write the records kept so far."""
         lines, self._pending = self._pending, []
@@ -182,37 +198,40 @@ class AccessLog:
 _json_string: Final[Any] = json.encoder.encode_basestring
 #: Records kept at most before they are written, whatever the interval.
 _MOST_KEPT: Final = 256
-#: Each field's place in the template: positional arguments of ``AccessLog.record``'s one
-#: ``str.format`` call (0-5), the timestamps as their second and fraction (6-10).
-_ACCESS_FIELDS: Final = {
-    "elapsed_microsecs": "{0}",
-    "http_method": "{1}",
-    "http_path": "{2}",
-    "http_status": "{3}",
-    "request_id": "{4}",
-    "request_timestamp": '"{6}.{7:06d}+00:00"',
-    "response_timestamp": '"{8}.{9:06d}+00:00"',
-    "timestamp": '"{8}.{10:03d}+00:00"',
-}
-_REQUESTER_FIELD: Final = {"requester_id": "{5}"}
+#: The variable fields of an access record and their ``%`` conversions, in the order of the
+#: JSON keys, which is the order of the values ``AccessLog.record`` passes (``%``-formatting
+#: is twice as fast as ``str.format`` here). ``requester_id`` only when there is one.
+_ACCESS_FIELDS: Final = (
+    ("elapsed_microsecs", "%d"),
+    ("http_method", "%s"),
+    ("http_path", "%s"),
+    ("http_status", "%d"),
+    ("request_id", "%s"),
+    ("request_timestamp", '"%s.%06d+00:00"'),
+    ("requester_id", "%s"),
+    ("response_timestamp", '"%s.%06d+00:00"'),
+    ("timestamp", '"%s.%03d+00:00"'),
+)
 _ACCESS_CONSTANTS: Final = {"log_level": "info", "log_type": "access_log"}
 
 
 def _access_template(static: dict[str, str], *, with_requester: bool) -> str:
-    """A ``str.format`` template of an access record: the JSON object the encoder would
-    write for it (keys sorted; the static fields win over the constants, as in a dict that
-    lists them last; the request ids over both)."""
+    """A ``%`` template of an access record: the JSON object the encoder would write for it
+    (keys sorted; the static fields win over the constants, as in a dict that lists them
+    last; the variable fields over both)."""
     values = {key: _escape(_encode_record(value)) for key, value in _ACCESS_CONSTANTS.items()}
     values.update({key: _escape(_encode_record(value)) for key, value in static.items()})
-    values.update(_ACCESS_FIELDS)
-    if with_requester:
-        values.update(_REQUESTER_FIELD)
+    fields = [(key, conversion) for key, conversion in _ACCESS_FIELDS]
+    if not with_requester:
+        fields.remove(("requester_id", "%s"))
+    values.update(fields)
+    assert [key for key, _ in fields] == sorted(key for key, _ in fields)  # the values' order
     body = ", ".join(f"{_escape(_encode_record(key))}: {values[key]}" for key in sorted(values))
-    return "{{" + body + "}}"
+    return "{" + body + "}"
 
 
 def _escape(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
+    return text.replace("%", "%%")
 
 
 _RUNTIME_DIR: Final = str(Path(__file__).resolve().parent)
