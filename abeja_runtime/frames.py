@@ -1,4 +1,4 @@
-"""The frames between the front and its handler processes, and how they travel (version 1).
+"""The frames between the front and its handler processes, and how they travel (version 2).
 
 The front (``supervisor.py``, ``server.py``) speaks HTTP and gRPC; a handler process
 (``worker.py``) only runs the handler. They talk over one Unix stream socket pair per handler
@@ -18,7 +18,9 @@ answers :class:`Ready` or :class:`LoadFailed`. Then the front sends :class:`Call
 :class:`RpcCall` frames, each with an id; the handler process answers each with :class:`Answer`
 (followed, for a streamed body, by :class:`Chunk` frames and an :class:`End`) or
 :class:`RpcAnswer`, and writes each answer **before** it reads the next request, so that a
-crash can lose only the calls that were running. A closed socket tells either side that the
+crash can lose only the calls that were running. The front may take back a call the process
+has not started (:class:`Cancel`, :class:`GiveBack`): the process then answers
+:class:`GivenBack` instead. A closed socket tells either side that the
 other is gone: the handler process finishes (the handler's teardown runs), the front fails the
 calls that were running and sends the others to another process.
 """
@@ -49,6 +51,8 @@ __all__ = [
     "End",
     "Frame",
     "FrameDecoder",
+    "GiveBack",
+    "GivenBack",
     "LoadFailed",
     "Ready",
     "RpcAnswer",
@@ -60,7 +64,7 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 1
+VERSION: Final = 2
 #: Bodies (of calls and of answers) above this many bytes travel as a file descriptor.
 INLINE_LIMIT: Final = 64 * 1024
 _HEAD: Final = struct.Struct("!IBB")
@@ -136,8 +140,24 @@ class RpcCall(NamedTuple):
 
 class Cancel(NamedTuple):
     """Front → handler process: nobody waits for call ``id`` any more (its deadline passed, its
-    client left). An ``async def`` handler's call is cancelled; a ``def`` handler's call cannot
-    be stopped and runs to its end. Either way an answer still comes, and is dropped."""
+    client left). A call not started yet is :class:`GivenBack`; a running ``async def``
+    handler's call is cancelled (and answered, the answer dropped); a running ``def`` handler's
+    call cannot be stopped and runs to its end."""
+
+    id: int
+
+
+class GiveBack(NamedTuple):
+    """Front → handler process: if call ``id`` has not started, do not run it but give it back
+    (:class:`GivenBack`), for another process. The front asks for the calls waiting in a
+    process behind one that turned out slow; a call that started already is answered as usual.
+    """
+
+    id: int
+
+
+class GivenBack(NamedTuple):
+    """Handler process → front: call ``id`` was not run (see :class:`GiveBack`, :class:`Cancel`)."""
 
     id: int
 
@@ -182,9 +202,13 @@ class RpcAnswer(NamedTuple):
     http_status: int
 
 
-Frame = Start | Ready | LoadFailed | Call | RpcCall | Cancel | Answer | Chunk | End | RpcAnswer
+Frame = (
+    Start | Ready | LoadFailed | Call | RpcCall | Cancel | GiveBack
+    | Answer | Chunk | End | RpcAnswer | GivenBack
+)  # fmt: skip
 _KINDS: Final[tuple[type[Any], ...]] = (
     Start, Ready, LoadFailed, Call, RpcCall, Cancel, Answer, Chunk, End, RpcAnswer,
+    GiveBack, GivenBack,
 )  # fmt: skip
 _KIND_OF: Final = {kind: index for index, kind in enumerate(_KINDS)}
 
@@ -235,10 +259,10 @@ def read_buffer() -> memoryview:
     return memoryview(bytearray(READ_SIZE))
 
 
-def receive(sock: socket.socket, into: memoryview) -> tuple[memoryview, list[int]]:
+def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memoryview, list[int]]:
     """One read into ``into``: the bytes (a view of ``into``, valid until the next read; empty:
-    closed) and any descriptors that came with them."""
-    size, ancillary, flags, _ = sock.recvmsg_into([into], _FD_SPACE)
+    closed) and any descriptors that came with them. ``flags``: ``recvmsg``'s."""
+    size, ancillary, flags, _ = sock.recvmsg_into([into], _FD_SPACE, flags)
     data = into[:size]
     if flags & socket.MSG_CTRUNC:  # the other end broke FDS_PER_WRITE: frames would be lost
         raise ConnectionError("more descriptors arrived in one read than frames.py allows")
@@ -293,9 +317,16 @@ class BlockingChannel:
         self._into = read_buffer()
         self._ready: deque[tuple[Frame, int | None]] = deque()
         self._write_lock = threading.Lock()  # handler threads answer on their own
+        #: Held while reading (and while waiting for frames): :meth:`taken_back` runs on a
+        #: thread of its own while the main thread runs a call.
+        self._read_lock = threading.Lock()
 
     def read(self) -> tuple[Frame, int | None] | None:
         """The next frame and its descriptor; ``None`` once the front has closed the socket."""
+        with self._read_lock:
+            return self._read()
+
+    def _read(self) -> tuple[Frame, int | None] | None:
         while not self._ready:
             try:
                 data, fds = receive(self._sock, self._into)
@@ -305,6 +336,35 @@ class BlockingChannel:
                 return None
             self._ready.extend(self._decoder.feed(data, fds))
         return self._ready.popleft()
+
+    def taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
+        """The calls read and not started that the front took back since (a :class:`Cancel`
+        or :class:`GiveBack` came behind them): :meth:`read` will not return them. Reads what
+        the socket holds now, without waiting; nothing while another thread reads."""
+        if not self._read_lock.acquire(blocking=False):
+            return []
+        try:
+            return self._taken_back()
+        finally:
+            self._read_lock.release()
+
+    def _taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
+        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
+            data, fds = receive(self._sock, self._into, socket.MSG_DONTWAIT)
+            self._ready.extend(self._decoder.feed(data, fds))
+        wanted = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel | GiveBack)}
+        if not wanted:
+            return []
+        taken: list[tuple[Call | RpcCall, int | None]] = []
+        kept: deque[tuple[Frame, int | None]] = deque()
+        for item in self._ready:
+            frame = item[0]
+            if isinstance(frame, Call | RpcCall) and frame.id in wanted:
+                taken.append((frame, item[1]))
+            elif not isinstance(frame, Cancel | GiveBack):  # those of calls run already: spent
+                kept.append(item)
+        self._ready = kept
+        return taken
 
     def write(self, frame: Frame, fd: int | None = None) -> None:
         data = encode_frame(frame, has_fd=fd is not None)

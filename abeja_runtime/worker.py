@@ -37,6 +37,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -55,6 +56,8 @@ from abeja_runtime.frames import (
     Chunk,
     End,
     Frame,
+    GiveBack,
+    GivenBack,
     LoadFailed,
     Ready,
     RpcAnswer,
@@ -82,6 +85,9 @@ _log = logging.getLogger("abeja_runtime")
 #: prctl(PR_SET_PDEATHSIG): the kernel kills this process when the front dies, whatever the
 #: handler is doing (a socket closed by a dead front is only noticed between calls).
 _PR_SET_PDEATHSIG: Final = 1
+#: How often a ``def`` handler's process looks whether its call is slow, and then gives back
+#: the calls the front takes back (the front asks for them 50 ms into a call).
+_SLOW_CALL_LOOK: Final = 0.02
 
 
 def main() -> None:
@@ -136,12 +142,44 @@ def _serve(config: Config, channel: BlockingChannel) -> int:
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         _run_loop(_serve_on_loop(calls, config.concurrency), config.event_loop)
     elif config.concurrency == 1:
+        watch = _SlowCallWatch(calls)
         while (item := channel.read()) is not None:
+            watch.calls_started += 1
+            watch.in_call = True
             calls.run(*item)
+            watch.in_call = False
+        watch.stop()
     else:
         _serve_on_threads(calls, config.concurrency)
     _stop_handler(handler, config)
     return 0
+
+
+class _SlowCallWatch:
+    """While a ``def`` handler's call runs on the main thread, nothing reads the socket: this
+    thread does, once the call has run for :data:`_SLOW_CALL_LOOK`, and gives back the calls
+    waiting behind it that the front takes back (:class:`~abeja_runtime.frames.GiveBack`).
+
+    The main thread only counts its calls: no lock, clock or system call per call."""
+
+    def __init__(self, calls: _Calls) -> None:
+        self.calls_started = 0
+        self.in_call = False
+        self._calls = calls
+        self._stopped = threading.Event()
+        threading.Thread(target=self._run, name="abeja-slow-call-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        seen = -1
+        while not self._stopped.wait(_SLOW_CALL_LOOK):
+            started = self.calls_started
+            if self.in_call and started == seen:  # the same call as a look ago
+                for frame, fd in self._calls.channel.taken_back():
+                    self._calls.give_back(frame, fd)
+            seen = started
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 def _serve_on_threads(calls: _Calls, threads: int) -> None:
@@ -164,32 +202,47 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
 
 
 async def _serve_on_loop(calls: _Calls, concurrency: int) -> None:
-    """Calls read on a thread of their own and run as tasks, at most ``concurrency`` at once;
-    a :class:`~abeja_runtime.frames.Cancel` cancels its call's task."""
+    """Calls read on a thread of their own and run as tasks, at most ``concurrency`` at once,
+    in the order they came; a :class:`~abeja_runtime.frames.Cancel` cancels its call's task,
+    and a call taken back before it started is given back."""
     loop = asyncio.get_running_loop()
-    slots = asyncio.Semaphore(concurrency)
-    arrived: asyncio.Queue[tuple[Frame, int | None] | None] = asyncio.Queue()
+    waiting: deque[tuple[Call | RpcCall, int | None]] = deque()
     running: dict[int, asyncio.Task[None]] = {}
-    cancelled: set[int] = set()
+    read_all = loop.create_future()
 
-    def cancel(call_id: int) -> None:
+    def start_waiting() -> None:
+        while waiting and len(running) < concurrency:
+            frame, fd = waiting.popleft()
+            running[frame.id] = asyncio.create_task(run(frame, fd))
+
+    def take_back(call_id: int, *, cancel_running: bool) -> None:
+        for item in waiting:
+            if item[0].id == call_id:
+                waiting.remove(item)
+                calls.give_back(*item)
+                return
         task = running.get(call_id)
-        if task is not None:
+        if task is not None and cancel_running:
             task.cancel()
-        else:  # not started yet
-            cancelled.add(call_id)
+
+    def arrived(item: tuple[Frame, int | None] | None) -> None:
+        if item is None:
+            read_all.set_result(None)
+            return
+        frame, fd = item
+        if isinstance(frame, Cancel | GiveBack):
+            take_back(frame.id, cancel_running=isinstance(frame, Cancel))
+            return
+        assert isinstance(frame, Call | RpcCall)
+        waiting.append((frame, fd))
+        start_waiting()
 
     def read() -> None:
         while True:
             item = calls.channel.read()
-            if item is not None and isinstance(item[0], Cancel):
-                loop.call_soon_threadsafe(cancel, item[0].id)
-                continue
-            loop.call_soon_threadsafe(arrived.put_nowait, item)
+            loop.call_soon_threadsafe(arrived, item)
             if item is None:
                 return
-
-    threading.Thread(target=read, name="abeja-frames", daemon=True).start()
 
     async def run(frame: Call | RpcCall, fd: int | None) -> None:
         try:
@@ -197,23 +250,13 @@ async def _serve_on_loop(calls: _Calls, concurrency: int) -> None:
         except asyncio.CancelledError:
             calls.dropped(frame)
         finally:
-            running.pop(frame.id, None)
-            slots.release()
+            del running[frame.id]
+            start_waiting()
 
-    while (item := await arrived.get()) is not None:
-        frame, fd = item
-        assert isinstance(frame, Call | RpcCall)
-        await slots.acquire()
-        if frame.id in cancelled:
-            cancelled.discard(frame.id)
-            if fd is not None:
-                os.close(fd)
-            calls.dropped(frame)
-            slots.release()
-            continue
-        running[frame.id] = asyncio.create_task(run(frame, fd))
-    if running:
-        await asyncio.wait(running.values())
+    threading.Thread(target=read, name="abeja-frames", daemon=True).start()
+    await read_all
+    while running:  # the calls started before the front closed the socket end
+        await asyncio.wait(list(running.values()))
 
 
 def _run_loop(main: Any, loop: str) -> None:
@@ -295,6 +338,12 @@ class _Calls:
         rpc = self._handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
         return rpc.call(call.method, call.payload, call.metadata)
+
+    def give_back(self, frame: Call | RpcCall, fd: int | None) -> None:
+        """Tell the front that ``frame`` was not run (it sends it elsewhere, or drops it)."""
+        if fd is not None:
+            os.close(fd)
+        self.channel.write(GivenBack(frame.id))
 
     def dropped(self, frame: Call | RpcCall) -> None:
         """The answer to a call that was cancelled: the front has answered it already and

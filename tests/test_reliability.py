@@ -165,6 +165,60 @@ def test_a_finished_response_survives_a_crash_right_after(make_server):
     server.wait_healthy(15)
 
 
+@pytest.mark.parametrize(
+    ("handler", "slow_path"), [("fi_sync", "/?hang=5"), ("fi_async", "/?ms=5000")]
+)
+def test_quick_calls_do_not_wait_behind_a_slow_one_while_another_worker_is_free(
+    make_server, handler, slow_path
+):
+    """Quick calls go to a worker that is already serving (waking another costs more than the
+    call), and wait in its socket; a worker whose call turns out slow gives back the calls
+    behind it: with a 5 s call running, concurrent quick calls are all answered meanwhile, by
+    the other worker."""
+    server = make_server(handler, "--workers", "2")
+    server.wait_healthy(15)
+
+    def quick_calls(count: int) -> list[object]:
+        answers: list[object] = []
+
+        def call() -> None:
+            answers.append(server.request("GET", "/", timeout=20))
+
+        threads = [threading.Thread(target=call, daemon=True) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        return answers
+
+    for _ in range(20):  # the front learns that calls are quick
+        assert all(isinstance(a, Response) and a.status == 200 for a in quick_calls(8))
+    slow_answer: list[object] = []
+    slow = threading.Thread(
+        target=lambda: slow_answer.append(server.request("GET", slow_path, timeout=20)),
+        daemon=True,
+    )
+    slow.start()
+    wait_until(
+        lambda: server.request("GET", "/metrics", port=server.healthcheck_port).body.count(
+            b"abeja_runtime_in_flight_requests 1.0"
+        ),
+        5,
+        "the slow call to run",
+    )
+
+    answers = quick_calls(16)
+
+    assert slow.is_alive(), "a quick call waited for the slow call to end"
+    assert len(answers) == 16
+    assert all(isinstance(a, Response) and a.status == 200 for a in answers), answers
+    pids = {json.loads(a.body)["pid"] for a in answers if isinstance(a, Response)}
+    slow.join(20)
+    (slow_response,) = slow_answer
+    assert isinstance(slow_response, Response) and slow_response.status == 200
+    assert json.loads(slow_response.body)["pid"] not in pids
+
+
 def test_a_worker_holding_every_connection_sheds_its_excess_once_another_is_ready(
     make_server, marker
 ):
