@@ -5,7 +5,9 @@ Every call (an HTTP request's, a gRPC call's) is a :class:`PendingCall` submitte
 the one queue that all processes take from, so that no call waits behind a slow one while
 another process is idle; admission bounds the calls in the pool (``503 service busy`` beyond).
 A process has ``concurrency`` slots plus :data:`PIPELINE`: with one more call already in its
-socket, a ``def`` handler starts its next call without waiting for the front.
+socket, a ``def`` handler starts its next call without waiting for the front. While calls are
+quick, a call joins a process that is serving rather than wake an idle one; once a process's
+call has run :data:`_PIPELINE_WHILE_YOUNGER`, the front takes back the calls waiting behind it.
 
 A process that exits fails only the calls it was running (the first ``concurrency`` of those it
 was sent and had not answered, in order: a process takes calls in the order they came); the
