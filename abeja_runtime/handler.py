@@ -19,8 +19,9 @@ RpcResult = tuple[int, bytes, str, int]
 
 
 class RpcService(Protocol):
-    """A style's gRPC services (KServe's Open Inference protocol), run in the handler process;
-    the front's gRPC server (``rpc.py``) forwards each call's method and message bytes."""
+    """A style's gRPC services (KServe's Open Inference protocol, Seldon Core's services), run
+    in the handler process; the front's gRPC server (``rpc.py``) forwards each call's method
+    and message bytes."""
 
     #: The full names of the methods served (``/package.Service/Method``).
     methods: tuple[str, ...]

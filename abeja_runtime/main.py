@@ -367,8 +367,8 @@ _PORT = click.IntRange(0, 65535)
     show_envvar=True,
     type=click.IntRange(1, 65535),
     default=None,
-    help="KServe style: serve the Open Inference (V2) gRPC protocol on this port too, as "
-    "KServe's --grpc_port does.  [default: off]",
+    help="KServe and Seldon styles: serve their gRPC protocol on this port too, as KServe's "
+    "--grpc_port (Open Inference V2) and seldon-core's --grpc-port do.  [default: off]",
 )
 @click.option(
     "--cortex-model",

@@ -246,9 +246,9 @@ class _Front:
         pool = self._pool
         if not pool.rpc_methods:
             self._on_load_failed(
-                "--grpc-port serves KServe's Open Inference gRPC protocol, which the "
-                f"{pool.style} style does not have; serve a kserve.Model, or leave --grpc-port "
-                "(ABEJA_RUNTIME_GRPC_PORT) unset",
+                "--grpc-port serves the gRPC protocol of KServe (Open Inference) or of Seldon "
+                f"Core, which the {pool.style} style does not have; serve a kserve.Model or a "
+                "Seldon component, or leave --grpc-port (ABEJA_RUNTIME_GRPC_PORT) unset",
                 "",
             )
             return

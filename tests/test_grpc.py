@@ -252,7 +252,7 @@ def start_and_fail(handler_dir: str, *flags: str, env: dict[str, str]) -> str:
 
 def test_a_style_without_grpc_refuses_the_grpc_port():
     output = start_and_fail("ld_sync", "--grpc-port", str(free_port()), env={})
-    assert "--grpc-port serves KServe's Open Inference gRPC protocol" in output
+    assert "--grpc-port serves the gRPC protocol of KServe (Open Inference) or of Seldon" in output
     assert "abeja style does not have" in output
 
 

@@ -11,9 +11,12 @@ import base64
 import json
 import urllib.parse
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+import abeja_runtime
 
 
 @pytest.fixture(scope="module")
@@ -407,3 +410,23 @@ def test_answers_carry_the_request_path_of_the_unit(make_server):
     assert answer["meta"]["requestPath"] == {"scaler": "me/scaler:2", "router": "me/router:1"}
     metadata = server.request("GET", "/metadata").json()
     assert (metadata["name"], metadata["versions"]) == ("me/scaler", ["2"])
+
+
+def test_the_compiled_seldon_protocol_matches_its_proto_files(tmp_path):
+    """``seldon_protos/seldon.desc`` is what ``scripts/compile-seldon-protos.sh`` makes of the
+    ``.proto`` files beside it (run it after editing them)."""
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    from google.protobuf import descriptor_pb2
+
+    protos = Path(abeja_runtime.__file__).parent / "styles" / "seldon_protos"
+    google = Path(protoc.__file__).parent / "_proto"
+    out = tmp_path / "seldon.desc"
+    args = ["protoc", f"-I{protos}", f"-I{google}", "--include_imports"]
+    assert (
+        protoc.main([*args, f"--descriptor_set_out={out}", str(protos / "prediction.proto")]) == 0
+    )
+
+    def parsed(path: Path) -> descriptor_pb2.FileDescriptorSet:
+        return descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
+
+    assert parsed(out) == parsed(protos / "seldon.desc")

@@ -8,12 +8,14 @@ environment; the same requests go to both, and the statuses and bodies must be t
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import http.client
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -79,12 +81,13 @@ class Control:
         env: dict[str, str],
     ):
         self.port = free_port()
+        self.grpc_port = free_port(other_than=(self.port,))
         self.process = subprocess.Popen(
             [
                 str(command), interface,
                 "--service-type", service_type,
                 "--http-port", str(self.port),
-                "--grpc-port", str(free_port()),
+                "--grpc-port", str(self.grpc_port),
                 "--metrics-port", str(free_port()),
                 "--workers", "1",
                 "--log-level", "WARNING",
@@ -254,3 +257,159 @@ def test_model_error_handler_answers_as_seldon_core(both):
         ("POST", "/predict", {"data": {"ndarray": [[0.0]]}}),
     ]
     assert_same(ports, requests)
+
+
+# -- gRPC (seldon-core's --grpc-port) --------------------------------------------------------
+
+
+@pytest.fixture
+def both_grpc(make_server, seldon_core) -> Iterator[Any]:
+    """``both_grpc(handler_dir, interface, service_type, env)``: the gRPC ports of the control
+    and of the runtime (``--grpc-port``), started with the same environment."""
+    controls: list[Control] = []
+
+    def start(
+        handler_dir: str,
+        interface: str,
+        service_type: str = "MODEL",
+        env: dict[str, str] | None = None,
+    ) -> tuple[int, int]:
+        control = Control(seldon_core, handler_dir, interface, service_type, env or {})
+        controls.append(control)
+        grpc_port = free_port()
+        make_server(
+            handler_dir,
+            "--service-type",
+            service_type,
+            "--grpc-port",
+            str(grpc_port),
+            env={"HANDLER": interface, **UNIT, **(env or {})},
+        )
+        return control.grpc_port, grpc_port
+
+    yield start
+    for control in controls:
+        control.stop()
+
+
+def ask_grpc(python: Path, port: int, calls: list[tuple[str, Any]]) -> list[Any]:
+    """Each call through seldon-core's own messages and stubs (``clients/seldon_grpc.py``, in
+    seldon-core's environment): ``[status, details, answer]``."""
+    done = subprocess.run(
+        [str(python), str(Path(__file__).parent / "clients" / "seldon_grpc.py"), str(port)],
+        input=json.dumps(calls),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers: list[Any] = json.loads(done.stdout)
+    return answers
+
+
+def assert_same_grpc(seldon_core: Path, ports: tuple[int, int], calls: list[tuple]) -> None:
+    """Every call answered the same over gRPC by seldon-core and the runtime."""
+    python = seldon_core.parent / "python"
+    control, ours = (ask_grpc(python, port, calls) for port in ports)
+    found = [
+        f"{call}:\n  seldon-core:   {theirs}\n  abeja-runtime: {mine}"
+        for call, theirs, mine in zip(calls, control, ours, strict=True)
+        if theirs != mine
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_identity_model_answers_over_grpc_as_seldon_core(both_grpc, seldon_core):
+    """Every data form of a SeldonMessage, on each service the microservice serves."""
+    ports = both_grpc("st_seldon_identity", "MyModel")
+    ndarray = {"data": {"ndarray": [[1, 2], [3, 4]]}}
+    tftensor = {
+        "data": {
+            "tftensor": {
+                "dtype": "DT_FLOAT",
+                "tensorShape": {"dim": [{"size": "2"}]},
+                "floatVal": [1.5, 2.5],
+            }
+        }
+    }
+    calls = [
+        ("Model/Predict", ndarray),
+        ("Model/Predict", {"data": {"tensor": {"shape": [2, 2], "values": [1, 2, 3, 4]}}}),
+        ("Model/Predict", {"data": {"names": ["a", "b"], "ndarray": [[1.5, "x"]]}}),
+        ("Model/Predict", {"jsonData": {"k": [1, 2]}}),
+        ("Model/Predict", {"strData": "hello"}),
+        ("Model/Predict", {"binData": "AAEC"}),
+        ("Model/Predict", {"data": {"ndarray": [1]}, "meta": {"puid": "p-1", "tags": {"a": 1}}}),
+        ("Model/Predict", {"data": {}}),
+        ("Model/Predict", {}),
+        ("Seldon/Predict", ndarray),
+        ("Generic/TransformInput", ndarray),
+        ("Transformer/TransformInput", ndarray),
+        ("Generic/TransformOutput", {"strData": "x"}),
+        ("OutputTransformer/TransformOutput", ndarray),
+        ("Model/Metadata", {}),
+        ("Seldon/ModelMetadata", {"name": "x"}),
+        ("Seldon/GraphMetadata", {}),
+        # what a model without route, aggregate or send_feedback answers there
+        ("Router/Route", ndarray),
+        ("Generic/Route", ndarray),
+        ("Combiner/Aggregate", {"seldonMessages": [ndarray]}),
+        ("Model/SendFeedback", {"request": ndarray, "reward": 1}),
+        ("SeldonClient/predict", {"data": [[1.0, 2.0]], "payload_type": "ndarray"}),
+        ("SeldonClient/predict", {"data": [[1.0, 2.0]], "payload_type": "tensor"}),
+        ("SeldonClient/predict", {"strData": "hi"}),
+        ("SeldonClient/predict", {"jsonData": {"a": [1]}}),
+        ("SeldonClient/transform-input", {"data": [[3.0]], "payload_type": "ndarray"}),
+    ]  # fmt: skip
+    assert_same_grpc(seldon_core, ports, calls)
+    # seldon-core reads a tftensor with TensorFlow, which its environment here lacks: the
+    # runtime's answer is checked on its own (the identity, as float32 bytes).
+    ((status, _, answer),) = ask_grpc(seldon_core.parent / "python", ports[1], [
+        ("Model/Predict", tftensor),
+    ])  # fmt: skip
+    assert status == "OK"
+    assert answer["data"]["tftensor"] == {
+        "dtype": "DT_FLOAT",
+        "tensorShape": {"dim": [{"size": "2"}]},
+        "tensorContent": base64.b64encode(struct.pack("<2f", 1.5, 2.5)).decode(),
+    }
+
+
+def test_graph_units_and_raw_methods_answer_over_grpc_as_seldon_core(both_grpc, seldon_core):
+    router = both_grpc("st_seldon_graph", "Units.Router", "ROUTER")
+    assert_same_grpc(seldon_core, router, [
+        ("Router/Route", {"data": {"ndarray": [[2.0]]}}),
+        ("Router/Route", {"data": {"ndarray": [[-2.0]]}}),
+        ("Generic/Route", {"data": {"ndarray": [[99.0]]}}),
+    ])  # fmt: skip
+    combiner = both_grpc("st_seldon_graph", "Units.Combiner", "COMBINER")
+    message_list = {
+        "seldonMessages": [{"data": {"ndarray": [[1.0, 2.0]]}}, {"data": {"ndarray": [[3.0, 4.0]]}}]
+    }
+    assert_same_grpc(seldon_core, combiner, [("Combiner/Aggregate", message_list)])
+    learner = both_grpc("st_seldon_graph", "Units.Learner")
+    feedback = {
+        "request": {"data": {"ndarray": [[1.0]]}},
+        "response": {"meta": {"routing": {"unit-a": 1}}},
+        "reward": 0.5,
+        "truth": {"data": {"ndarray": [[2.0]]}},
+    }
+    assert_same_grpc(seldon_core, learner, [
+        ("Model/SendFeedback", feedback),
+        ("Model/Predict", {"data": {"ndarray": [[0.0]]}}),
+    ])  # fmt: skip
+    full = both_grpc("st_seldon_full", "Classifier")
+    # Not compared: a jsonData request, which this component answers with its feature names
+    # inside; seldon-core's gRPC path hands them over as a protobuf container that it then
+    # fails to put in the answer (UNKNOWN), where the runtime gives a list and answers.
+    assert_same_grpc(seldon_core, full, [
+        ("Model/Predict", {"data": {"ndarray": [[1.0, 2.0]]}}),
+        ("Model/Predict", {"data": {"ndarray": [[-1.0, 0.0]]}}),
+        ("Model/Metadata", {}),
+    ])  # fmt: skip
+    raw = both_grpc("st_seldon_raw_grpc", "RawGrpc")
+    assert_same_grpc(seldon_core, raw, [
+        ("Model/Predict", {"strData": "hello"}),
+        ("Model/Predict", {"strData": "metric"}),
+    ])  # fmt: skip

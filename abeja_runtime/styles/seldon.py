@@ -41,7 +41,7 @@ from abeja_runtime.request import Request
 from abeja_runtime.styles import tftensor
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
 
-__all__ = ["adapt"]
+__all__ = ["adapt", "grpc_error_text"]
 
 _log = logging.getLogger("abeja_runtime")
 _METRIC_TYPES: Final = ("COUNTER", "GAUGE", "TIMER")
@@ -96,6 +96,13 @@ class _SeldonError(Exception):
         return {"status": {"status": 1, "info": self.message, "code": -1, "reason": self.reason}}
 
 
+def grpc_error_text(exc: Exception) -> str:
+    """What grpcio says of ``exc`` after "Exception calling application: " in seldon-core: the
+    exception's text, which for its own ``SeldonMicroserviceException`` is empty (it does not
+    pass its message to ``Exception``)."""
+    return "" if isinstance(exc, _SeldonError) else str(exc)
+
+
 def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     """Instantiate the class with its parameters (or take the instance), call ``load()``."""
     if config.seldon_service_type not in _SERVICE_TYPES:
@@ -121,7 +128,14 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
     metadata = _environment_metadata(config.seldon_metadata)
     unit = _Unit(config.seldon_unit_id, config.seldon_unit_image)
     component = _Component(numpy, model, metadata, unit, _error_handlers(model))
-    return LoadedHandler(component.handle, is_async=False, name=config.handler, style="seldon")
+    rpc = None
+    if config.grpc_port is not None:
+        from abeja_runtime.styles.seldon_grpc import SeldonGrpcService  # protobuf only then
+
+        rpc = SeldonGrpcService(component)
+    return LoadedHandler(
+        component.handle, is_async=False, name=config.handler, style="seldon", rpc=rpc
+    )
 
 
 #: seldon-core's microservice types (its --service-type), and the output transformer of its
@@ -266,13 +280,16 @@ class _Component:
         self._np = numpy
         self._model = model
         self._unit = unit
-        self._metadata = self._init_metadata(environment_metadata)
+        #: Read and checked once at start; None when it is invalid.
+        self.metadata = self._init_metadata(environment_metadata)
         self._error_handlers = error_handlers
         #: seldon-core's INCLUDE_METRICS_IN_CLIENT_RESPONSE (default true): with false, custom
         #: metrics are exported on /metrics but left out of the client's ``meta.metrics``.
         self._metrics_to_client = (
             os.environ.get("INCLUDE_METRICS_IN_CLIENT_RESPONSE", "true").lower() == "true"
         )
+        #: Turns a message a ``*_raw`` method answered into its JSON form (set by gRPC).
+        self.json_form: Callable[[Any], Any] | None = None
 
     def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
@@ -288,27 +305,33 @@ class _Component:
             if action == "health":
                 return json_result(self._health())
             if action == "metadata":
-                if self._metadata is None:
+                if self.metadata is None:
                     raise _SeldonError(
                         "Model metadata unavailable", 500, "MICROSERVICE_BAD_METADATA"
                     )
-                return json_result(self._metadata)
-            message = _message(request)
-            if action == "route":
-                response = self._route(message)
-            elif action == "aggregate":
-                response = self._aggregate(message)
-            elif action == "send_feedback":
-                response = self._feedback(message)
-            else:
-                response = self._run(action, message)
+                return json_result(self.metadata)
+            response = self.answer(action, _message(request))
         except Exception as exc:
             return self._error(exc)
         status = _status_of(response)
         return json_result(response, status)
 
-    def _run(self, action: str, message: Any) -> Any:
-        raw, answer = self._raw(action, message)
+    def answer(self, action: str, message: Any, raw_message: Any = None) -> Any:
+        """The answer to ``action`` (``predict``, ``transform_input``, ``transform_output``,
+        ``route``, ``aggregate``, ``send_feedback``) for a message in its JSON form; raises
+        what the component raised. ``raw_message``: what a ``*_raw`` method gets instead of
+        the JSON form (the gRPC message itself, as seldon-core gives it)."""
+        raw = message if raw_message is None else raw_message
+        if action == "route":
+            return self._route(message, raw)
+        if action == "aggregate":
+            return self._aggregate(message, raw)
+        if action == "send_feedback":
+            return self._feedback(message, raw)
+        return self._run(action, message, raw)
+
+    def _run(self, action: str, message: Any, raw_message: Any) -> Any:
+        raw, answer = self._raw(action, raw_message)
         if raw:
             return answer
         features, meta = self._features(message)
@@ -317,9 +340,9 @@ class _Component:
         data, tags, metrics = _unpack(result)
         return self._response(message, data, meta, self._to_client(self._metrics(metrics)), tags)
 
-    def _route(self, message: Any) -> Any:
+    def _route(self, message: Any, raw_message: Any) -> Any:
         """A router: ``route(X, names)`` picks a child by index, -1 for none (seldon-core)."""
-        raw, answer = self._raw("route", message)
+        raw, answer = self._raw("route", raw_message)
         if raw:
             return answer
         features, meta = self._features(message)
@@ -329,9 +352,9 @@ class _Component:
         routed = self._np.array([[routing]])
         return self._response(message, routed, meta, self._to_client(self._metrics([])), {})
 
-    def _aggregate(self, message: Any) -> Any:
+    def _aggregate(self, message: Any, raw_message: Any) -> Any:
         """A combiner: ``aggregate(Xs, names_list)`` over a ``SeldonMessageList``."""
-        raw, answer = self._raw("aggregate", message)
+        raw, answer = self._raw("aggregate", raw_message)
         if raw:
             return answer
         messages = message.get("seldonMessages") if isinstance(message, dict) else None
@@ -349,7 +372,7 @@ class _Component:
             messages[0], data, first_meta, self._to_client(self._metrics(metrics)), tags
         )
 
-    def _feedback(self, message: Any) -> Any:
+    def _feedback(self, message: Any, raw_message: Any) -> Any:
         """``send_feedback(X, names, reward, truth, routing=...)`` for a ``Feedback`` message."""
         if not isinstance(message, dict) or not isinstance(message.get("request"), dict):
             raise _SeldonError(f"Invalid request data type: {message}")
@@ -358,7 +381,7 @@ class _Component:
             exported = reported_metrics()
             exported.record("COUNTER", _FEEDBACK_KEY, 1, {})
             exported.record("COUNTER", _FEEDBACK_REWARD_KEY, reward, {})
-        raw, answer = self._raw("send_feedback", message)
+        raw, answer = self._raw("send_feedback", raw_message)
         if raw:
             return answer
         request = message["request"]
@@ -390,6 +413,8 @@ class _Component:
         if callable(raw):
             try:
                 answer = raw(message)
+                if self.json_form is not None and not isinstance(answer, dict | list):
+                    answer = self.json_form(answer)  # a gRPC message answered with one
                 meta = answer.get("meta") if isinstance(answer, dict) else None
                 metrics = meta.get("metrics") if isinstance(meta, dict) else None
                 # as seldon-core's handle_raw_custom_metrics: exported, and kept or not
