@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -414,17 +416,25 @@ def test_answers_carry_the_request_path_of_the_unit(make_server):
 
 def test_the_compiled_seldon_protocol_matches_its_proto_files(tmp_path):
     """``seldon_protos/seldon.desc`` is what ``scripts/compile-seldon-protos.sh`` makes of the
-    ``.proto`` files beside it (run it after editing them)."""
+    ``.proto`` files beside it (run it after editing them). protoc runs in a process of its
+    own: in one that has loaded other protobuf modules it can crash."""
     protoc = pytest.importorskip("grpc_tools.protoc")
     from google.protobuf import descriptor_pb2
 
     protos = Path(abeja_runtime.__file__).parent / "styles" / "seldon_protos"
     google = Path(protoc.__file__).parent / "_proto"
     out = tmp_path / "seldon.desc"
-    args = ["protoc", f"-I{protos}", f"-I{google}", "--include_imports"]
-    assert (
-        protoc.main([*args, f"--descriptor_set_out={out}", str(protos / "prediction.proto")]) == 0
-    )
+    compiled = subprocess.run(
+        [
+            sys.executable, "-m", "grpc_tools.protoc", f"-I{protos}", f"-I{google}",
+            "--include_imports", f"--descriptor_set_out={out}", str(protos / "prediction.proto"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr
 
     def parsed(path: Path) -> descriptor_pb2.FileDescriptorSet:
         return descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
