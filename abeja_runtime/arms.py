@@ -6,8 +6,8 @@ A request with a non-empty ``x-abeja-arms-async-request-id`` header is answered 
 {async request id}`` with the request's ``x-abeja-arms-async-request-token`` as a bearer token:
 a ``multipart/form-data`` body of three parts, ``status``, ``headers`` (JSON, the headers a
 synchronous answer would have, without ``Content-Length``) and ``body``. A handler that fails
-sends the anchor's failure document instead. Up to three attempts, with exponential back-off,
-none after a 429. Unlike the anchor, a graceful shutdown waits (within the grace period) for
+sends ABEJA's failure document instead. Up to three attempts, with exponential back-off,
+none after a 429. Unlike ABEJA Platform, a graceful shutdown waits (within the grace period) for
 the results still pending.
 """
 
@@ -36,7 +36,7 @@ _log = logging.getLogger("abeja_runtime")
 
 ASYNC_ID_HEADER: Final = "x-abeja-arms-async-request-id"
 ASYNC_TOKEN_HEADER: Final = "x-abeja-arms-async-request-token"
-#: Async requests a worker holds at once (the anchor's channel capacity); more get 503.
+#: Async requests a worker holds at once (ABEJA's channel capacity); more get 503.
 MAX_PENDING: Final = 10_000
 #: The ids an async request may carry: one path segment of the result's URL, never more (a
 #: ``../`` or ``?`` in it would send the result, with the caller's token, somewhere else).
@@ -86,7 +86,7 @@ class ResultSender:
                 ("headers", json.dumps(headers).encode(), "application/json"),
                 ("body", reply.body, content_type),
             ):
-                # The anchor's parts: the name unquoted, as the platform has always received it.
+                # ABEJA's parts: the name unquoted, as the platform has always received it.
                 form.append(
                     data,
                     {"Content-Disposition": f"form-data; name={name}", "Content-Type": part_type},
@@ -94,7 +94,7 @@ class ResultSender:
             await self._put(async_id, token, form, f"status {reply.status}")
 
     async def send_failure(self, async_id: str, token: str, what: str) -> None:
-        """The anchor's failure document: the handler (or the runtime) could not answer."""
+        """ABEJA's failure document: the handler (or the runtime) could not answer."""
         document = {
             "status": 502,
             "headers": {"content-type": "application/json"},
@@ -126,7 +126,7 @@ class ResultSender:
                         _log.info("sent %s of async request %s to the platform", what, async_id)
                         return
                     problem = f"the platform answered {status}"
-                    if status == 429:  # the platform asks us to stop: as the anchor, no retry
+                    if status == 429:  # the platform asks us to stop: as ABEJA Platform, no retry
                         break
                 if attempt < _ATTEMPTS:
                     await asyncio.sleep(delay)

@@ -304,7 +304,7 @@ def _file_request(path: Path) -> Request:
 
 
 async def _input_request(text: str, lake: DataLake) -> Request:
-    """``INPUT`` as the anchor turns it into a request."""
+    """``INPUT`` as ABEJA Platform turns it into a request."""
     if not text.strip():
         return _request("", [], [])
     try:

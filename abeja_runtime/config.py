@@ -36,7 +36,7 @@ __all__ = [
 #: The event loops a worker can run on (``--loop``).
 LOOPS: Final = ("auto", "asyncio", "uvloop")
 MiB: Final = 1024 * 1024
-#: The anchor had no limit at all; 100 MiB admits large images and small videos while still
+#: ABEJA Platform had no limit at all; 100 MiB admits large images and small videos while still
 #: stopping a runaway client before it fills the disk.
 DEFAULT_MAX_BODY_SIZE: Final = 100 * MiB
 #: Bodies up to this size stay in memory; most inference payloads (JSON, a photo) fit.
@@ -83,7 +83,7 @@ class PlatformIds:
         """The ``X-Abeja-*`` headers of every handler response, for the variables that are set."""
         pairs = (
             ("X-Abeja-Model-Id", self.model_id),
-            # Path-escaped as the anchor does: "1.0 β/x" → "1.0%20%CE%B2%2Fx".
+            # Path-escaped as ABEJA Platform does: "1.0 β/x" → "1.0%20%CE%B2%2Fx".
             ("X-Abeja-Model-Version", urllib.parse.quote(self.model_version, safe="")),
             ("X-Abeja-Deployment-Id", self.deployment_id),
             ("X-Abeja-Service-Id", self.service_id),
@@ -108,7 +108,7 @@ class Config:
     port: int = 5000
     healthcheck_port: int = 5001
     workers: int = 1
-    #: Handler calls that may run at once in one worker. 1 keeps the anchor's guarantee that
+    #: Handler calls that may run at once in one worker. 1 keeps ABEJA's guarantee that
     #: non-thread-safe ML frameworks and module globals rely on.
     concurrency: int = 1
     #: Requests that may wait for a free handler slot, per worker, before 503 "service busy".
@@ -153,7 +153,7 @@ class Config:
     training_result_dir: str = ""
     #: The parsed CONTEXT variable; every call gets its own deep copy.
     context: Mapping[str, Any] = field(default_factory=dict)
-    #: Install requirements.txt / Pipfile at start-up, as the anchor does (opt-in here).
+    #: Install requirements.txt / Pipfile at start-up, as ABEJA Platform does (opt-in here).
     install_requirements: bool = False
     platform: PlatformIds = field(default_factory=PlatformIds)
     #: The handler style (see ``STYLES``); ``auto`` detects it at load time and logs the choice.
@@ -199,7 +199,7 @@ class Config:
             problems.append(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
         colons = self.handler.count(":")
         if colons != 1 and not (colons == 0 and self.style in MODULE_ONLY_STYLES):
-            problems.append(  # the anchor's wording (contract A4), typo fixed
+            problems.append(  # ABEJA's wording (contract A4), typo fixed
                 f"Possibly, your HANDLER[{self.handler}] parameter is wrong. handler needs one "
                 "':' separator. The format is <module>:<function>, e.g. main:handler."
             )
@@ -270,7 +270,8 @@ def parse_bool(text: str) -> bool:
 def parse_context(text: str | None, name: str = "CONTEXT") -> dict[str, Any]:
     """Parse the ``CONTEXT`` variable (or another JSON-object setting called ``name``).
 
-    Raises ``ValueError`` with a message naming the variable; the anchor crashed with a traceback.
+    Raises ``ValueError`` with a message naming the variable; ABEJA Platform crashed with a
+    traceback.
     """
     if text is None or not text.strip():
         return {}
@@ -283,7 +284,7 @@ def parse_context(text: str | None, name: str = "CONTEXT") -> dict[str, Any]:
     return value
 
 
-#: Where ``ABEJA_TRAINING_RESULT_DIR`` points when it is empty (the anchor's name).
+#: Where ``ABEJA_TRAINING_RESULT_DIR`` points when it is empty (ABEJA's name).
 _DEFAULT_TRAINING_RESULT_DIR: Final = "abejainc_training_result"
 
 

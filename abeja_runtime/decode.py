@@ -37,7 +37,7 @@ __all__ = [
 
 #: PATCH and DELETE are delivered like POST (contract A2); GET carries its query as the body.
 ALLOWED_METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE")
-#: Credentials never reach user code (the anchor's docs promise it; its proxy forgot).
+#: Credentials never reach user code (ABEJA's docs promise it; its proxy forgot).
 _STRIPPED_HEADERS: Final = frozenset({"authorization", "proxy-authorization"})
 _GET_CONTENT_TYPE: Final = "application/x-www-form-urlencoded"
 _DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
@@ -55,7 +55,6 @@ class BodyLimits:
 
     max_body_size: int
     spool_threshold: int
-    scratch_root: str | None = None
     #: Parts of a multipart/form-data body; 0 means no limit.
     max_parts: int = 0
 
@@ -107,7 +106,7 @@ def decode_request(
     content_type = _header(kept, "content-type")
     path = _unquote(raw_path, "URL path") if "%" in raw_path else raw_path
     query = _parse_query(raw_query) if raw_query else _NO_QUERY
-    scratch = Scratch(limits.scratch_root)
+    scratch = Scratch()
     try:
         if method == "GET":
             body.close()

@@ -1,8 +1,8 @@
 """The handler's return value → status, headers and body bytes or a stream of byte chunks.
 
-The rules are the anchor's (contract Part B 5.1) with the fixes of contract A3: ``content`` is
+The rules are ABEJA's (contract Part B 5.1) with the fixes of contract A3: ``content`` is
 normalised into a sequence of *elements*; each element is encoded by one small function chosen by
-its kind, with the anchor's separators (JSON and text elements are preceded by a newline once
+its kind, with ABEJA's separators (JSON and text elements are preceded by a newline once
 anything was written, bytes are appended raw). In-memory content is rendered at once, so the
 response gets a ``Content-Length``; generators, iterators and file objects are encoded lazily,
 one element or chunk at a time, and streamed. Sending the bytes is the server's job.
@@ -109,7 +109,7 @@ def encoded_reply(
 
 
 def _json_default(value: object) -> Any:
-    """Types the anchor's encoder knew (datetime, numpy) plus those contract A3 adds."""
+    """Types ABEJA's encoder knew (datetime, numpy) plus those contract A3 adds."""
     if isinstance(value, datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, Decimal):
@@ -123,7 +123,7 @@ def _json_default(value: object) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-#: The anchor's JSON: default separators, ASCII only, NaN allowed.
+#: ABEJA's JSON: default separators, ASCII only, NaN allowed.
 json_dumps: Callable[[Any], str] = json.JSONEncoder(default=_json_default).encode
 
 
@@ -164,7 +164,7 @@ def _describe(value: object) -> str:
 
 
 def _status(value: object) -> int:
-    if value is None:  # the anchor sends JSON null and the proxy falls back to 200
+    if value is None:  # ABEJA Platform sends JSON null and the proxy falls back to 200
         return 200
     if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
         raise HandlerResultError(
@@ -240,7 +240,7 @@ def _warn_protected(name: str) -> None:
 
 
 class _ElementWriter:
-    """Encodes content elements one by one with the anchor's separator rules."""
+    """Encodes content elements one by one with ABEJA's separator rules."""
 
     __slots__ = ("_charset", "_csv", "_csv_buffer", "_dumps", "_mime", "_wrote")
 
@@ -298,7 +298,8 @@ class _ElementWriter:
 
 
 def _pairs_to_dict(element: object) -> object:
-    """The anchor turns a list of key/value tuples into an object: ``[('a', 1)]`` → ``{"a": 1}``."""
+    """ABEJA Platform turns a list of key/value tuples into an object: ``[('a', 1)]`` →
+    ``{"a": 1}``."""
     if (
         isinstance(element, list)
         and element
@@ -313,7 +314,7 @@ def _render(content: object, writer: _ElementWriter) -> Body:
     if content is None:
         return b""
     if isinstance(content, _BYTES_LIKE):
-        return bytes(content)  # raw: contract A3 (the anchor sent decimal byte values)
+        return bytes(content)  # raw: contract A3 (ABEJA Platform sent decimal byte values)
     if type(content) is dict or isinstance(content, str | Mapping):
         return writer.encode(content)
     if isinstance(content, io.BytesIO):

@@ -5,7 +5,7 @@
 absolute path, which worker processes inherit. ``load_handler`` runs in each worker, on the thread
 that will call the handler: it imports the module, lets :mod:`abeja_runtime.styles` decide the
 handler's style (ABEJA, ABEJA v1, Cortex, KServe, Seldon) and adapt it, and logs the choice.
-Every failure is a :class:`HandlerLoadError` whose message keeps the anchor's wording (typos
+Every failure is a :class:`HandlerLoadError` whose message keeps ABEJA's wording (typos
 fixed) and adds what to do.
 """
 
@@ -32,7 +32,7 @@ from abeja_runtime.handler import LoadedHandler
 __all__ = ["install_dependencies", "load_handler", "prepare_workdir"]
 
 _MARKER: Final = ".abeja"
-#: The anchor finds a ``.abeja`` directory whose parent is at most this deep below the start.
+#: ABEJA Platform finds a ``.abeja`` directory whose parent is at most this deep below the start.
 _MARKER_MAX_DEPTH: Final = 3
 _log = logging.getLogger("abeja_runtime")
 
@@ -51,7 +51,7 @@ def prepare_workdir(user_model_root: str, training_result_dir: str) -> Path:
 def _find_marker_parent(start: Path) -> Path:
     """Breadth-first search for a ``.abeja`` directory; its parent becomes the working dir.
 
-    Unlike the anchor, the order is sorted (stable across filesystems) and unreadable
+    Unlike ABEJA Platform, the order is sorted (stable across filesystems) and unreadable
     directories are skipped instead of crashing the start-up.
     """
     pending: deque[tuple[Path, int]] = deque([(start, 0)])
@@ -77,7 +77,8 @@ def _is_plain_dir(entry: Path) -> bool:
 
 
 def install_dependencies(workdir: Path) -> None:
-    """Install ``Pipfile`` or ``requirements.txt`` as the anchor does at every start (opt-in)."""
+    """Install ``Pipfile`` or ``requirements.txt`` as ABEJA Platform does at every start
+    (opt-in)."""
     if (workdir / "Pipfile").exists():
         command = [sys.executable, "-m", "pipenv", "install", "--system"]
         if not (workdir / "Pipfile.lock").exists():
@@ -194,7 +195,7 @@ def _import_target(module_name: str, attribute: str, spec: str) -> tuple[ModuleT
 
 
 def _abeja_handler(target: Any) -> LoadedHandler:
-    """The platform's own ``handler(request, context)``, checked as the anchor never did."""
+    """The platform's own ``handler(request, context)``, checked as ABEJA Platform never did."""
     spec, module, func_name = target.spec, target.module, target.attribute
     if not func_name:
         raise HandlerLoadError(

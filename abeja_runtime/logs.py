@@ -1,6 +1,6 @@
 """JSON-lines logging: runtime messages, one access record per request, the handler's prints.
 
-Field names follow the anchor's proxy (contract Part B 6.1): ``log_level``, ``message``,
+Field names follow ABEJA's proxy (contract Part B 6.1): ``log_level``, ``message``,
 ``timestamp``, ``version``, ``request_id``/``requester_id`` while a request runs, and platform ids
 from the environment. Access records carry ``log_type: access_log`` and no ``message``. Lines the
 handler prints become ``info`` (stdout) or ``warning`` (stderr) records with the request id of the
@@ -45,7 +45,7 @@ _ids: Final = random.Random()  # seeded from the system's randomness
 
 
 def new_request_id() -> str:
-    """A request id for a request that came without one: 32 hex digits, as the anchor's.
+    """A request id for a request that came without one: 32 hex digits, as ABEJA's.
 
     An identifier, not a secret: drawn from a generator seeded once (``os.urandom`` is a
     system call, a measurable part of a small request's cost in the front).
@@ -70,7 +70,7 @@ _LEVEL_NAMES: Final = {
 
 
 def format_timestamp(epoch: float, timespec: str = "milliseconds") -> str:
-    """``2026-11-21T18:14:14.672+00:00``, the anchor's format (``microseconds``: 6 digits).
+    """``2026-11-21T18:14:14.672+00:00``, ABEJA's format (``microseconds``: 6 digits).
 
     Called for every log record, so the date part is cached per second.
     """
@@ -89,7 +89,7 @@ def _utc_seconds(seconds: int) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, keys sorted as the anchor's logrus output."""
+    """One JSON object per record, keys sorted as ABEJA's logrus output."""
 
     def __init__(self, static_fields: dict[str, str] | None = None) -> None:
         super().__init__()

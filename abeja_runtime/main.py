@@ -34,7 +34,7 @@ from abeja_runtime.config import (
 
 __all__ = ["batch", "cli", "kserve", "main"]
 
-#: logrus level names used by the anchor, mapped onto ours.
+#: logrus level names used by ABEJA Platform, mapped onto ours.
 _LEVEL_ALIASES: Final = {
     "trace": "debug",
     "warn": "warning",

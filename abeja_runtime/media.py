@@ -2,7 +2,7 @@
 
 ``guess_content_type`` gives a file's ``Content-Type`` from its extension: what
 ``abeja model run-local --input FILE`` sends and what ``abeja-runtime batch`` gives the handler
-for an input file. ``extension_for`` is the anchor's table the other way, for the files that
+for an input file. ``extension_for`` is ABEJA's table the other way, for the files that
 answers are written to (batch outputs, DataLake uploads).
 """
 
@@ -26,7 +26,7 @@ for _ext, _type in {
 }.items():
     _MIME.add_type(_type, _ext)
 
-#: The anchor's extensions for media types (``util/mimetype_helper.go``).
+#: ABEJA's extensions for media types (``util/mimetype_helper.go``).
 _EXTENSIONS: Final = {
     "application/javascript": ".js",
     "application/json": ".json",
@@ -64,7 +64,7 @@ def guess_content_type(path: str) -> str:
 
 
 def extension_for(content_type: str) -> str:
-    """The anchor's file extension for a content type: its table, else ``.txt`` for text and
+    """ABEJA's file extension for a content type: its table, else ``.txt`` for text and
     ``.bin`` for anything else."""
     media = content_type.partition(";")[0].strip().lower()
     if media in _EXTENSIONS:

@@ -540,7 +540,7 @@ class HandlerPool:
                 self._load_failed(frame.text, frame.details)
 
     def _load_failed(self, text: str, details: str) -> None:
-        """The first start failed: the service stops, as on the anchor (reported once)."""
+        """The first start failed: the service stops, as on ABEJA Platform (reported once)."""
         if not self.stopping:
             self.stopping = True
             self._on_load_failed(text, details)

@@ -1,12 +1,13 @@
-"""The request a handler receives: the anchor's read-only mapping, parts and header view.
+"""The request a handler receives: ABEJA's read-only mapping, parts and header view.
 
 Users' handlers were written against ``abejaruntime`` 1.1.1 (contract Part B 2.3), so the shapes
 here copy it exactly: the mapping has exactly five keys, ``request['metadata']`` is special,
-``request.read()`` reads the first body, ``json.load(request)`` works. What the anchor lost (path,
-decoded query) is offered as attributes, never as keys, because code checks ``'key' in request``.
+``request.read()`` reads the first body, ``json.load(request)`` works. What ABEJA Platform lost
+(path, decoded query) is offered as attributes, never as keys, because code checks
+``'key' in request``.
 
 Bodies are file objects (in memory, or spooled to a per-request directory) that the runtime closes
-after the response has been sent; each can be read once from the start, like the anchor's files.
+after the response has been sent; each can be read once from the start, like ABEJA's files.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _CONTENT_KEYS: Final = ("content_type", "metadata", "body", "file_name", "form_n
 
 
 class HttpHeaders:
-    """Case-insensitive view over ``(lower-name, value)`` pairs, as the anchor's ``HttpHeaders``.
+    """Case-insensitive view over ``(lower-name, value)`` pairs, as ABEJA's ``HttpHeaders``.
 
     ``h['X-Name']`` gives the *last* value or ``None`` (no ``KeyError``), ``h.get_all(name)`` every
     value, ``len(h)`` the number of pairs, and iteration yields ``(name, value)`` tuples.
@@ -85,7 +86,7 @@ class Content(Mapping[str, Any]):
 
     A mapping with the keys ``content_type``, ``metadata``, ``body`` (an open binary file object),
     ``file_name`` and ``form_name``; absent values are ``None``. It equals a plain dict with the
-    same items, as in the anchor.
+    same items, as on ABEJA Platform.
     """
 
     __slots__ = ("_values",)
@@ -117,7 +118,8 @@ class Content(Mapping[str, Any]):
         return len(_CONTENT_KEYS)
 
     def read(self, size: int = -1) -> bytes:
-        """Read from the body; ``ValueError('no body')`` when there is none, as in the anchor."""
+        """Read from the body; ``ValueError('no body')`` when there is none, as on ABEJA
+        Platform."""
         body = self._values["body"]
         if body is None:
             raise ValueError("no body")
@@ -137,9 +139,9 @@ class Content(Mapping[str, Any]):
 class Request(Mapping[str, Any]):
     """What ``handler(request, context)`` receives.
 
-    Keys: ``http_method``, ``content_type``, ``headers`` (the anchor's list of
+    Keys: ``http_method``, ``content_type``, ``headers`` (ABEJA's list of
     ``{'key': name, 'values': [...]}``, sorted by name), ``http_headers`` (:class:`HttpHeaders`) and
-    ``contents`` (list of :class:`Content`). Attributes beyond the anchor: ``path`` (the decoded
+    ``contents`` (list of :class:`Content`). Attributes beyond ABEJA Platform: ``path`` (the decoded
     URL path), ``query`` (the decoded query as a read-only multi-dict), ``query_string`` (raw) and
     ``request_id``.
     """
@@ -188,7 +190,7 @@ class Request(Mapping[str, Any]):
                 self._build_header_views()
                 return self._values[key]
             if key == "metadata":
-                # The anchor's special case: datalake metadata of the first body (None over HTTP).
+                # ABEJA's special case: datalake metadata of the first body (None over HTTP).
                 return self._first_content()["metadata"]
             raise
 

@@ -24,17 +24,16 @@ _NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class Scratch:
-    """A request's lazily created temporary directory."""
+    """A request's lazily created temporary directory (under ``TMPDIR``)."""
 
-    __slots__ = ("_path", "_root")
+    __slots__ = ("_path",)
 
-    def __init__(self, root: str | None = None) -> None:
-        self._root = root
+    def __init__(self) -> None:
         self._path: str | None = None
 
     def new_file(self) -> IO[bytes]:
         if self._path is None:
-            self._path = tempfile.mkdtemp(prefix="abeja-request-", dir=self._root)
+            self._path = tempfile.mkdtemp(prefix="abeja-request-")
         return tempfile.NamedTemporaryFile(dir=self._path, delete=False)
 
     def remove(self) -> None:

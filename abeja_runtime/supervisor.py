@@ -5,7 +5,7 @@
 (and gRPC, ``rpc.py``), so readiness, liveness, ``/metrics``, the access log, deadlines and
 the queue answer whatever a handler does. While no handler process is ready the service port
 answers ``503``; a handler that cannot be loaded at the very first start stops the front
-(exit 1), as on the anchor.
+(exit 1), as on ABEJA Platform.
 
 SIGTERM/SIGINT: the service port stops accepting and readiness says 503 at once; requests on
 connections already open are still served, each answer with ``Connection: close``; once none

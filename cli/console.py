@@ -1,6 +1,6 @@
 """Status lines of the CLI, on stderr so that stdout carries only the model's answer.
 
-The anchor printed ``[info]`` lines and container logs on stdout, so ``run-local > cat.jpg``
+abeja-sdk's CLI printed ``[info]`` lines and container logs on stdout, so ``run-local > cat.jpg``
 produced a broken image unless ``--quiet`` was given. Here stdout is reserved for the body.
 """
 

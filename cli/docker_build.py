@@ -2,7 +2,7 @@
 
 Build output is streamed to the console as it comes; a failing step raises
 :class:`~abeja_cli.errors.BuildError` carrying the whole log, so the user sees pip's error
-rather than the anchor's silent fallback to a stale image.
+rather than abeja-sdk's silent fallback to a stale image.
 """
 
 from __future__ import annotations

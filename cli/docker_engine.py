@@ -63,7 +63,7 @@ def _device_options(device_type: str) -> dict[str, Any]:
 
     if device_type == "x86_gpu":
         return {"device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])]}
-    if device_type == "jetson_tx2":  # the anchor's settings for NVIDIA Jetson boards
+    if device_type == "jetson_tx2":  # abeja-sdk's settings for NVIDIA Jetson boards
         tegra = "/usr/lib/aarch64-linux-gnu/tegra"
         return {"privileged": True, "volumes": {tegra: {"bind": tegra, "mode": "ro"}}}
     if device_type == "raspberry3":

@@ -197,7 +197,7 @@ def wait_ready(server: Server, *, timeout: float, sink: LogSink | None = None) -
     """Poll the health check until it says 200; fail early when the server process exits.
 
     Raises :class:`ServerError` (with the server log) when the server exits or is not ready
-    within ``timeout`` seconds. The anchor polled once a second; 0.05 s keeps start-up snappy.
+    within ``timeout`` seconds. abeja-sdk's CLI polled once a second; 0.05 s keeps start-up snappy.
     """
     host, _, port = server.url.removeprefix("http://").partition(":")
     try:

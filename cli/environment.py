@@ -24,7 +24,7 @@ __all__ = [
 _KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: What the platform sets for a deployed model, so a local run behaves like the real one.
-#: ``ABEJA_TRAINING_RESULT_DIR`` is the platform default (the anchor used ``.`` locally, which
+#: ``ABEJA_TRAINING_RESULT_DIR`` is the platform default (abeja-sdk's CLI used ``.`` locally, which
 #: made local and deployed runs look for trained files in different places).
 DEFAULTS: Final[Mapping[str, str]] = {
     "ABEJA_TRAINING_RESULT_DIR": "abejainc_training_result",
@@ -73,11 +73,11 @@ def secret_names(names: Sequence[str]) -> list[str]:
 
 
 def parse_env_option(value: str) -> tuple[str, str]:
-    """Split one ``-e`` value at its first ``:`` or ``=`` (anchor form and shell form)."""
+    """Split one ``-e`` value at its first ``:`` or ``=`` (abeja-sdk's form and the shell's)."""
     match = re.search(r"[:=]", value)
     if match is None:
         raise InputError(
-            f"-e {value!r} has no value; write -e KEY=VALUE (or the anchor's -e KEY:VALUE)"
+            f"-e {value!r} has no value; write -e KEY=VALUE (or abeja-sdk's -e KEY:VALUE)"
         )
     key, rest = value[: match.start()], value[match.end() :]
     if not _KEY_RE.match(key):

@@ -1,6 +1,6 @@
 """Turn ``--input``/``--method``/``--content-type`` into the HTTP request sent to the model.
 
-Everything here runs before an image is built or a server started (the anchor read the input
+Everything here runs before an image is built or a server started (abeja-sdk's CLI read the input
 only after its container was up, and left the container running when the file was bad).
 Every problem is an :class:`~abeja_cli.errors.InputError` with a one-line message.
 
@@ -44,7 +44,7 @@ __all__ = [
 METHODS: Final = ALLOWED_METHODS
 #: Methods whose request may be sent without any ``--input``.
 _BODYLESS: Final = frozenset({"GET", "DELETE"})
-#: A form field name: what HTML forms and the anchor's samples use. Anything else (a path
+#: A form field name: what HTML forms and abeja-sdk's samples use. Anything else (a path
 #: such as ``data/a=b.json``) is read as a file path.
 _FIELD_RE: Final = re.compile(r"^(?P<name>[A-Za-z0-9_.\-\[\]]+)=(?P<value>.*)$", re.DOTALL)
 _MEDIA_TYPE_RE: Final = re.compile(r"^[\w.+\-!#$&^]+/[\w.+\-!#$&^]+(\s*;.*)?$")

@@ -1,6 +1,6 @@
 """Show the model's answer: JSON pretty-printed, everything else byte-exact.
 
-The anchor re-indented anything that parsed as JSON, escaped non-ASCII text, and added a
+abeja-sdk's CLI re-indented anything that parsed as JSON, escaped non-ASCII text, and added a
 newline after binary bodies (so a returned JPEG was corrupted). Here a body is pretty-printed
 only when its Content-Type says JSON, non-ASCII is kept as UTF-8, and other bodies are written
 as they came.

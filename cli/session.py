@@ -78,10 +78,10 @@ class ModelOptions:
         if params.get("max_body_size") is not None:
             env["ABEJA_RUNTIME_MAX_BODY_SIZE"] = str(params["max_body_size"])
         if params["v1"]:
-            # The anchor's --v1 ran the 18.10 runtime; ours serves that handler style itself.
+            # abeja-sdk's --v1 ran the 18.10 runtime; ours serves that handler style itself.
             env.setdefault("ABEJA_RUNTIME_STYLE", "abeja-v1")
         image = params["image"]
-        if image.startswith("abeja-inc/"):  # the anchor's rewrite of its own images' names
+        if image.startswith("abeja-inc/"):  # abeja-sdk's rewrite of its own images' names
             image = "abeja/" + image.removeprefix("abeja-inc/")
         return cls(
             handler=handler,

@@ -108,7 +108,7 @@ def test_an_async_request_gets_202_at_once_and_its_result_is_put_to_the_platform
     assert list(parts) == ["status", "headers", "body"]
     status_headers, status = parts["status"]
     assert status == b"200"
-    assert status_headers["content-disposition"] == "form-data; name=status"  # as the anchor
+    assert status_headers["content-disposition"] == "form-data; name=status"  # as ABEJA Platform
     assert status_headers["content-type"] == "text/plain"
     result_headers = json.loads(parts["headers"][1])
     assert parts["headers"][0]["content-type"] == "application/json"
@@ -135,7 +135,7 @@ def test_a_streamed_answer_is_sent_whole(make_server, platform_api):
     assert body == sync.body == b"line 0\nline 1\nline 2"
 
 
-def test_a_failing_handler_sends_the_anchors_failure_document(make_server, platform_api):
+def test_a_failing_handler_sends_abejas_failure_document(make_server, platform_api):
     server = start(make_server, platform_api)
     assert server.request("GET", "/?fail=1", headers=ASYNC).status == 202
     (put,) = platform_api.wait_for_puts(1)

@@ -1,19 +1,23 @@
 """Handlers written for other serving platforms, served unchanged next to ABEJA's own.
 
-Each style is an adapter: it wraps what ``HANDLER`` names into an ABEJA-style
-``handler(request, context)`` that returns the usual result dict, so the server, its slots,
-timeouts, workers, health checks and logs apply to every style alike (no second server).
+Each style is an adapter, loaded in the handler processes: it wraps what ``HANDLER`` names
+into an ABEJA-style ``handler(request, context)`` that returns the usual result dict, so the
+front's queue, deadlines, health checks, metrics and logs apply to every style alike (no second
+server). A style with a gRPC protocol also brings an ``RpcService`` for ``--grpc-port``.
 
 * ``abeja``: ``handler(request, context)`` (ABEJA Platform 19.04+), served as it is.
 * ``abeja-v1``: ``handler(iterable, context)`` generators of the 18.10 images (:mod:`.v1`).
 * ``cortex``: a request-handler module with ``pre_inference`` / ``post_inference`` in front of an
-  ONNX model (:mod:`.cortex`).
-* ``kserve``: a ``kserve.Model`` subclass, V1 and V2 (Open Inference) REST (:mod:`.kserve`).
-* ``seldon``: a Seldon Core Python class with ``predict`` (:mod:`.seldon`).
+  ONNX model or a TensorFlow SavedModel (:mod:`.cortex`).
+* ``kserve``: a ``kserve.Model`` subclass, V1 and V2 (Open Inference) REST and V2 gRPC
+  (:mod:`.kserve`, :mod:`.kserve_grpc`, :mod:`.kserve_script` for ``python model.py``).
+* ``seldon``: a Seldon Core Python class with ``predict`` and its kin, REST and gRPC
+  (:mod:`.seldon`, :mod:`.seldon_grpc`).
 
 ``choose`` picks the style (``auto`` looks at what ``HANDLER`` names and says why in the
 start-up log); ``adapt`` builds the handler. Nothing here imports aiohttp, and the optional
-packages (numpy, Pillow, onnxruntime, kserve) are imported by the adapter that needs them.
+packages (numpy, Pillow, onnxruntime, kserve, protobuf) are imported by the adapter that needs
+them.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def test_h_alone_points_at_help(abeja: Callable[..., Result], tmp_path: Path, co
     assert "for help use --help" in alone.stderr
 
 
-def test_anchor_option_spellings_are_accepted(
+def test_abeja_sdk_option_spellings_are_accepted(
     abeja: Callable[..., Result], project: Callable[[str], Path]
 ) -> None:
     """``--device_type``, ``--organization_id``, ``--no_cache``, ``--v1`` parse (the run then
