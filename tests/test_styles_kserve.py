@@ -11,17 +11,20 @@ import base64
 import http.client
 import io
 import json
+import re
 import shutil
 import signal
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from conftest import HANDLERS, wait_until
 from PIL import Image
 
 from abeja_runtime.launch import free_ports
+from abeja_runtime.styles import kserve as kserve_style
 
 pytest.importorskip("kserve", reason="the KServe style is tested against the kserve package")
 
@@ -326,3 +329,19 @@ def test_openapi_docs_and_metrics_are_served_as_kserve_serves_them(custom, kserv
         assert "# TYPE " in body, body[:300]
     ours = custom.request("GET", "/metrics").body.decode()
     assert "abeja_runtime_requests_total" in ours
+
+
+def test_the_tested_kserve_releases_are_those_the_test_extra_installs():
+    """``TESTED_KSERVE`` is said once more, in pyproject.toml's test extra: both agree, and the
+    kserve installed here (the one the suite ran with) is one of them."""
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    pins = re.findall(r'^\s*"kserve([^"]*)",', pyproject, flags=re.MULTILINE)
+    assert pins == [kserve_style.TESTED_KSERVE]
+    assert kserve_style.untested(metadata.version("kserve")) is False
+
+
+@pytest.mark.parametrize(
+    ("version", "untested"), [("0.21.3", False), ("0.22.0", True), ("0.20.1", True)]
+)
+def test_a_kserve_release_outside_the_tested_ones_is_named_in_the_log(version, untested):
+    assert kserve_style.untested(version) is untested

@@ -99,6 +99,19 @@ def _kserve_app(dataplane: Any) -> Any:
     return app
 
 
+#: The kserve releases the style is tested with (the test extra installs them): it uses kserve's
+#: internals (``DataPlane``, ``ModelRepository``, the gRPC servicer), which change between
+#: minor releases. Another release is served, with a warning in the log.
+TESTED_KSERVE: Final = ">=0.21,<0.22"
+
+
+def untested(version: str) -> bool:
+    """Whether kserve ``version`` is outside :data:`TESTED_KSERVE` (by its minor release)."""
+    low, high = (part.lstrip("<>=") for part in TESTED_KSERVE.split(","))
+    minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    return not tuple(map(int, low.split("."))) <= minor < tuple(map(int, high.split(".")))
+
+
 def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None) -> LoadedHandler:
     """Instantiate and load the model; route KServe's REST protocols to it.
 
@@ -107,6 +120,15 @@ def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None)
     set it in the one context its calls ran in.
     """
     require("kserve", "kserve")
+    version = metadata.version("kserve")
+    if untested(version):
+        _log.warning(
+            "kserve %s is not a release this runtime was tested with (%s); the KServe style "
+            "uses its internals: if its requests fail, pin kserve%s in requirements.txt",
+            version,
+            TESTED_KSERVE,
+            TESTED_KSERVE,
+        )
     dataplane_module = require("kserve.protocol.dataplane", "kserve")
     repository_module = require("kserve.model_repository", "kserve")
     datamodels = require("kserve.protocol.rest.v2_datamodels", "kserve")
