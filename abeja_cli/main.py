@@ -6,6 +6,7 @@ Commands import Docker and the engines only when they run, so ``abeja --help`` s
 from __future__ import annotations
 
 import click
+
 from abeja_cli.build import build
 from abeja_cli.clean import clean
 from abeja_cli.init import init

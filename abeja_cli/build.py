@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
+
 from abeja_cli.console import Console
 from abeja_cli.environment import secret_names
 from abeja_cli.errors import InputError

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Final, Protocol
 
 from abeja_cli.errors import ServerError
-
 from abeja_runtime.launch import NotHealthy, wait_healthy
 
 if TYPE_CHECKING:

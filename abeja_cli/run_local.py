@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from abeja_cli.client import answer_timeout, send
 from abeja_cli.console import Console
 from abeja_cli.engine import LogSink

@@ -23,7 +23,6 @@ from abeja_cli.engine import BatchSpec, LogSink, RunSpec, Server, pump_lines, st
 from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
 from abeja_cli.venvs import project_python
-
 from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
 
 __all__ = ["LocalEngine", "LocalServer", "free_port"]

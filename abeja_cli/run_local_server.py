@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
+
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, LogSink, Server, wait_ready
 from abeja_cli.errors import InputError, ServerError
@@ -27,7 +28,6 @@ from abeja_cli.session import (
     terminate_as_interrupt,
 )
 from abeja_cli.try_page import TryPage
-
 from abeja_runtime.launch import free_port
 from abeja_runtime.media import guess_content_type
 

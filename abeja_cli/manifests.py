@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
+
 from abeja_cli.build import check_image_tag
 from abeja_cli.console import Console
 from abeja_cli.environment import parse_env_file, parse_env_option

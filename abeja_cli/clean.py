@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+
 from abeja_cli.console import Console
 from abeja_cli.images import LABEL_PREFIX
 from abeja_cli.session import exit_on_errors

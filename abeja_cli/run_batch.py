@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from abeja_cli.console import Console
 from abeja_cli.engine import BatchSpec, LogSink
 from abeja_cli.errors import InputError

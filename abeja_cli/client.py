@@ -12,7 +12,6 @@ from typing import Final
 
 from abeja_cli.errors import ServerError
 from abeja_cli.inputs import ModelRequest
-
 from abeja_runtime.config import Config
 
 __all__ = ["ModelResponse", "answer_timeout", "send"]

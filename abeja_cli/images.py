@@ -205,7 +205,7 @@ def _stage_source(root: Path, staging: Path) -> None:
     staging.mkdir()
     shutil.copy2(root / "pyproject.toml", staging)
     ignore = shutil.ignore_patterns(*EXCLUDED_DIRS, *(f"*{s}" for s in _EXCLUDED_SUFFIXES))
-    for package in ("abeja_runtime", "cli"):
+    for package in ("abeja_runtime", "abeja_cli"):
         if (root / package).is_dir():
             shutil.copytree(root / package, staging / package, ignore=ignore)
     readme = root / "README.md"

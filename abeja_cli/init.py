@@ -1,7 +1,7 @@
 """``abeja model init``: a working project to start from, in the current folder or a new one.
 
-Each template (``cli/templates/<name>/``) is a ``main.py``, its ``requirements.txt`` and a request
-file; this module adds a README with the three commands a newcomer needs (run-local,
+Each template (``abeja_cli/templates/<name>/``) is a ``main.py``, its ``requirements.txt`` and a
+request file; this module adds a README with the three commands a newcomer needs (run-local,
 run-local-server, curl) and a ``.dockerignore``. Existing files are never overwritten.
 """
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 import click
+
 from abeja_cli.console import Console
 from abeja_cli.errors import InputError
 from abeja_cli.session import DEFAULT_IMAGE, exit_on_errors
