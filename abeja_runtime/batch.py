@@ -42,6 +42,7 @@ from typing import Any, Final, TextIO
 import aiohttp
 import click
 
+from abeja_runtime.access_log import AccessLog
 from abeja_runtime.calls import HandlerCalls
 from abeja_runtime.config import Config
 from abeja_runtime.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
@@ -49,7 +50,6 @@ from abeja_runtime.encode import EncodedResponse, status_reply
 from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError, HandlerTimeout
 from abeja_runtime.loader import install_dependencies, load_handler, prepare_workdir
 from abeja_runtime.logs import (
-    AccessLog,
     capture_prints,
     configure_logging,
     new_request_id,

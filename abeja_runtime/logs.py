@@ -10,7 +10,6 @@ handler thread.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import io
 import json
@@ -25,19 +24,20 @@ import traceback
 import types
 from contextvars import ContextVar
 from pathlib import Path
-from typing import IO, Any, Final, TextIO, cast
+from typing import IO, Final, TextIO, cast
 
 from abeja_runtime import __version__
 
 __all__ = [
-    "AccessLog",
     "access_logger",
     "capture_prints",
     "configure_logging",
+    "encode_record",
     "format_timestamp",
     "request_id_var",
     "requester_id_var",
     "user_exc_info",
+    "utc_seconds",
 ]
 
 request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
@@ -59,7 +59,7 @@ access_logger: Final = logging.getLogger("abeja_runtime.access")
 _handler_output: Final = logging.getLogger("abeja_runtime.handler")
 #: Built once: ``json.dumps`` with options builds a new encoder per call, which the access log
 #: (one record per request) would pay every time.
-_encode_record: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str).encode
+encode_record: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str).encode
 _LEVEL_NAMES: Final = {
     logging.DEBUG: "debug",
     logging.INFO: "info",
@@ -80,11 +80,11 @@ def format_timestamp(epoch: float, timespec: str = "milliseconds") -> str:
         digits = f"{min(int(fraction * 1_000), 999):03d}"
     else:
         digits = f"{min(int(fraction * 1_000_000), 999_999):06d}"
-    return f"{_utc_seconds(seconds)}.{digits}+00:00"
+    return f"{utc_seconds(seconds)}.{digits}+00:00"
 
 
 @functools.lru_cache(maxsize=4)
-def _utc_seconds(seconds: int) -> str:
+def utc_seconds(seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
@@ -108,130 +108,7 @@ class JsonFormatter(logging.Formatter):
             data.setdefault("request_id", request_id)
         if (requester_id := requester_id_var.get()) is not None:
             data.setdefault("requester_id", requester_id)
-        return _encode_record(data)
-
-
-class AccessLog:
-    """One access record per request, written in batches.
-
-    It is the hottest log path by far: a ``LogRecord`` per request cost 20-30 % of serving a
-    small JSON request, and a dict through the JSON encoder another 10 %. Each record is one
-    ``%``-format of a template built once (keys sorted as the encoder sorts them, the static
-    fields encoded already), and the records of a batch go out as one pre-formatted record,
-    through the same handlers and lock as every other record, so lines never interleave.
-    """
-
-    def __init__(self, static_fields: dict[str, str] | None = None, *, every: float = 0.0) -> None:
-        """``every``: seconds between writes; 0 writes at the end of each event-loop iteration.
-        Whoever keeps records for a while calls :meth:`flush` before the loop ends."""
-        static = static_fields or {}
-        self._plain = _access_template(static, with_requester=False)
-        self._with_requester = _access_template(static, with_requester=True)
-        self._every = every
-        self._pending: list[str] = []
-        self._last_second = -1
-        self._last_text = ""
-
-    def record(
-        self,
-        method: str,
-        path: str,
-        status: int,
-        received: float,
-        responded: float,
-        request_id: str,
-        requester_id: str | None = None,
-    ) -> None:
-        """``path`` is the URL path without the query (which may carry what logs must not)."""
-        if not access_logger.isEnabledFor(logging.INFO):
-            return
-        # Whole microseconds since the epoch: exact integers from here on (no clamping of a
-        # fraction that rounds up to a whole second).
-        received_us = int(received * 1_000_000)
-        responded_us = int(responded * 1_000_000)
-        received_second, received_fraction = divmod(received_us, 1_000_000)
-        responded_second, responded_fraction = divmod(responded_us, 1_000_000)
-        elapsed = responded_us - received_us
-        request_seconds = self._second(received_second)
-        response_seconds = self._second(responded_second)
-        method = _json_string(method)
-        path = _json_string(path)
-        request_id = _json_string(request_id)
-        milliseconds = responded_fraction // 1000  # the record's own timestamp
-        if requester_id is None:
-            line = self._plain % (
-                elapsed, method, path, status, request_id, request_seconds, received_fraction,
-                response_seconds, responded_fraction, response_seconds, milliseconds,
-            )  # fmt: skip
-        else:
-            line = self._with_requester % (
-                elapsed, method, path, status, request_id, request_seconds, received_fraction,
-                _json_string(requester_id),
-                response_seconds, responded_fraction, response_seconds, milliseconds,
-            )  # fmt: skip
-        pending = self._pending
-        if not pending:
-            loop = asyncio.get_running_loop()
-            if self._every:
-                loop.call_later(self._every, self.flush)
-            else:
-                loop.call_soon(self.flush)
-        pending.append(line)
-        if len(pending) >= _MOST_KEPT:
-            self.flush()  # a large write holds the loop: measured, p99 1.4 ms at 50 ms's worth
-            # of records, 0.93 ms at 256 (which kept the throughput; 64 lost 3 %)
-
-    def _second(self, second: int) -> str:
-        """``2026-11-21T18:14:14``: formatted once per second (both timestamps of a record
-        almost always fall in the last one)."""
-        if second != self._last_second:
-            self._last_second, self._last_text = second, _utc_seconds(second)
-        return self._last_text
-
-    def flush(self) -> None:
-        """Write the records kept so far."""
-        lines, self._pending = self._pending, []
-        if lines:
-            access_logger.info("\n".join(lines), extra={"preformatted": True})
-
-
-_json_string: Final[Any] = json.encoder.encode_basestring
-#: Records kept at most before they are written, whatever the interval.
-_MOST_KEPT: Final = 256
-#: The variable fields of an access record and their ``%`` conversions, in the order of the
-#: JSON keys, which is the order of the values ``AccessLog.record`` passes (``%``-formatting
-#: is twice as fast as ``str.format`` here). ``requester_id`` only when there is one.
-_ACCESS_FIELDS: Final = (
-    ("elapsed_microsecs", "%d"),
-    ("http_method", "%s"),
-    ("http_path", "%s"),
-    ("http_status", "%d"),
-    ("request_id", "%s"),
-    ("request_timestamp", '"%s.%06d+00:00"'),
-    ("requester_id", "%s"),
-    ("response_timestamp", '"%s.%06d+00:00"'),
-    ("timestamp", '"%s.%03d+00:00"'),
-)
-_ACCESS_CONSTANTS: Final = {"log_level": "info", "log_type": "access_log"}
-
-
-def _access_template(static: dict[str, str], *, with_requester: bool) -> str:
-    """A ``%`` template of an access record: the JSON object the encoder would write for it
-    (keys sorted; the static fields win over the constants, as in a dict that lists them
-    last; the variable fields over both)."""
-    values = {key: _escape(_encode_record(value)) for key, value in _ACCESS_CONSTANTS.items()}
-    values.update({key: _escape(_encode_record(value)) for key, value in static.items()})
-    fields = [(key, conversion) for key, conversion in _ACCESS_FIELDS]
-    if not with_requester:
-        fields.remove(("requester_id", "%s"))
-    values.update(fields)
-    assert [key for key, _ in fields] == sorted(key for key, _ in fields)  # the values' order
-    body = ", ".join(f"{_escape(_encode_record(key))}: {values[key]}" for key in sorted(values))
-    return "{" + body + "}"
-
-
-def _escape(text: str) -> str:
-    return text.replace("%", "%%")
+        return encode_record(data)
 
 
 _RUNTIME_DIR: Final = str(Path(__file__).resolve().parent)

@@ -25,6 +25,7 @@ from typing import IO, Any, Final
 from aiohttp import web, web_protocol
 from aiohttp.streams import StreamReader
 
+from abeja_runtime.access_log import AccessLog
 from abeja_runtime.arms import (
     ASYNC_ID_HEADER,
     ASYNC_TOKEN_HEADER,
@@ -44,7 +45,7 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
-from abeja_runtime.logs import AccessLog, new_request_id
+from abeja_runtime.logs import new_request_id
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics

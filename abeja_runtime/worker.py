@@ -24,7 +24,6 @@ means "stop": the handler's teardown (KServe's ``Model.stop()``) runs, and the p
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import inspect
@@ -37,7 +36,6 @@ import socket
 import sys
 import threading
 import traceback
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -52,11 +50,9 @@ from abeja_runtime.frames import (
     Answer,
     BlockingChannel,
     Call,
-    Cancel,
     Chunk,
     End,
     Frame,
-    GiveBack,
     GivenBack,
     LoadFailed,
     Ready,
@@ -140,7 +136,9 @@ def _serve(config: Config, channel: BlockingChannel) -> int:
         channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
     calls = _Calls(config, HandlerCalls(config, handler), channel)
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
-        _run_loop(_serve_on_loop(calls, config.concurrency), config.event_loop)
+        from abeja_runtime.handler_loop import serve_on_loop  # asyncio only when needed
+
+        serve_on_loop(calls, config.concurrency, config.event_loop)
     elif config.concurrency == 1:
         watch = _SlowCallWatch(calls)
         while (item := channel.read()) is not None:
@@ -201,73 +199,6 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
         thread.join()
 
 
-async def _serve_on_loop(calls: _Calls, concurrency: int) -> None:
-    """Calls read on a thread of their own and run as tasks, at most ``concurrency`` at once,
-    in the order they came; a :class:`~abeja_runtime.frames.Cancel` cancels its call's task,
-    and a call taken back before it started is given back."""
-    loop = asyncio.get_running_loop()
-    waiting: deque[tuple[Call | RpcCall, int | None]] = deque()
-    running: dict[int, asyncio.Task[None]] = {}
-    read_all = loop.create_future()
-
-    def start_waiting() -> None:
-        while waiting and len(running) < concurrency:
-            frame, fd = waiting.popleft()
-            running[frame.id] = asyncio.create_task(run(frame, fd))
-
-    def take_back(call_id: int, *, cancel_running: bool) -> None:
-        for item in waiting:
-            if item[0].id == call_id:
-                waiting.remove(item)
-                calls.give_back(*item)
-                return
-        task = running.get(call_id)
-        if task is not None and cancel_running:
-            task.cancel()
-
-    def arrived(item: tuple[Frame, int | None] | None) -> None:
-        if item is None:
-            read_all.set_result(None)
-            return
-        frame, fd = item
-        if isinstance(frame, Cancel | GiveBack):
-            take_back(frame.id, cancel_running=isinstance(frame, Cancel))
-            return
-        assert isinstance(frame, Call | RpcCall)
-        waiting.append((frame, fd))
-        start_waiting()
-
-    def read() -> None:
-        while True:
-            item = calls.channel.read()
-            loop.call_soon_threadsafe(arrived, item)
-            if item is None:
-                return
-
-    async def run(frame: Call | RpcCall, fd: int | None) -> None:
-        try:
-            await calls.run_async(frame, fd)
-        except asyncio.CancelledError:
-            calls.dropped(frame)
-        finally:
-            del running[frame.id]
-            start_waiting()
-
-    threading.Thread(target=read, name="abeja-frames", daemon=True).start()
-    await read_all
-    while running:  # the calls started before the front closed the socket end
-        await asyncio.wait(list(running.values()))
-
-
-def _run_loop(main: Any, loop: str) -> None:
-    if loop == "uvloop":
-        import uvloop
-
-        uvloop.run(main)
-    else:
-        asyncio.run(main)
-
-
 def _stop_handler(handler: LoadedHandler, config: Config) -> None:
     """The style's teardown after the last call; a failure is only logged."""
     if handler.stop is None:
@@ -275,13 +206,11 @@ def _stop_handler(handler: LoadedHandler, config: Config) -> None:
     try:
         result = handler.stop()
         if inspect.isawaitable(result):
-            asyncio.run(_awaited(result))
+            from abeja_runtime.handler_loop import run_until_done  # asyncio only when needed
+
+            run_until_done(result)
     except Exception:
         _log.exception("stopping the handler %s failed", handler.name)
-
-
-async def _awaited(awaitable: Any) -> None:
-    await awaitable
 
 
 class _Calls:
