@@ -69,6 +69,19 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def pss_kib(pid: int) -> int | None:
+    """The proportional set size of one process in KiB (its pages, with each shared page
+    divided among the processes that map it), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def tree_snapshot(root: int) -> tuple[dict[int, int], int]:
     """(pid -> RSS KiB, CPU ticks) for the process tree under ``root``."""
     table = proc_table()
@@ -81,7 +94,10 @@ class TreeSampler:
     """Samples RSS of a process tree on a background thread and keeps the peaks.
 
     Reports both the peak of the sum (what the whole server costs) and the peak of the
-    largest single process (what one worker costs; the sum double-counts shared pages).
+    largest single process (what one worker costs; the sum double-counts shared pages), and
+    the peak of the tree's summed PSS, which counts each shared page once (libpython and the
+    other libraries both processes load, the shared-memory body buffers of the front and its
+    workers).
     """
 
     def __init__(self, root: int, interval: float = 0.1) -> None:
@@ -89,6 +105,7 @@ class TreeSampler:
         self.interval = interval
         self.peak_sum_kib = 0
         self.peak_single_kib = 0
+        self.peak_pss_kib = 0
         self.max_procs = 0
         self.peak_by_pid: dict[int, int] = {}
         self._stop = threading.Event()
@@ -103,6 +120,8 @@ class TreeSampler:
             self.max_procs = max(self.max_procs, len(rss))
             for pid, kib in rss.items():
                 self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), kib)
+            pss = sum(kib for pid in rss if (kib := pss_kib(pid)) is not None)
+            self.peak_pss_kib = max(self.peak_pss_kib, pss)
         return rss
 
     def _run(self) -> None:

@@ -187,14 +187,14 @@ def render(
         f"{_PINNING[options.pin]}. BLAS limited to 1 thread in both servers.{repeat}",
         "",
         "| target | workers | workload | req/s | p50 ms | p99 ms | errors | server CPU % "
-        "| peak RSS sum MiB | peak RSS largest proc MiB | procs | start s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak RSS sum MiB | peak RSS largest proc MiB | peak PSS sum MiB | procs | start s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if r.wrk is None:
             reason = r.error.splitlines()[0][:120] if r.error else "no result"
             out.append(
-                f"| {r.target} | {r.workers} | {r.workload} | — | — | — | {reason} | | | | | |"
+                f"| {r.target} | {r.workers} | {r.workload} | — | — | — | {reason} | | | | | | |"
             )
             continue
         errs = str(r.wrk.errors) + (f" ({r.error})" if r.error else "")
@@ -204,7 +204,8 @@ def render(
         out.append(
             f"| {r.target} | {r.workers} | {r.workload} | {rps} "
             f"| {_fmt(r.wrk.p50_ms)} | {_fmt(r.wrk.p99_ms)} | {errs} | {_fmt(r.cpu_pct, 0)} "
-            f"| {_fmt(r.peak_sum_mib, 1)} | {_fmt(r.peak_single_mib, 1)} | {r.procs} "
+            f"| {_fmt(r.peak_sum_mib, 1)} | {_fmt(r.peak_single_mib, 1)} "
+            f"| {_fmt(r.peak_pss_mib, 1)} | {r.procs} "
             f"| {_fmt(r.ready_s)} |"
         )
     out += _ratios(rows)
@@ -227,16 +228,19 @@ def _ratios(rows: list[Row]) -> list[str]:
             f"| {r.target} | {r.workers} | {r.workload} | {r.wrk.rps / bare.wrk.rps:.2f} "
             f"| {r.wrk.p99_ms / bare.wrk.p99_ms:.2f} "
             f"| {r.peak_sum_mib / bare.peak_sum_mib if bare.peak_sum_mib else 0:.2f} "
+            f"| {r.peak_pss_mib / bare.peak_pss_mib if bare.peak_pss_mib else 0:.2f} "
             f"| {'; '.join(map(str, checks))} |"
         )
     if not lines:
         return []
     return [
         "",
-        "Against the bare app on asyncio (req/s: higher is better; p99 and RSS: lower is better):",
+        "Against the bare app on asyncio (req/s: higher is better; p99, RSS and PSS: lower is "
+        "better; the RSS target is issue 19's, PSS is shown beside it):",
         "",
-        "| target | workers | workload | req/s ratio | p99 ratio | RSS ratio | targets |",
-        "|---|---:|---|---:|---:|---:|---|",
+        "| target | workers | workload | req/s ratio | p99 ratio | RSS ratio | PSS ratio "
+        "| targets |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
         *lines,
     ]
 

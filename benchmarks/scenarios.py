@@ -94,6 +94,7 @@ class Row:
     cpu_pct: float = 0.0
     peak_sum_mib: float = 0.0
     peak_single_mib: float = 0.0
+    peak_pss_mib: float = 0.0
     procs: int = 0
     ready_s: float = 0.0
     error: str = ""
@@ -165,6 +166,7 @@ def bench_one(load: LoadSpec, setup: Setup, target: str, workers: int, w: Worklo
             row.cpu_pct = 100.0 * (cpu1 - cpu0) / PAGE_TICKS / elapsed
             row.peak_sum_mib = sampler.peak_sum_kib / 1024
             row.peak_single_mib = sampler.peak_single_kib / 1024
+            row.peak_pss_mib = sampler.peak_pss_kib / 1024
             row.procs = sampler.max_procs
             check_answer(w, post(srv.port, path, w.content_type, w.body))  # still healthy?
         if server.leftovers:
