@@ -20,17 +20,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from abeja_cli.console import Console
 from abeja_cli.docker_build import ImageBuilder
-from abeja_cli.engine import (
-    SERVICE_PORT,
-    BatchSpec,
-    LogSink,
-    RunSpec,
-    Server,
-    pump_lines,
-    start_daemon,
-)
+from abeja_cli.engine import SERVICE_PORT, BatchSpec, RunSpec, Server
 from abeja_cli.errors import EngineUnavailable, ServerError
 from abeja_cli.images import LABEL_PREFIX, RuntimeSource, find_runtime_source
+from abeja_cli.server_log import LogSink, pump_lines, start_daemon
 
 if TYPE_CHECKING:
     import docker

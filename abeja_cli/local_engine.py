@@ -19,9 +19,10 @@ from contextlib import contextmanager
 from typing import BinaryIO, Final
 
 from abeja_cli.console import Console
-from abeja_cli.engine import BatchSpec, LogSink, RunSpec, Server, pump_lines, start_daemon
+from abeja_cli.engine import BatchSpec, RunSpec, Server
 from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, ServerError
+from abeja_cli.server_log import LogSink, pump_lines, start_daemon
 from abeja_cli.venvs import project_python
 from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
 

@@ -15,8 +15,9 @@ from typing import Any
 import click
 
 from abeja_cli.console import Console
-from abeja_cli.engine import BatchSpec, LogSink
+from abeja_cli.engine import BatchSpec
 from abeja_cli.errors import InputError
+from abeja_cli.server_log import LogSink
 from abeja_cli.session import (
     ModelCommand,
     ModelOptions,

@@ -10,10 +10,10 @@ import click
 
 from abeja_cli.client import answer_timeout, send
 from abeja_cli.console import Console
-from abeja_cli.engine import LogSink
 from abeja_cli.errors import InputError
 from abeja_cli.inputs import METHODS, build_request
 from abeja_cli.output import write_response
+from abeja_cli.server_log import LogSink
 from abeja_cli.session import (
     ModelCommand,
     ModelOptions,

@@ -14,10 +14,12 @@ from typing import Any, Final
 import click
 
 from abeja_cli.console import Console
-from abeja_cli.engine import Engine, LogSink, Server, wait_ready
+from abeja_cli.engine import Engine, Server
 from abeja_cli.errors import InputError, ServerError
 from abeja_cli.init import README_CURL
+from abeja_cli.readiness import wait_ready
 from abeja_cli.reload import ChangeWatcher
+from abeja_cli.server_log import LogSink
 from abeja_cli.session import (
     STOP_SIGNALS,
     ModelCommand,

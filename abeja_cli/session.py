@@ -19,9 +19,11 @@ from typing import Any, Final, NoReturn
 import click
 
 from abeja_cli.console import Console
-from abeja_cli.engine import Engine, LogSink, RunSpec, Server, wait_ready
+from abeja_cli.engine import Engine, RunSpec, Server
 from abeja_cli.environment import model_environment
 from abeja_cli.errors import BuildError, CliError, EngineUnavailable, InputError
+from abeja_cli.readiness import wait_ready
+from abeja_cli.server_log import LogSink
 from abeja_runtime.main import ByteSize
 
 __all__ = [

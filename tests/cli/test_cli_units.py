@@ -11,14 +11,15 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from abeja_cli import client, docker_build, images
 from abeja_cli.client import ModelResponse
 from abeja_cli.console import Console
-from abeja_cli.engine import format_log_line
 from abeja_cli.errors import ServerError
 from abeja_cli.inputs import ModelRequest
 from abeja_cli.output import render_body, write_response
 from abeja_cli.reload import ChangeWatcher
+from abeja_cli.server_log import format_log_line
 
 
 def response(body: bytes, content_type: str = "", status: int = 200) -> ModelResponse:
