@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Final
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.loader import install_dependencies, prepare_workdir
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.pool import HandlerPool
+from abeja_runtime.project import install_dependencies, prepare_workdir
 from abeja_runtime.scheduling import run_as_batch
 
 if TYPE_CHECKING:
