@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import http.client
 import json
 import os
@@ -136,8 +137,9 @@ def ask(port: int, method: str, path: str, body: Any = None, content_type: str =
 
 @pytest.fixture
 def both(make_server, seldon_core) -> Iterator[Any]:
-    """``both(handler_dir, interface, service_type, env)``: the control and the runtime,
-    started with the same environment."""
+    """``both(handler_dir, interface, service_type, env, grpc)``: the control and the runtime,
+    started with the same environment; their HTTP ports, or with ``grpc`` their gRPC ports (the
+    runtime then serves ``--grpc-port`` too)."""
     controls: list[Control] = []
 
     def start(
@@ -145,20 +147,30 @@ def both(make_server, seldon_core) -> Iterator[Any]:
         interface: str,
         service_type: str = "MODEL",
         env: dict[str, str] | None = None,
+        *,
+        grpc: bool = False,
     ) -> tuple[int, int]:
         control = Control(seldon_core, handler_dir, interface, service_type, env or {})
         controls.append(control)
+        grpc_port = free_port()
         ours = make_server(
             handler_dir,
             "--service-type",
             service_type,
+            *(("--grpc-port", str(grpc_port)) if grpc else ()),
             env={"HANDLER": interface, **UNIT, **(env or {})},
         )
-        return control.port, ours.port
+        return (control.grpc_port, grpc_port) if grpc else (control.port, ours.port)
 
     yield start
     for control in controls:
         control.stop()
+
+
+@pytest.fixture
+def both_grpc(both) -> Any:
+    """``both_grpc(handler_dir, interface, service_type, env)``: :func:`both`'s gRPC ports."""
+    return functools.partial(both, grpc=True)
 
 
 def assert_same(ports: tuple[int, int], requests: list[tuple]) -> None:
@@ -260,36 +272,6 @@ def test_model_error_handler_answers_as_seldon_core(both):
 
 
 # -- gRPC (seldon-core's --grpc-port) --------------------------------------------------------
-
-
-@pytest.fixture
-def both_grpc(make_server, seldon_core) -> Iterator[Any]:
-    """``both_grpc(handler_dir, interface, service_type, env)``: the gRPC ports of the control
-    and of the runtime (``--grpc-port``), started with the same environment."""
-    controls: list[Control] = []
-
-    def start(
-        handler_dir: str,
-        interface: str,
-        service_type: str = "MODEL",
-        env: dict[str, str] | None = None,
-    ) -> tuple[int, int]:
-        control = Control(seldon_core, handler_dir, interface, service_type, env or {})
-        controls.append(control)
-        grpc_port = free_port()
-        make_server(
-            handler_dir,
-            "--service-type",
-            service_type,
-            "--grpc-port",
-            str(grpc_port),
-            env={"HANDLER": interface, **UNIT, **(env or {})},
-        )
-        return control.grpc_port, grpc_port
-
-    yield start
-    for control in controls:
-        control.stop()
 
 
 def ask_grpc(python: Path, port: int, calls: list[tuple[str, Any]]) -> list[Any]:
