@@ -59,23 +59,22 @@ def descendants(root: int, table: dict[int, ProcInfo]) -> list[int]:
 
 def rss_kib(pid: int) -> int | None:
     """VmRSS of one process in KiB, or None if it is gone (or a zombie without one)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return _kib_field(f"/proc/{pid}/status", b"VmRSS:")
 
 
 def pss_kib(pid: int) -> int | None:
     """The proportional set size of one process in KiB (its pages, with each shared page
     divided among the processes that map it), or None if it is gone."""
+    return _kib_field(f"/proc/{pid}/smaps_rollup", b"Pss:")
+
+
+def _kib_field(path: str, prefix: bytes) -> int | None:
+    """The number on the first line of ``path`` that starts with ``prefix`` (``/proc`` files
+    give kB), or None when the file or the line is not there."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+        with open(path, "rb") as f:
             for line in f:
-                if line.startswith(b"Pss:"):
+                if line.startswith(prefix):
                     return int(line.split()[1])
     except OSError:
         return None
