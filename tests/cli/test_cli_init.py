@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from abeja_cli.init import TEMPLATES
 
 from .helpers import Result

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from multipart import MultipartParser
+
 from abeja_cli.environment import DEFAULTS, model_environment, parse_env_option
 from abeja_cli.errors import InputError
 from abeja_cli.inputs import build_request
-from multipart import MultipartParser
-
 from abeja_runtime.media import guess_content_type
 
 
