@@ -11,22 +11,23 @@ one element or chunk at a time, and streamed. Sending the bytes is the server's 
 from __future__ import annotations
 
 import codecs
-import csv
-import datetime
 import functools
 import http
 import io
 import json
 import logging
 import re
+import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import multipart
 
 from abeja_runtime.errors import HandlerResultError
+
+if TYPE_CHECKING:
+    import csv
 
 __all__ = [
     "EncodedResponse",
@@ -110,9 +111,13 @@ def encoded_reply(
 
 def _json_default(value: object) -> Any:
     """Types ABEJA's encoder knew (datetime, numpy) plus those contract A3 adds."""
-    if isinstance(value, datetime.date | datetime.time):
+    # datetime and decimal are looked up, not imported: a value of theirs exists only where
+    # they are loaded already, and a handler process need not load them (1 MiB) for others.
+    dates = sys.modules.get("datetime")
+    if dates is not None and isinstance(value, dates.date | dates.time):
         return value.isoformat()
-    if isinstance(value, Decimal):
+    decimal = sys.modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
         if value.is_finite() and value == value.to_integral_value():
             return int(value)
         return float(value)
@@ -284,6 +289,8 @@ class _ElementWriter:
                 f"text/csv content must be dicts, one per row (or a str); got {_describe(row)}"
             )
         if self._csv is None or self._csv_buffer is None:
+            import csv  # only for CSV answers
+
             self._csv_buffer = io.StringIO()
             self._csv = csv.DictWriter(self._csv_buffer, fieldnames=list(row))
             self._csv.writeheader()

@@ -14,7 +14,6 @@ import functools
 import io
 import json
 import logging
-import logging.config
 import random
 import sys
 import sysconfig
@@ -150,27 +149,13 @@ def configure_logging(
 ) -> None:
     """Send every log record of this process to stdout (or ``stream``) as JSON lines."""
     logging.raiseExceptions = False  # a broken stdout must not loop through our own stderr
-    logging.config.dictConfig(
-        {
-            "version": 1,
-            "disable_existing_loggers": False,
-            "formatters": {
-                "json": {"()": JsonFormatter, "static_fields": static_fields or {}},
-            },
-            "handlers": {
-                "stdout": {
-                    "class": "logging.StreamHandler",
-                    "formatter": "json",
-                    "stream": stream or sys.__stdout__,
-                },
-            },
-            "root": {"level": level.upper(), "handlers": ["stdout"]},
-            "loggers": {
-                # aiohttp's own access log is replaced by ours; its errors still show.
-                "aiohttp.access": {"level": "WARNING"},
-            },
-        }
-    )
+    handler = logging.StreamHandler(stream or sys.__stdout__)
+    handler.setFormatter(JsonFormatter(static_fields))
+    # basicConfig, not logging.config: that module (and what it imports) is 1 MiB in every
+    # process, for a dictionary that says the same.
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # aiohttp's own access log is replaced by ours; its errors still show.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 class _LineLogger(io.TextIOBase):
