@@ -204,13 +204,22 @@ def test_runtime_wheel_has_every_package(monkeypatch: pytest.MonkeyPatch) -> Non
     wheels = images.runtime_wheels(source, lambda line: None)
     (wheel,) = wheels.glob("abeja_runtime-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = {Path(n).parent.as_posix() for n in archive.namelist() if n.endswith(".py")}
+        names = set(archive.namelist())
+    shipped = {Path(n).parent.as_posix() for n in names if n.endswith(".py")}
     packages = {
         p.parent.relative_to(source.root).as_posix()
         for p in (source.root / "abeja_runtime").rglob("__init__.py")
     }
     missing = sorted(packages - shipped)
     assert not missing, f"not in the wheel (add them to pyproject's packages): {missing}"
+    # Files the runtime reads at run time (Seldon's compiled protocol) ship too.
+    data = {
+        p.relative_to(source.root).as_posix()
+        for p in (source.root / "abeja_runtime").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    }
+    unshipped = sorted(data - names)
+    assert not unshipped, f"not in the wheel (add them to pyproject's package-data): {unshipped}"
 
 
 def test_a_server_that_never_answers_is_given_up_on_with_progress_lines(
