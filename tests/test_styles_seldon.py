@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HANDLERS
 
 import abeja_runtime
 
@@ -440,3 +441,23 @@ def test_the_compiled_seldon_protocol_matches_its_proto_files(tmp_path):
         return descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
 
     assert parsed(out) == parsed(protos / "seldon.desc")
+
+
+def test_a_refused_grpc_call_is_counted_with_the_status_rest_answers(monkeypatch):
+    """The access log and the metrics count a gRPC call by an HTTP status: seldon-core's own
+    errors keep theirs (a route the model lacks is the 400 of REST), anything else is 500; the
+    client sees seldon-core's UNKNOWN either way."""
+    from abeja_runtime.config import Config
+    from abeja_runtime.styles.seldon import adapt
+
+    monkeypatch.chdir(HANDLERS / "st_seldon_identity")
+    monkeypatch.syspath_prepend(str(HANDLERS / "st_seldon_identity"))
+    model = __import__("MyModel").MyModel
+    service = adapt(model, config=Config(grpc_port=5005), workdir=Path.cwd()).rpc
+    assert service is not None
+    assert service.call("/seldon.protos.Router/Route", b"", ()) == (
+        2, b"", "Exception calling application: ", 400,
+    )  # fmt: skip
+    code, _, details, http_status = service.call("/seldon.protos.Model/Predict", b"\xff", ())
+    assert (code, http_status) == (3, 400)  # INVALID_ARGUMENT: not a SeldonMessage
+    assert details.startswith("bad message")

@@ -120,14 +120,16 @@ class SeldonGrpcService:
                     answer, answer_type(), descriptor_pool=self._pool
                 )
         except Exception as exc:
-            _log.error(
-                "the Seldon component failed on %s: %s: %s",
-                method,
-                type(exc).__name__,
-                exc,
-                exc_info=exc,
-            )
-            return _UNKNOWN, b"", f"Exception calling application: {grpc_error_text(exc)}", 500
+            # Seldon's own errors carry the HTTP status its REST route answers (400 for a
+            # request the component cannot take): the access log and the metrics count that.
+            status = getattr(exc, "status_code", None)
+            http_status = status if isinstance(status, int) else 500
+            if http_status < 500:
+                _log.warning("Seldon gRPC call %s refused: %s", method, exc)
+            else:
+                _log.error("the Seldon component failed on %s: %s", method, exc, exc_info=exc)
+            details = f"Exception calling application: {grpc_error_text(exc)}"
+            return _UNKNOWN, b"", details, http_status
         return _OK, message.SerializeToString(), "", 200
 
     def _to_json(self, message: Any) -> Any:
