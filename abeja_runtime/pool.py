@@ -380,6 +380,10 @@ class HandlerPool:
         else:
             self._send(process, pending)
 
+    def free_places(self) -> int:
+        """Calls that may still be admitted before the queue is full."""
+        return self._capacity - self.admitted
+
     def withdraw(self, pending: PendingCall) -> None:
         """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
         answer is dropped when it comes."""

@@ -33,6 +33,7 @@ from abeja_runtime.arms import (
     ResultSender,
     async_id_problem,
 )
+from abeja_runtime.body_gate import BodyGate
 from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER
 from abeja_runtime.config import Config
 from abeja_runtime.connection import Connection
@@ -49,7 +50,7 @@ from abeja_runtime.logs import new_request_id
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
-from abeja_runtime.pool import HandlerPool, PendingCall
+from abeja_runtime.pool import PIPELINE, HandlerPool, PendingCall
 from abeja_runtime.spool import Scratch, Spool
 
 __all__ = [
@@ -93,7 +94,7 @@ class _Body:
     """A request body read whole: in the frame, in one of the front's memfds, or in a spool
     file (the last two sent as their descriptor)."""
 
-    __slots__ = ("buffers", "data", "fd", "file", "scratch", "size")
+    __slots__ = ("buffers", "data", "fd", "file", "gate", "scratch", "size")
 
     def __init__(
         self,
@@ -111,8 +112,13 @@ class _Body:
         self.buffers = buffers
         self.file = file
         self.scratch = scratch
+        #: Where its place is given back, for a body that took one.
+        self.gate: BodyGate | None = None
 
     def close(self) -> None:
+        if self.gate is not None:
+            self.gate.leave()
+            self.gate = None
         if self.buffers is not None and self.fd is not None:
             self.buffers.release(self.fd)
         if self.file is not None:
@@ -135,6 +141,9 @@ class HttpServer:
         )
         self._timeout = config.timeout or None
         self._buffers = BodyBuffers()
+        #: A body is read when the pool could send its call at once (every slot and the calls
+        #: a process may hold beyond them): bodies are never read only to wait in the queue.
+        self._gate = BodyGate(config.workers * (config.concurrency + PIPELINE), self.loop)
         self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         #: Requests being answered (async ones until their result is sent): the drain waits.
         self.in_flight = 0
@@ -293,6 +302,35 @@ class HttpServer:
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
             return _Body(b"")
+        declared = request.content_length
+        if declared is not None and declared <= INLINE_LIMIT:
+            return await self._read_whole(request)
+        await self._enter_gate(request)
+        try:
+            body = await self._read_whole(request)
+        except BaseException:
+            self._gate.leave()
+            raise
+        body.gate = self._gate
+        return body
+
+    async def _enter_gate(self, request: web.BaseRequest) -> None:
+        """A place for a body above the inline limit (:mod:`~abeja_runtime.body_gate`); waiting
+        for one counts as waiting in the queue, and ends at the request's deadline."""
+        gate = self._gate
+        if gate.waiting >= self._pool.free_places():  # refused before its body is read
+            raise ServiceBusy()
+        if gate.has_place():
+            await gate.enter()
+            return
+        try:
+            async with asyncio.timeout(self._timeout):
+                await gate.enter()
+        except TimeoutError:
+            raise HandlerTimeout(self._config.timeout) from None
+
+    async def _read_whole(self, request: web.BaseRequest) -> _Body:
+        content = request.content
         counter = BodyCounter(self._limits.max_body_size)
         threshold = self._limits.spool_threshold
         chunks: list[bytes] = []
@@ -418,6 +456,7 @@ class HttpServer:
         if refusal is None and len(self._async_jobs) >= MAX_PENDING:
             refusal = self.refusal(ServiceBusy())
         if refusal is not None:
+            body.close()
             self._account(request, refusal.status, received, tag[1])
             return await self._send_reply(request, refusal.with_headers((tag,)))
         pending = self._pending(request, body, tag[1])

@@ -187,6 +187,18 @@ def test_the_result_is_retried_on_errors_but_not_after_429(make_server, platform
     assert len(platform_api.puts) == 4  # the 429 was not retried
 
 
+def test_refused_async_requests_with_big_bodies_leave_nothing_held(make_server, platform_api):
+    """A refused async request gives back what its body held: more refusals than the front
+    reads bodies at a time (17), then a request with a big body is still served."""
+    server = start(make_server, platform_api)
+    big = json.dumps({"x": 1, "pad": "p" * 100_000}).encode()
+    refused = {**ASYNC, "x-abeja-arms-async-request-id": "a/b", "Content-Type": "application/json"}
+    for _ in range(20):
+        assert server.request("POST", "/", big, refused, timeout=10).status == 400
+    served = server.request("POST", "/", big, {"Content-Type": "application/json"}, timeout=10)
+    assert served.status == 200
+
+
 @pytest.mark.parametrize("async_id", ["../../../../admin/x", "a?injected=1", "a/b", ".", "x" * 129])
 def test_an_async_id_that_is_not_one_path_segment_is_refused(make_server, platform_api, async_id):
     server = start(make_server, platform_api)

@@ -8,9 +8,11 @@ so overlap and ordering are checked on the handler's own timestamps, not on clie
 
 from __future__ import annotations
 
+import base64
 import http.client
 import itertools
 import json
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -122,6 +124,39 @@ def test_full_queue_answers_503_busy_with_retry_after(start):
     served = next(answer for answer in others if answer.status == 200)
     assert served.json()["start"] >= first.json()["end"]  # it waited for the slot, then ran
     assert server.request("GET", "/?tag=after").status == 200
+
+
+def test_a_full_queue_refuses_a_big_body_before_reading_it(start):
+    """A request the queue cannot take is answered 503 at once: the front does not read a body
+    it would only refuse (a burst of big uploads used to be read whole, then refused)."""
+    server = start("ex_sleep", "--max-queue", "0", "--request-head-timeout", "30")
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(server.request, "GET", "/?tag=running&sleep=2", timeout=15)
+        wait_for_event(server, "running", "start")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+            client.sendall(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                b"Content-Length: 1048576\r\n\r\n"  # and no byte of the body
+            )
+            head = client.recv(4096)  # socket.timeout (a failure) if the front waits for it
+        assert running.result().status == 200
+    assert head.startswith(b"HTTP/1.1 503 "), head
+    assert b"Retry-After: " in head
+
+
+def test_many_big_bodies_at_once_all_get_their_answer(start):
+    """More bodies above the inline limit than the front reads at a time (17 for one process):
+    the others wait their turn unread, and every one is answered with its own bytes."""
+    server = start("rq_echo", "--workers", "1")
+    bodies = [bytes([n]) * (100 * 1024 + n) for n in range(40)]
+    headers = {"Content-Type": "application/octet-stream"}
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(
+            pool.map(lambda body: server.request("POST", "/", body, headers, timeout=30), bodies)
+        )
+    assert [answer.status for answer in answers] == [200] * len(bodies)
+    echoed = [base64.b64decode(answer.json()["contents"][0]["body"]) for answer in answers]
+    assert echoed == bodies
 
 
 # --- timeouts ----------------------------------------------------------------------------------
