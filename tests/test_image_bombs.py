@@ -1,6 +1,7 @@
 """Decompression bombs: an image whose header promises more pixels than ``--max-image-pixels``
 is refused with 413 before it is decoded, in the runtime's own decoding (the v1 style) and in
-handlers that open images with Pillow as written (the image_flip sample), over real HTTP."""
+handlers that open images with Pillow as written (the image_flip sample, and a handler that
+imports Pillow only when called), over real HTTP."""
 
 from __future__ import annotations
 
@@ -70,3 +71,13 @@ def test_the_limit_is_a_setting(make_server):
         ]
         != TOO_MANY["status"]
     )
+
+
+def test_the_limit_holds_where_the_handler_imports_pillow_only_when_called(make_server):
+    """Pillow is not loaded by the runtime for a handler that does not use it; when the handler
+    imports it in a call, the limit is already set."""
+    server = make_server("ib_lazy_pillow")
+    fine = server.request("POST", "/", small_png(), {"Content-Type": "image/png"})
+    assert fine.json() == {"size": [40, 30], "pillow_loaded_at_import": False}
+    answer = server.request("POST", "/", png(12000, 12000), {"Content-Type": "image/png"})
+    assert (answer.status, answer.json()) == (413, TOO_MANY)
