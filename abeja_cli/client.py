@@ -13,6 +13,7 @@ from typing import Final
 from abeja_cli.errors import ServerError
 from abeja_cli.inputs import ModelRequest
 from abeja_runtime.config import Config
+from abeja_runtime.options import setting_named
 
 __all__ = ["ModelResponse", "answer_timeout", "send"]
 
@@ -27,7 +28,7 @@ def answer_timeout(model_env: Mapping[str, str]) -> float | None:
     """How long to wait for the answer: the runtime's own timeout (``ABEJA_RUNTIME_TIMEOUT``
     as the model gets it, else its default) plus a margin; ``None`` when it has no limit."""
     try:
-        runtime = float(model_env.get("ABEJA_RUNTIME_TIMEOUT", Config.timeout))
+        runtime = float(model_env.get(str(setting_named("timeout").envvar), Config.timeout))
     except ValueError:  # the runtime refuses it at start-up, with its own message
         runtime = Config.timeout
     return runtime + ANSWER_MARGIN if runtime > 0 else None

@@ -26,12 +26,16 @@ from abeja_cli.console import Console
 from abeja_cli.environment import parse_env_file, parse_env_option
 from abeja_cli.errors import InputError
 from abeja_cli.session import exit_on_errors
+from abeja_runtime.config import Config
+from abeja_runtime.options import click_option, setting_named
 
 __all__ = ["TARGETS", "Deployment", "manifests", "render"]
 
 TARGETS: Final = ("kubernetes", "knative", "kserve")
-_SERVICE_PORT: Final = 5000
-_HEALTH_PORT: Final = 5001
+_SERVICE_PORT: Final = Config.port
+_HEALTH_PORT: Final = Config.healthcheck_port
+#: The runtime's settings that the manifests set, from its own declarations.
+_PASSED_ON: Final = ("workers", "concurrency", "timeout", "grace_period")
 _USER: Final = 10001
 #: Seconds a pod keeps serving after it is told to stop, so that load balancers and
 #: kube-proxy stop sending to it before it stops accepting (the preStop hook).
@@ -51,10 +55,10 @@ class Deployment:
     env: dict[str, str]
     #: Kubernetes Secrets whose keys become the container's variables (envFrom).
     secrets: tuple[str, ...] = ()
-    workers: int = 1
-    concurrency: int = 1
-    timeout: float = 60.0
-    grace_period: float = 30.0
+    workers: int = Config.workers
+    concurrency: int = Config.concurrency
+    timeout: float = Config.timeout
+    grace_period: float = Config.grace_period
     replicas: int = 2
     max_replicas: int = 10
     cpu: str = "1"
@@ -85,13 +89,8 @@ class Deployment:
     @property
     def runtime_env(self) -> dict[str, str]:
         """The runtime's own settings, then the user's variables (which win)."""
-        return {
-            "ABEJA_RUNTIME_WORKERS": str(self.workers),
-            "ABEJA_RUNTIME_CONCURRENCY": str(self.concurrency),
-            "ABEJA_RUNTIME_TIMEOUT": f"{self.timeout:g}",
-            "ABEJA_RUNTIME_GRACE_PERIOD": f"{self.grace_period:g}",
-            **self.env,
-        }
+        ours = {str(setting_named(name).envvar): f"{getattr(self, name):g}" for name in _PASSED_ON}
+        return {**ours, **self.env}
 
 
 def default_name(image: str) -> str:
@@ -329,10 +328,6 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
     help="A Kubernetes Secret whose keys become the model's variables (tokens, passwords: "
     "never in -e, whose values are written into the YAML); repeatable.",
 )
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True)
-@click.option("--grace-period", type=click.FloatRange(min=0), default=30.0, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--max-replicas", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--cpu", default="1", show_default=True, help="CPU request of each replica.")
@@ -347,6 +342,10 @@ def manifests(**params: Any) -> None:
     """
     console = Console()
     exit_on_errors(console, lambda: _manifests(params))
+
+
+# The runtime's own settings, as it declares them (flags only here, before --replicas).
+manifests.params[6:6] = [click_option(setting_named(name), envvar=False) for name in _PASSED_ON]
 
 
 def _manifests(params: dict[str, Any]) -> int:

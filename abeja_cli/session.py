@@ -24,7 +24,7 @@ from abeja_cli.environment import model_environment
 from abeja_cli.errors import BuildError, CliError, EngineUnavailable, InputError
 from abeja_cli.readiness import wait_ready
 from abeja_cli.server_log import LogSink
-from abeja_runtime.main import ByteSize
+from abeja_runtime.options import passing_option, setting_named
 
 __all__ = [
     "DEVICE_TYPES",
@@ -75,13 +75,14 @@ class ModelOptions:
             organization_id=params["organization_id"],
         )
         # The runtime limits a user meets first, as options; -e still works for every other one.
-        if params.get("timeout") is not None:
-            env["ABEJA_RUNTIME_TIMEOUT"] = f"{params['timeout']:g}"
-        if params.get("max_body_size") is not None:
-            env["ABEJA_RUNTIME_MAX_BODY_SIZE"] = str(params["max_body_size"])
+        for name in ("timeout", "max_body_size"):
+            if params.get(name) is not None:
+                value = params[name]
+                text = f"{value:g}" if isinstance(value, float) else str(value)
+                env[str(setting_named(name).envvar)] = text
         if params["v1"]:
             # abeja-sdk's --v1 ran the 18.10 runtime; ours serves that handler style itself.
-            env.setdefault("ABEJA_RUNTIME_STYLE", "abeja-v1")
+            env.setdefault(str(setting_named("style").envvar), "abeja-v1")
         image = params["image"]
         if image.startswith("abeja-inc/"):  # abeja-sdk's rewrite of its own images' names
             image = "abeja/" + image.removeprefix("abeja-inc/")
@@ -140,6 +141,17 @@ class ModelCommand(click.Command):
 
 
 #: Every option of the model commands, by parameter name, in the order ``--help`` lists them.
+def _passing(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator adding the option that passes the runtime's setting ``name`` on."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        params = func.__dict__.setdefault("__click_params__", [])
+        params.append(passing_option(setting_named(name)))  # as click.option does
+        return func
+
+    return decorate
+
+
 _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
     "handler": click.option(
         "-h",
@@ -215,20 +227,9 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         "PATH, HOME, locale, TMPDIR, the Python environment and -e/--env-file reach it, as in "
         "a container).",
     ),
-    "timeout": click.option(
-        "--timeout",
-        type=click.FloatRange(min=0),
-        default=None,
-        help="Seconds the handler may take before the request gets 504 (0: no limit); sets "
-        "ABEJA_RUNTIME_TIMEOUT.  [default: 60]",
-    ),
-    "max_body_size": click.option(
-        "--max-body-size",
-        type=ByteSize(),
-        default=None,
-        help="Largest request body, e.g. 500MiB (413 above; 0: no limit); sets "
-        "ABEJA_RUNTIME_MAX_BODY_SIZE.  [default: 100MiB]",
-    ),
+    # The runtime limits a user meets first, as the runtime declares them.
+    "timeout": _passing("timeout"),
+    "max_body_size": _passing("max_body_size"),
     "verbose": click.option(
         "-v",
         "--verbose",

@@ -1,8 +1,10 @@
 """The runtime's settings: one frozen, picklable ``Config`` built once and passed down.
 
-Field names and defaults live here only. ``main.py`` maps flags and environment variables onto
-these fields; worker processes receive the same object. Nothing below the command line reads
-``os.environ`` for settings.
+The core's settings are declared here, once each (:mod:`abeja_runtime.settings`): name,
+variable, default and help; each style declares its own in its options dataclass
+(:mod:`abeja_runtime.styles`), carried in ``Config.style_options``. ``main.py`` maps flags and
+environment variables onto them; worker processes receive the same object. Nothing below the
+command line reads ``os.environ`` for settings.
 """
 
 from __future__ import annotations
@@ -15,19 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from abeja_runtime.errors import handler_format_message
 from abeja_runtime.pixels import DEFAULT_MAX_IMAGE_PIXELS
+from abeja_runtime.settings import setting
+from abeja_runtime.styles import Style, registered, style_named, style_names
 
 __all__ = [
-    "DEFAULT_MAX_BODY_SIZE",
-    "DEFAULT_MAX_IMAGE_PIXELS",
-    "DEFAULT_MAX_PARTS",
-    "DEFAULT_SPOOL_THRESHOLD",
     "LOG_LEVELS",
     "LOOPS",
-    "MODULE_ONLY_STYLES",
-    "STYLES",
     "Config",
     "PlatformIds",
+    "module_alone_allowed",
     "parse_bool",
     "parse_context",
     "resolve_training_result_dir",
@@ -36,20 +36,14 @@ __all__ = [
 #: The event loops a worker can run on (``--loop``).
 LOOPS: Final = ("auto", "asyncio", "uvloop")
 MiB: Final = 1024 * 1024
-#: ABEJA Platform had no limit at all; 100 MiB admits large images and small videos while still
-#: stopping a runaway client before it fills the disk.
-DEFAULT_MAX_BODY_SIZE: Final = 100 * MiB
-#: Bodies up to this size stay in memory; most inference payloads (JSON, a photo) fit.
-DEFAULT_SPOOL_THRESHOLD: Final = 1 * MiB
-#: A hundred thousand empty parts took 3.5 s to parse and were all handed over; real forms have
-#: a few. Starlette and Werkzeug stop at 1,000 too.
-DEFAULT_MAX_PARTS: Final = 1000
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
-#: Handler styles (``abeja_runtime.styles``); ``auto`` picks one from what HANDLER names.
-STYLES: Final = ("auto", "abeja", "abeja-v1", "cortex", "kserve", "seldon")
-#: Styles whose HANDLER may name a module alone (a Cortex request-handler file, a Seldon
-#: ``MyModel.py`` holding ``class MyModel``, a module with one KServe model class).
-MODULE_ONLY_STYLES: Final = frozenset({"auto", "cortex", "kserve", "seldon"})
+
+
+def module_alone_allowed(style: str) -> bool:
+    """Whether HANDLER may name a module alone with ``style`` (``auto``: if a style takes it)."""
+    if style == "auto":
+        return any(candidate.module_only for candidate in registered())
+    return style_named(style).module_only
 
 
 @dataclass(frozen=True)
@@ -101,43 +95,207 @@ class PlatformIds:
 
 @dataclass(frozen=True)
 class Config:
-    """Every setting of one runtime instance; see the README for what each one means."""
+    """Every setting of one runtime instance: the core's, declared here, and each style's, in
+    ``style_options``. The README's table of options is generated from these declarations."""
 
-    handler: str = "main:handler"
-    host: str = "0.0.0.0"
-    port: int = 5000
-    healthcheck_port: int = 5001
-    workers: int = 1
-    #: Handler calls that may run at once in one worker. 1 keeps ABEJA's guarantee that
-    #: non-thread-safe ML frameworks and module globals rely on.
-    concurrency: int = 1
-    #: Requests that may wait for a free handler slot, per worker, before 503 "service busy".
-    max_queue: int = 100
-    #: Seconds from the start of a request until its handler must have answered; 0 = no limit.
-    timeout: float = 60.0
-    max_body_size: int = DEFAULT_MAX_BODY_SIZE
-    spool_threshold: int = DEFAULT_SPOOL_THRESHOLD
-    #: Parts a multipart/form-data body may have (Starlette's and Werkzeug's default); 0 = any.
-    max_parts: int = DEFAULT_MAX_PARTS
-    #: Pixels an image may have when the handler side opens it with Pillow; 0 = no check.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    #: Requests a worker serves before it is replaced (plus up to 10 % so that workers do not
-    #: all restart at once); 0 = never. For handlers that leak.
-    max_requests: int = 0
-    #: Resident memory of a worker above which it is replaced; 0 = no limit.
-    max_worker_memory: int = 0
-    #: Seconds that in-flight requests get to finish at shutdown; also the time past ``timeout``
-    #: after which a worker whose handler is still running is recycled.
-    grace_period: float = 30.0
-    #: Seconds an idle keep-alive connection is kept open. Longer than the 60 s idle timeout of
-    #: common load balancers, so that they, not we, close idle connections (no request is sent
-    #: on a connection that the runtime is closing).
-    keepalive_timeout: float = 75.0
-    #: Seconds a client has to send a whole request line and headers (slowloris protection).
-    request_head_timeout: float = 10.0
-    #: The event loop of the front and of async workers: ``asyncio``, ``uvloop`` (the
-    #: ``abeja-runtime[fast]`` extra), or ``auto`` for uvloop when it is installed.
-    loop: str = "auto"
+    handler: str = setting(
+        "main:handler",
+        kind="text",
+        envvar="HANDLER",
+        help="the handler, as `module:function`",
+    )
+    host: str = setting(
+        "0.0.0.0",
+        kind="text",
+        envvar="ABEJA_RUNTIME_HOST",
+        server_only=True,
+        help="interface to listen on (`0.0.0.0`: all; `127.0.0.1`: this machine only)",
+    )
+    port: int = setting(
+        5000,
+        kind="port",
+        envvar="PORT",
+        server_only=True,
+        help="service port: the handler on any path, and `/health_check`",
+    )
+    healthcheck_port: int = setting(
+        5001,
+        kind="port",
+        envvar="HEALTHCHECK_PORT",
+        server_only=True,
+        help="port that serves only `/health_check` (and `/livez`, `/metrics`)",
+    )
+    workers: int = setting(
+        1,
+        kind="positive",
+        envvar="ABEJA_RUNTIME_WORKERS",
+        server_only=True,
+        help="worker processes, each with its own copy of the handler",
+    )
+    #: 1 keeps ABEJA's guarantee that non-thread-safe ML frameworks and module globals rely on.
+    concurrency: int = setting(
+        1,
+        kind="positive",
+        envvar="ABEJA_RUNTIME_CONCURRENCY",
+        help="handler calls running at once per worker (1 = ABEJA's one-at-a-time); raise it "
+        "only for thread-safe handlers",
+    )
+    max_queue: int = setting(
+        100,
+        kind="count",
+        envvar="ABEJA_RUNTIME_MAX_QUEUE",
+        help="requests waiting for a handler slot per worker; beyond: `503 service busy` with "
+        "`Retry-After`",
+    )
+    timeout: float = setting(
+        60.0,
+        kind="seconds",
+        envvar="ABEJA_RUNTIME_TIMEOUT",
+        help="seconds from the request's arrival (queue wait included) until the handler must "
+        "answer, else `504`; `0`: no limit",
+    )
+    #: ABEJA Platform had no limit at all; 100 MiB admits large images and small videos while
+    #: still stopping a runaway client before it fills the disk.
+    max_body_size: int = setting(
+        100 * MiB,
+        kind="bytes",
+        envvar="ABEJA_RUNTIME_MAX_BODY_SIZE",
+        help="largest request body, else `413`; `0`: no limit",
+    )
+    #: Most inference payloads (JSON, a photo) stay in memory.
+    spool_threshold: int = setting(
+        1 * MiB,
+        kind="bytes",
+        envvar="ABEJA_RUNTIME_SPOOL_THRESHOLD",
+        help="bodies and parts above this go to a per-request temp dir",
+    )
+    #: A hundred thousand empty parts took 3.5 s to parse and were all handed over; real forms
+    #: have a few. Starlette and Werkzeug stop at 1,000 too.
+    max_parts: int = setting(
+        1000,
+        kind="count",
+        envvar="ABEJA_RUNTIME_MAX_PARTS",
+        help="most parts of a multipart/form-data body, else `413`; `0`: no limit",
+    )
+    max_requests: int = setting(
+        0,
+        kind="count",
+        envvar="ABEJA_RUNTIME_MAX_REQUESTS",
+        help="requests a worker serves before a fresh one replaces it (plus up to 10 %, so "
+        "that workers retire apart); the old one finishes what it has: no request fails; "
+        "`0`: never",
+    )
+    max_worker_memory: int = setting(
+        0,
+        kind="bytes",
+        envvar="ABEJA_RUNTIME_MAX_WORKER_MEMORY",
+        help="resident memory above which a worker is replaced the same way (a leaking "
+        "handler, before the OOM killer); `0`: no limit",
+    )
+    max_image_pixels: int = setting(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        kind="count",
+        envvar="ABEJA_RUNTIME_MAX_IMAGE_PIXELS",
+        help="most pixels of an image a handler opens with Pillow (decompression bombs), else "
+        "`413` before decoding; `0`: no limit",
+    )
+    grace_period: float = setting(
+        30.0,
+        kind="seconds",
+        envvar="ABEJA_RUNTIME_GRACE_PERIOD",
+        server_only=True,
+        help="seconds in-flight requests get at shutdown; a handler still running "
+        "`timeout + grace` seconds after it started gets its worker recycled",
+    )
+    keepalive_timeout: float = setting(
+        75.0,
+        kind="positive_seconds",
+        envvar="ABEJA_RUNTIME_KEEPALIVE_TIMEOUT",
+        server_only=True,
+        help="seconds an idle keep-alive connection stays open (longer than the 60 s idle "
+        "timeout of common load balancers, so that they close idle connections, not the "
+        "runtime)",
+    )
+    request_head_timeout: float = setting(
+        10.0,
+        kind="positive_seconds",
+        envvar="ABEJA_RUNTIME_REQUEST_HEAD_TIMEOUT",
+        server_only=True,
+        help="seconds from a request's first byte (or from the connection, for the first "
+        "request) until its whole request line and headers must have arrived, and the "
+        "longest a body may make no progress; then `408` JSON and the connection is closed "
+        "(slowloris)",
+    )
+    log_level: str = setting(
+        "info",
+        kind="log_level",
+        envvar="LOG_LEVEL",
+        choices=LOG_LEVELS,
+        help="the lowest level of log records written: `debug`, `info`, `warning`, `error`, "
+        "`critical` (logrus names accepted)",
+    )
+    loop: str = setting(
+        "auto",
+        kind="choice",
+        envvar="ABEJA_RUNTIME_LOOP",
+        choices=LOOPS,
+        server_only=True,
+        help="the event loop of the front and of async workers: `asyncio`, `uvloop`, or `auto` "
+        "(uvloop when installed: `pip install 'abeja-runtime[fast]'`; about 13 % more small "
+        "requests per second)",
+    )
+    user_model_root: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_USER_MODEL_ROOT",
+        default_text="current dir",
+        help="directory of the handler's code, relative to the current one",
+    )
+    #: As given; resolved against the working directory at start.
+    training_result_dir: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_TRAINING_RESULT_DIR",
+        default_text="`abejainc_training_result`",
+        help="made absolute (relative to the code directory) and exported to the handler",
+    )
+    #: Every call gets its own deep copy.
+    context: Mapping[str, Any] = setting(
+        kind="json_object",
+        envvar="CONTEXT",
+        default_factory=dict,
+        help="JSON object passed as `context`; each call gets its own copy",
+    )
+    install_requirements: bool = setting(
+        False,
+        kind="switch",
+        envvar="ABEJA_RUNTIME_INSTALL_REQUIREMENTS",
+        help="install `requirements.txt` / `Pipfile` at start-up, as ABEJA Platform does",
+    )
+    #: ``auto`` detects it at load time and logs the choice.
+    style: str = setting(
+        "auto",
+        kind="choice",
+        envvar="ABEJA_RUNTIME_STYLE",
+        choices=style_names(),
+        help="the handler's style: "
+        + ", ".join(f"`{style.name}` ({style.summary})" for style in registered())
+        + "; `auto` detects it from what HANDLER names",
+    )
+    #: Served by the front with the style's services; every worker binds it.
+    grpc_port: int | None = setting(
+        None,
+        kind="optional_port",
+        envvar="ABEJA_RUNTIME_GRPC_PORT",
+        server_only=True,
+        default_text="off",
+        help="KServe and Seldon styles: serve their gRPC protocol on this port too, as "
+        "KServe's `--grpc_port` (Open Inference V2; KServe uses 8081) and seldon-core's "
+        "`--grpc-port` (5000 in its images) do",
+    )
+    platform: PlatformIds = field(default_factory=PlatformIds)
+    #: Each style's options object, by the style's name; a style missing here has its defaults.
+    style_options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def event_loop(self) -> str:
@@ -146,47 +304,12 @@ class Config:
             return self.loop
         return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
-    log_level: str = "info"
-    #: ABEJA_USER_MODEL_ROOT: where the user's code lives (relative to the start directory).
-    user_model_root: str = ""
-    #: ABEJA_TRAINING_RESULT_DIR as given; resolved against the working directory at start.
-    training_result_dir: str = ""
-    #: The parsed CONTEXT variable; every call gets its own deep copy.
-    context: Mapping[str, Any] = field(default_factory=dict)
-    #: Install requirements.txt / Pipfile at start-up, as ABEJA Platform does (opt-in here).
-    install_requirements: bool = False
-    platform: PlatformIds = field(default_factory=PlatformIds)
-    #: The handler style (see ``STYLES``); ``auto`` detects it at load time and logs the choice.
-    style: str = "auto"
-    #: KServe style: the name in ``/v1/models/NAME`` and ``/v2/models/NAME`` (KServe's default).
-    model_name: str = "model"
-    #: The port of the Open Inference (V2) gRPC protocol, served by the front; None = off.
-    grpc_port: int | None = None
-    #: KServe's main-script habit: the model file and its arguments, run as ``__main__``
-    #: (``abeja-runtime kserve model.py ...``); empty = import ``handler`` as usual.
-    kserve_script: tuple[str, ...] = ()
-    #: KServe's ``--enable_docs_url``: ``/docs`` serves the Swagger UI of ``/openapi.json``.
-    kserve_docs: bool = False
-    #: Cortex style: the ONNX model file or SavedModel directory, relative to the working
-    #: directory; empty = the one found in the training-result directory or the working one.
-    cortex_model: str = ""
-    #: Seldon style: the class's constructor parameters, as seldon-core takes them: a JSON list
-    #: of ``{"name": ..., "value": "...", "type": "INT|FLOAT|DOUBLE|STRING|BOOL"}``.
-    seldon_parameters: str = ""
-    #: Seldon style: model metadata (YAML or JSON) under what ``init_metadata()`` returns.
-    seldon_metadata: str = ""
-    #: Seldon style: this unit's id in the graph (PREDICTIVE_UNIT_ID), which picks the routing
-    #: decision that feedback passes to ``send_feedback``.
-    seldon_unit_id: str = ""
-    #: Seldon style: this unit's image (PREDICTIVE_UNIT_IMAGE), named with the unit id in the
-    #: ``meta.requestPath`` of its answers.
-    seldon_unit_image: str = ""
-    #: Seldon style: seldon-core's ``--service-type``. seldon-core 1.18 checks it and answers
-    #: each route by the methods the class has, whatever the type; so does this. (Not from
-    #: SERVICE_TYPE, which ABEJA Platform sets to HTTP for its own purpose.)
-    seldon_service_type: str = "MODEL"
-    #: Cortex style: the ``metadata`` dict passed to ``pre_inference`` / ``post_inference``.
-    cortex_metadata: Mapping[str, Any] = field(default_factory=dict)
+    def options_of(self, style: Style) -> Any:
+        """``style``'s options: as set, else its defaults; None for a style without any."""
+        options = self.style_options.get(style.name)
+        if options is None and style.options is not None:
+            options = style.options()
+        return options
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -195,16 +318,11 @@ class Config:
 
     def _problems(self) -> list[str]:
         problems = []
-        if self.style not in STYLES:
-            problems.append(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.style not in style_names():
+            problems.append(f"style must be one of {', '.join(style_names())}, got {self.style!r}")
         colons = self.handler.count(":")
-        if colons != 1 and not (colons == 0 and self.style in MODULE_ONLY_STYLES):
-            problems.append(  # ABEJA's wording (contract A4), typo fixed
-                f"Possibly, your HANDLER[{self.handler}] parameter is wrong. handler needs one "
-                "':' separator. The format is <module>:<function>, e.g. main:handler."
-            )
-        if not self.model_name or "/" in self.model_name:
-            problems.append(f"model name must be non-empty without '/', got {self.model_name!r}")
+        if colons != 1 and not (colons == 0 and module_alone_allowed(self.style)):
+            problems.append(handler_format_message(self.handler))
         for name in ("port", "healthcheck_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

@@ -22,6 +22,7 @@ __all__ = [
     "ServiceUnavailable",
     "TooManyParts",
     "WorkerCrashed",
+    "handler_format_message",
 ]
 
 
@@ -31,6 +32,14 @@ class AbejaRuntimeError(Exception):
 
 class HandlerLoadError(AbejaRuntimeError):
     """The user's handler could not be found, imported or used; the message says how to fix it."""
+
+
+def handler_format_message(spec: str) -> str:
+    """ABEJA's words for a HANDLER that is not ``module:function`` (contract A4; typo fixed)."""
+    return (
+        f"Possibly, your HANDLER[{spec}] parameter is wrong. handler needs one ':' separator. "
+        "The format is <module>:<function>, e.g. main:handler."
+    )
 
 
 class HandlerResultError(AbejaRuntimeError):

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import logging
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from abeja_runtime import styles
-from abeja_runtime.config import MODULE_ONLY_STYLES, Config
-from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.config import Config, module_alone_allowed
+from abeja_runtime.errors import HandlerLoadError, handler_format_message
 from abeja_runtime.handler import LoadedHandler
 
 __all__ = ["load_handler"]
@@ -39,61 +37,36 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
     config = config if config is not None else Config(handler=spec)
     if str(workdir) not in sys.path:
         sys.path.insert(0, str(workdir))
-    if config.kserve_script:
-        return _load_kserve_script(config, workdir)
+    if config.style != "auto":
+        style = styles.style_named(config.style)
+        handler = style.load_itself(config, config.options_of(style), workdir)
+        if handler is not None:
+            return handler
     module_name, attribute = _parse_spec(spec, config.style)
     with _argv_of_its_own():
         module, attribute = _import_target(module_name, attribute, spec)
         target = styles.Target(spec=spec, module=module, attribute=attribute)
         choice = styles.choose(target, config.style)
-        if choice.style in ("abeja", "abeja-v1"):
-            handler = _abeja_handler(target)  # the same checks for both generations
-            if choice.style == "abeja-v1":
-                handler = styles.adapt(choice, handler.func, config, workdir)
-        else:
-            handler = styles.adapt(choice, choice.subject, config, workdir)
+        handler = choice.style.load(
+            choice.subject, config, config.options_of(choice.style), workdir
+        )
     _log.info(
         "serving HANDLER[%s] with the %s style (%s)",
         spec,
-        choice.style,
+        choice.style.name,
         choice.reason,
-        extra={"fields": {"style": choice.style}},
-    )
-    return handler
-
-
-def _load_kserve_script(config: Config, workdir: Path) -> LoadedHandler:
-    """``abeja-runtime kserve model.py ...``: the model that the script starts."""
-    from abeja_runtime.styles import kserve
-    from abeja_runtime.styles.kserve_script import run_main_script
-
-    started = run_main_script(config.kserve_script, workdir)
-    handler = kserve.adapt(
-        started.model, config=config, workdir=workdir, predictor=started.predictor_config
-    )
-    _log.info(
-        "serving %s with the kserve style (the model its __main__ block starts: %s)",
-        config.kserve_script[0],
-        type(started.model).__name__,
-        extra={"fields": {"style": "kserve"}},
+        extra={"fields": {"style": choice.style.name}},
     )
     return handler
 
 
 def _parse_spec(spec: str, style: str) -> tuple[str, str]:
     module_name, sep, attribute = spec.partition(":")
-    if not sep and style in MODULE_ONLY_STYLES and module_name:
+    if not sep and module_alone_allowed(style) and module_name:
         return module_name, ""
     if not sep or ":" in attribute or not module_name or not attribute:
-        raise HandlerLoadError(_format_error(spec))
+        raise HandlerLoadError(handler_format_message(spec))
     return module_name, attribute
-
-
-def _format_error(spec: str) -> str:
-    return (
-        f"Possibly, your HANDLER[{spec}] parameter is wrong. handler needs one ':' separator. "
-        "The format is <module>:<function>, e.g. main:handler."
-    )
 
 
 @contextlib.contextmanager
@@ -127,41 +100,6 @@ def _import_target(module_name: str, attribute: str, spec: str) -> tuple[ModuleT
                 raise
             return module, name
     return _import(module_name, spec), attribute
-
-
-def _abeja_handler(target: Any) -> LoadedHandler:
-    """The platform's own ``handler(request, context)``, checked as ABEJA Platform never did."""
-    spec, module, func_name = target.spec, target.module, target.attribute
-    if not func_name:
-        raise HandlerLoadError(
-            f"{_format_error(spec)} A module name alone serves a Cortex request handler "
-            "(pre_inference/post_inference), a Seldon class named like its module, or a module "
-            f"with one kserve.Model class; {module.__name__} has none of them."
-        )
-    if target.obj is target.MISSING:
-        defined = sorted(
-            name
-            for name, value in vars(module).items()
-            if callable(value)
-            and not name.startswith("_")
-            and not inspect.isclass(value)
-            and getattr(value, "__module__", None) == module.__name__
-        )
-        raise HandlerLoadError(
-            f"Couldn't import a function named [{func_name}] specified in HANDLER[{spec}]. "
-            f"Possibly, your HANDLER parameter is wrong. Module {module.__name__} defines: "
-            f"{', '.join(defined) or 'no functions'}."
-        )
-    func = target.obj
-    if not callable(func):
-        raise HandlerLoadError(
-            f"HANDLER[{spec}] names {func_name}, which is a {type(func).__name__}, "
-            "not a function; point HANDLER at def handler(request, context)."
-        )
-    is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-        getattr(func, "__call__", None)  # noqa: B004 - callable objects with async __call__
-    )
-    return LoadedHandler(func=func, is_async=is_async, name=spec)
 
 
 def _import(module_name: str, spec: str) -> ModuleType:

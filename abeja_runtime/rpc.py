@@ -5,11 +5,11 @@ When ``--grpc-port`` is set, the front starts this ``grpc.aio`` server once the 
 process has said which methods its style serves. The front never parses a message: each call
 becomes a :class:`~abeja_runtime.frames.RpcCall` through the same pool as HTTP requests
 (``503`` ↔ ``RESOURCE_EXHAUSTED`` beyond the queue, ``DEADLINE_EXCEEDED`` at the timeout,
-``UNAVAILABLE`` while no handler process is ready), and the handler process's style answers it
-(``styles/kserve_grpc.py``, ``styles/seldon_grpc.py``). Each call is counted in the access log
-and the metrics as ``POST /package.Service/Method`` with the HTTP status that corresponds to its
-gRPC status, and waited for at shutdown. The request id travels as ``x-abeja-request-id``
-metadata, both ways. grpcio is imported only when the port is asked for.
+``UNAVAILABLE`` while no handler process is ready), and the handler process's style answers
+it (``styles/kserve/grpc_service.py``, ``styles/seldon/grpc_service.py``). Each call is counted
+in the access log and the metrics as ``POST /package.Service/Method`` with the HTTP status that
+corresponds to its gRPC status, and waited for at shutdown. The request id travels as
+``x-abeja-request-id`` metadata, both ways. grpcio is imported only when the port is asked for.
 """
 
 from __future__ import annotations

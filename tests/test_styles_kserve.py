@@ -24,7 +24,7 @@ from conftest import HANDLERS, wait_until
 from PIL import Image
 
 from abeja_runtime.launch import free_ports
-from abeja_runtime.styles import kserve as kserve_style
+from abeja_runtime.styles.kserve import adapter as kserve_style
 
 pytest.importorskip("kserve", reason="the KServe style is tested against the kserve package")
 

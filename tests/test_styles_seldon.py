@@ -416,13 +416,13 @@ def test_answers_carry_the_request_path_of_the_unit(make_server):
 
 
 def test_the_compiled_seldon_protocol_matches_its_proto_files(tmp_path):
-    """``seldon_protos/seldon.desc`` is what ``scripts/compile-seldon-protos.sh`` makes of the
-    ``.proto`` files beside it (run it after editing them). protoc runs in a process of its
+    """``styles/seldon/protos/seldon.desc`` is what ``scripts/compile-seldon-protos.sh`` makes
+    of the ``.proto`` files beside it (run it after editing them). protoc runs in a process of its
     own: in one that has loaded other protobuf modules it can crash."""
     protoc = pytest.importorskip("grpc_tools.protoc")
     from google.protobuf import descriptor_pb2
 
-    protos = Path(abeja_runtime.__file__).parent / "styles" / "seldon_protos"
+    protos = Path(abeja_runtime.__file__).parent / "styles" / "seldon" / "protos"
     google = Path(protoc.__file__).parent / "_proto"
     out = tmp_path / "seldon.desc"
     compiled = subprocess.run(
@@ -448,12 +448,14 @@ def test_a_refused_grpc_call_is_counted_with_the_status_rest_answers(monkeypatch
     errors keep theirs (a route the model lacks is the 400 of REST), anything else is 500; the
     client sees seldon-core's UNKNOWN either way."""
     from abeja_runtime.config import Config
-    from abeja_runtime.styles.seldon import adapt
+    from abeja_runtime.styles.seldon import SeldonOptions
+    from abeja_runtime.styles.seldon.adapter import adapt
 
     monkeypatch.chdir(HANDLERS / "st_seldon_identity")
     monkeypatch.syspath_prepend(str(HANDLERS / "st_seldon_identity"))
     model = __import__("MyModel").MyModel
-    service = adapt(model, config=Config(grpc_port=5005), workdir=Path.cwd()).rpc
+    config = Config(grpc_port=5005)
+    service = adapt(model, config=config, options=SeldonOptions(), workdir=Path.cwd()).rpc
     assert service is not None
     assert service.call("/seldon.protos.Router/Route", b"", ()) == (
         2, b"", "Exception calling application: ", 400,

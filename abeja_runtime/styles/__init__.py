@@ -1,67 +1,62 @@
-"""Handlers written for other serving platforms, served unchanged next to ABEJA's own.
+"""Handler styles: handlers written for other serving platforms, served unchanged next to ABEJA's.
 
-Each style is an adapter, loaded in the handler processes: it wraps what ``HANDLER`` names
-into an ABEJA-style ``handler(request, context)`` that returns the usual result dict, so the
-front's queue, deadlines, health checks, metrics and logs apply to every style alike (no second
-server). A style with a gRPC protocol also brings an ``RpcService`` for ``--grpc-port``.
+A style turns what ``HANDLER`` names into an ABEJA-style ``handler(request, context)`` that
+returns the usual result dict, so that the front's queue, deadlines, health checks, metrics and
+logs apply to every style alike (no second server). A style with a gRPC protocol also brings an
+``RpcService`` for ``--grpc-port``.
+
+Each style is a module or package of this folder that defines ``STYLE``, a :class:`Style`, and
+is named in :data:`REGISTERED`: adding one is that module and one line there. Its settings are
+its own options dataclass (:mod:`abeja_runtime.settings`), which the command line, the docs and
+:class:`~abeja_runtime.config.Config` take from it. What declares a style stays light: the
+front imports every style for its options; what a style needs to serve (numpy, Pillow,
+onnxruntime, kserve, protobuf) is imported by its :meth:`Style.load`, in the handler process.
 
 * ``abeja``: ``handler(request, context)`` (ABEJA Platform 19.04+), served as it is.
-* ``abeja-v1``: ``handler(iterable, context)`` generators of the 18.10 images (:mod:`.v1`).
+* ``abeja-v1``: ``handler(iterable, context)`` generators of the 18.10 images.
 * ``cortex``: a request-handler module with ``pre_inference`` / ``post_inference`` in front of an
-  ONNX model or a TensorFlow SavedModel (:mod:`.cortex`).
-* ``kserve``: a ``kserve.Model`` subclass, V1 and V2 (Open Inference) REST and V2 gRPC
-  (:mod:`.kserve`, :mod:`.kserve_grpc`, :mod:`.kserve_script` for ``python model.py``).
-* ``seldon``: a Seldon Core Python class with ``predict`` and its kin, REST and gRPC
-  (:mod:`.seldon`, :mod:`.seldon_grpc`).
-
-``choose`` picks the style (``auto`` looks at what ``HANDLER`` names and says why in the
-start-up log); ``adapt`` builds the handler. Nothing here imports aiohttp, and the optional
-packages (numpy, Pillow, onnxruntime, kserve, protobuf) are imported by the adapter that needs
-them.
+  ONNX model or a TensorFlow SavedModel.
+* ``kserve``: a ``kserve.Model`` subclass, V1 and V2 (Open Inference) REST and V2 gRPC, and the
+  ``python model.py`` main-script habit.
+* ``seldon``: a Seldon Core Python class with ``predict`` and its kin, REST and gRPC.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.handler import LoadedHandler
 
-__all__ = ["Choice", "Target", "adapt", "choose"]
+if TYPE_CHECKING:
+    from abeja_runtime.config import Config
+    from abeja_runtime.handler import LoadedHandler
 
+__all__ = [
+    "REGISTERED",
+    "Choice",
+    "Style",
+    "Target",
+    "choose",
+    "class_named_like",
+    "defined_classes",
+    "misfit",
+    "registered",
+    "style_named",
+    "style_names",
+]
+
+#: The styles, by the module (or package) of this folder that declares each, in the order
+#: ``auto`` tries them: the first whose :meth:`Style.detect` recognises what HANDLER names
+#: serves it; ``abeja``, last, takes what no other does.
+REGISTERED: Final = ("abeja_v1", "cortex", "kserve", "seldon", "abeja")
 _MISSING: Final = object()
-#: Methods that make a class a Seldon Core component (model or transformer).
-_SELDON_METHODS: Final = (
-    "predict",
-    "predict_raw",
-    "transform_input",
-    "transform_output",
-    "transform_input_raw",
-    "transform_output_raw",
-    "route",
-    "route_raw",
-    "aggregate",
-    "aggregate_raw",
-    "send_feedback",
-    "send_feedback_raw",
-)
-#: kserve's base classes; a class deriving from one of them is a KServe model.
-_KSERVE_BASES: Final = frozenset({"Model", "BaseKServeModel", "InferenceModel"})
-_CORTEX_FUNCTIONS: Final = ("pre_inference", "post_inference")
-#: The module of each adapter, imported only when its style is chosen.
-_ADAPTERS: Final = {
-    "abeja-v1": "abeja_runtime.styles.v1",
-    "cortex": "abeja_runtime.styles.cortex",
-    "kserve": "abeja_runtime.styles.kserve",
-    "seldon": "abeja_runtime.styles.seldon",
-}
 
 
 @dataclass(frozen=True)
@@ -84,89 +79,79 @@ class Target:
 
 @dataclass(frozen=True)
 class Choice:
-    """The chosen style, why (for the start-up log), and the object its adapter wraps."""
+    """The style that serves a target, why (for the start-up log), and what it wraps."""
 
-    style: str
+    style: Style
     reason: str
-    subject: Any = None
+    subject: Any
+
+
+class Style:
+    """What a style is to the rest of the runtime; each style's ``STYLE`` is one of these."""
+
+    #: The name ``--style`` takes.
+    name: str = ""
+    #: What it serves, a few words for ``--style``'s help.
+    summary: str = ""
+    #: Its settings: a frozen dataclass of :func:`~abeja_runtime.settings.setting` fields (and
+    #: plain fields that only a command sets), or None.
+    options: type | None = None
+    #: HANDLER may name a module alone (a Cortex request-handler file, a Seldon class named
+    #: like its module, a module with one KServe model).
+    module_only: bool = False
+
+    def detect(self, target: Target) -> Choice | None:
+        """For ``--style auto``: a choice of this style, with the reason, where what HANDLER
+        names is written for it; else None."""
+        return None
+
+    def fit(self, target: Target) -> Any:
+        """For ``--style`` naming this style: what :meth:`load` wraps; a
+        :class:`HandlerLoadError` that says what to name where HANDLER names nothing fit."""
+        raise NotImplementedError
+
+    def load_itself(self, config: Config, options: Any, workdir: Path) -> LoadedHandler | None:
+        """A style that starts HANDLER its own way (KServe's ``python model.py``) returns the
+        handler; None (the default) has the loader import HANDLER as usual."""
+        return None
+
+    def load(self, subject: Any, config: Config, options: Any, workdir: Path) -> LoadedHandler:
+        """The handler, in the handler process: the style's packages imported, the model built
+        and loaded, requests routed and answered as the platform it comes from does."""
+        raise NotImplementedError
+
+
+@functools.cache
+def registered() -> tuple[Style, ...]:
+    """Every style, in :data:`REGISTERED`'s order."""
+    return tuple(importlib.import_module(f"{__name__}.{name}").STYLE for name in REGISTERED)
+
+
+def style_names() -> tuple[str, ...]:
+    """What ``--style`` takes: ``auto`` and each style's name."""
+    return ("auto", *(style.name for style in registered()))
+
+
+def style_named(name: str) -> Style:
+    for style in registered():
+        if style.name == name:
+            return style
+    raise ValueError(f"style must be one of {', '.join(style_names())}, got {name!r}")
 
 
 def choose(target: Target, requested: str) -> Choice:
     """The style to serve ``target`` with: ``requested``, or the detected one for ``auto``."""
-    if requested == "auto":
-        return _detect(target)
-    why = "set with --style / ABEJA_RUNTIME_STYLE"
-    if requested in ("abeja", "abeja-v1"):
-        return Choice(requested, why, target.obj)
-    if requested == "cortex":
-        return Choice("cortex", why, target.module)
-    subject = target.obj
-    if subject is _MISSING:
-        found = _detect_in_module(target.module)
-        subject = found.subject if found is not None and found.style == requested else _MISSING
-    fits = _is_kserve_model if requested == "kserve" else _is_seldon_component
-    if subject is _MISSING or not fits(subject):
-        raise HandlerLoadError(_misfit_message(target, requested))
-    return Choice(requested, why, subject)
+    if requested != "auto":
+        style = style_named(requested)
+        return Choice(style, "set with --style / ABEJA_RUNTIME_STYLE", style.fit(target))
+    for style in registered():
+        choice = style.detect(target)
+        if choice is not None:
+            return choice
+    raise AssertionError("the last style takes every handler")
 
 
-def adapt(choice: Choice, subject: Any, config: Config, workdir: Path) -> LoadedHandler:
-    """Wrap ``subject`` into an ABEJA-style handler with the adapter of ``choice.style``."""
-    adapter = importlib.import_module(_ADAPTERS[choice.style])
-    handler: LoadedHandler = adapter.adapt(subject, config=config, workdir=workdir)
-    return handler
-
-
-def _detect(target: Target) -> Choice:
-    obj, name = target.obj, target.attribute
-    if obj is _MISSING:
-        return _detect_in_module(target.module) or Choice(
-            "abeja", "the default: no other style matched", obj
-        )
-    if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
-        return Choice(
-            "abeja-v1", f"{name} is a generator function, as the 18.10 image's handlers are", obj
-        )
-    if inspect.isfunction(obj) and obj.__name__ in _CORTEX_FUNCTIONS:
-        return Choice("cortex", f"{name} is a Cortex request-handler function", target.module)
-    if _is_kserve_model(obj):
-        return Choice("kserve", f"{name} is a kserve.Model", obj)
-    if _is_seldon_component(obj) and (inspect.isclass(obj) or not callable(obj)):
-        return Choice("seldon", f"{name} has Seldon's {_seldon_method(obj)} method", obj)
-    return Choice("abeja", f"{name} is a handler(request, context) callable", obj)
-
-
-def _detect_in_module(module: ModuleType) -> Choice | None:
-    """A module named alone (or whose named attribute is missing): look at what it defines."""
-    defined = [name for name in _CORTEX_FUNCTIONS if inspect.isfunction(getattr(module, name, 0))]
-    if defined:
-        return Choice("cortex", f"{module.__name__} defines {' and '.join(defined)}", module)
-    cls = _class_named_like(module)
-    if cls is not None and _is_kserve_model(cls):
-        return Choice("kserve", f"{module.__name__}.{cls.__name__} is a kserve.Model", cls)
-    if cls is not None and _is_seldon_component(cls):
-        return Choice(
-            "seldon",
-            f"{module.__name__}.{cls.__name__} is named like its module and has Seldon's "
-            f"{_seldon_method(cls)} method",
-            cls,
-        )
-    model = _only_kserve_model(module)
-    if model is not None:
-        return Choice("kserve", f"{module.__name__}.{model.__name__} is a kserve.Model", model)
-    components = _defined_classes(module, _is_seldon_component)
-    if len(components) == 1:
-        (cls,) = components
-        return Choice(
-            "seldon",
-            f"{module.__name__}.{cls.__name__} is its only class, with Seldon's "
-            f"{_seldon_method(cls)} method",
-            cls,
-        )
-    return None
-
-
-def _defined_classes(module: ModuleType, kind: Callable[[Any], bool]) -> list[type]:
+def defined_classes(module: ModuleType, kind: Callable[[Any], bool]) -> list[type]:
     """Classes written in ``module`` itself (not imported into it) that are of ``kind``."""
     return [
         value
@@ -175,52 +160,21 @@ def _defined_classes(module: ModuleType, kind: Callable[[Any], bool]) -> list[ty
     ]
 
 
-def _class_named_like(module: ModuleType) -> type | None:
+def class_named_like(module: ModuleType) -> type | None:
     """Seldon's convention: ``MyModel.py`` holds ``class MyModel``."""
     value = getattr(module, module.__name__.rpartition(".")[2], None)
     return value if inspect.isclass(value) else None
 
 
-def _only_kserve_model(module: ModuleType) -> type | None:
-    models = _defined_classes(module, _is_kserve_model)
-    if len(models) > 1:
-        names = ", ".join(sorted(model.__name__ for model in models))
-        raise HandlerLoadError(
-            f"{module.__name__} defines several kserve.Model classes ({names}); name the one "
-            f"to serve in HANDLER, e.g. {module.__name__}:{models[0].__name__}"
-        )
-    return models[0] if models else None
-
-
-def _is_kserve_model(obj: Any) -> bool:
-    """True for a subclass (or instance) of kserve's Model, without importing kserve."""
-    cls = obj if inspect.isclass(obj) else type(obj)
-    return any(
-        base.__name__ in _KSERVE_BASES and base.__module__.partition(".")[0] == "kserve"
-        for base in cls.__mro__[1:]
-    )
-
-
-def _is_seldon_component(obj: Any) -> bool:
-    return not _is_kserve_model(obj) and _seldon_method(obj) is not None
-
-
-def _seldon_method(obj: Any) -> str | None:
-    return next((name for name in _SELDON_METHODS if callable(getattr(obj, name, None))), None)
-
-
-def _misfit_message(target: Target, style: str) -> str:
-    expected = {
-        "kserve": "a kserve.Model subclass (or an instance of one)",
-        "seldon": "a class with a predict(X, features_names) method (or an instance of one)",
-    }[style]
+def misfit(target: Target, style: str, expected: str) -> HandlerLoadError:
+    """HANDLER names nothing that ``style`` serves: what it needs, and what was found."""
     found = target.obj
     what = (
         f"module {target.module.__name__} defines no such class"
         if found is _MISSING
         else f"it names a {type(found).__name__}"
     )
-    return (
+    return HandlerLoadError(
         f"HANDLER[{target.spec}] is served with the {style} style, which needs {expected}; "
         f"{what}. Point HANDLER at it, e.g. model:MyModel."
     )

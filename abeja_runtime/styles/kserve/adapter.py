@@ -1,5 +1,5 @@
 """KServe custom models: a ``kserve.Model`` subclass served with the V1 and V2 REST protocols
-(and V2 gRPC with ``--grpc-port``, ``kserve_grpc.py``).
+(and V2 gRPC with ``--grpc-port``, ``grpc_service.py``).
 
 ``HANDLER`` names the class (instantiated as ``cls(model_name)``, ``--model-name``, default
 ``model`` as in KServe) or an instance. ``load()`` runs at start-up unless the model is ready
@@ -53,6 +53,7 @@ from abeja_runtime.styles._common import (
     require,
     text_result,
 )
+from abeja_runtime.styles.kserve import KserveOptions
 
 __all__ = ["adapt"]
 
@@ -112,10 +113,17 @@ def untested(version: str) -> bool:
     return not tuple(map(int, low.split("."))) <= minor < tuple(map(int, high.split(".")))
 
 
-def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None) -> LoadedHandler:
+def adapt(
+    subject: Any,
+    *,
+    config: Config,
+    options: KserveOptions,
+    workdir: Path,
+    predictor: Any = None,
+) -> LoadedHandler:
     """Instantiate and load the model; route KServe's REST protocols to it.
 
-    ``predictor``: a transformer's ``PredictorConfig`` (``kserve_script.py``), which KServe
+    ``predictor``: a transformer's ``PredictorConfig`` (``script.py``), which KServe
     keeps in a context variable; every call sets it in its own context, as ``ModelServer``
     set it in the one context its calls ran in.
     """
@@ -133,7 +141,7 @@ def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None)
     repository_module = require("kserve.model_repository", "kserve")
     datamodels = require("kserve.protocol.rest.v2_datamodels", "kserve")
     try:
-        model = _instantiate(subject, config.model_name)
+        model = _instantiate(subject, options.model_name)
         if not model.ready:
             model.load()
     except Exception as exc:
@@ -149,14 +157,16 @@ def adapt(subject: Any, *, config: Config, workdir: Path, predictor: Any = None)
     repository.update(model)
     dataplane = dataplane_module.DataPlane(model_registry=repository)
     enter = _predictor_setter(predictor)
-    server = _Server(dataplane, datamodels, enter, docs=config.kserve_docs)
+    server = _Server(dataplane, datamodels, enter, docs=options.kserve_docs)
     server.model_name = model.name
     # kserve's own predict() awaits the network to reach a transformer's predictor.
     forwards = getattr(predictor, "predictor_host", None) and not _overrides(model, "predict")
     is_async = _is_async(model) or bool(forwards)
     rpc = None
     if config.grpc_port is not None:
-        from abeja_runtime.styles.kserve_grpc import GrpcService  # grpcio only when asked for
+        from abeja_runtime.styles.kserve.grpc_service import (
+            GrpcService,
+        )  # grpcio only when asked for
 
         rpc = GrpcService(dataplane, repository, is_async=is_async, enter=enter)
     # As kserve's ModelRepository.unload, which its ModelServer calls for each model as it stops.

@@ -40,6 +40,7 @@ from abeja_runtime.metrics import reported_metrics
 from abeja_runtime.request import Request
 from abeja_runtime.styles import tftensor
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
+from abeja_runtime.styles.seldon import SeldonOptions
 
 __all__ = ["adapt", "grpc_error_text"]
 
@@ -103,15 +104,15 @@ def grpc_error_text(exc: Exception) -> str:
     return "" if isinstance(exc, _SeldonError) else str(exc)
 
 
-def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
+def adapt(subject: Any, *, config: Config, options: SeldonOptions, workdir: Path) -> LoadedHandler:
     """Instantiate the class with its parameters (or take the instance), call ``load()``."""
-    if config.seldon_service_type not in _SERVICE_TYPES:
+    if options.seldon_service_type not in _SERVICE_TYPES:
         raise HandlerLoadError(
-            f"--service-type {config.seldon_service_type!r} is not one of "
+            f"--service-type {options.seldon_service_type!r} is not one of "
             f"{', '.join(_SERVICE_TYPES)}"
         )
     numpy = require("numpy", "seldon")
-    parameters = parse_parameters(config.seldon_parameters)
+    parameters = parse_parameters(options.seldon_parameters)
     if parameters and not inspect.isclass(subject):
         raise HandlerLoadError(
             f"HANDLER[{config.handler}] names an instance, but constructor parameters are set "
@@ -125,12 +126,12 @@ def adapt(subject: Any, *, config: Config, workdir: Path) -> LoadedHandler:
         raise HandlerLoadError(
             f"the Seldon model {config.handler} failed to start: {type(exc).__name__}: {exc}"
         ) from exc
-    metadata = _environment_metadata(config.seldon_metadata)
-    unit = _Unit(config.seldon_unit_id, config.seldon_unit_image)
+    metadata = _environment_metadata(options.seldon_metadata)
+    unit = _Unit(options.seldon_unit_id, options.seldon_unit_image)
     component = _Component(numpy, model, metadata, unit, _error_handlers(model))
     rpc = None
     if config.grpc_port is not None:
-        from abeja_runtime.styles.seldon_grpc import SeldonGrpcService  # protobuf only then
+        from abeja_runtime.styles.seldon.grpc_service import SeldonGrpcService  # protobuf only then
 
         rpc = SeldonGrpcService(component)
     return LoadedHandler(

@@ -47,6 +47,7 @@ from abeja_runtime.styles._common import (
     require,
     text_result,
 )
+from abeja_runtime.styles.cortex import CortexOptions
 
 __all__ = ["adapt"]
 
@@ -96,13 +97,15 @@ class _PredictionFailed(Exception):
     """A step of the pipeline failed; Cortex answered 406 with this reason."""
 
 
-def adapt(module: ModuleType, *, config: Config, workdir: Path) -> LoadedHandler:
+def adapt(
+    module: ModuleType, *, config: Config, options: CortexOptions, workdir: Path
+) -> LoadedHandler:
     """Load the model and wrap the module's request-handler functions around it."""
     numpy = require("numpy", "cortex")
-    model_path = _model_path(config, workdir)
+    model_path = _model_path(config, options, workdir)
     saved = model_path.is_dir()
     model: _Model = _SavedModel(numpy, model_path) if saved else _OnnxModel(numpy, model_path)
-    pipeline = _Pipeline(numpy, model, module, dict(config.cortex_metadata))
+    pipeline = _Pipeline(numpy, model, module, dict(options.cortex_metadata))
     _log.info(
         "Cortex request handler %s (%s generation) in front of %s (%s); inputs %s",
         module.__name__,
@@ -114,16 +117,16 @@ def adapt(module: ModuleType, *, config: Config, workdir: Path) -> LoadedHandler
     return LoadedHandler(pipeline.handle, is_async=False, name=config.handler, style="cortex")
 
 
-def _model_path(config: Config, workdir: Path) -> Path:
+def _model_path(config: Config, options: CortexOptions, workdir: Path) -> Path:
     """The configured model, or the only ``*.onnx`` file or SavedModel directory in the
     training-result or working dir."""
-    if config.cortex_model:
-        if "://" in config.cortex_model:
+    if options.cortex_model:
+        if "://" in options.cortex_model:
             raise HandlerLoadError(
-                f"--cortex-model {config.cortex_model} is a remote location; download the "
+                f"--cortex-model {options.cortex_model} is a remote location; download the "
                 "model and give the path of the local .onnx file or SavedModel directory"
             )
-        path = workdir / config.cortex_model
+        path = workdir / options.cortex_model
         if path.suffix == ".pb" and path.name != _SAVED_MODEL:
             raise HandlerLoadError(f"{path} {_FROZEN_GRAPH}")
         if path.name == _SAVED_MODEL:

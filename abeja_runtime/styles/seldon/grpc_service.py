@@ -12,7 +12,7 @@ message itself, as seldon-core gives it, and may answer with a message or its JS
 The front's gRPC server (``rpc.py``) forwards each call's method and message bytes to the
 handler process; this module runs in the handler process.
 
-The protocol's descriptors are loaded from ``seldon_protos/seldon.desc`` (compiled from the
+The protocol's descriptors are loaded from ``protos/seldon.desc`` (compiled from the
 ``.proto`` files beside it by ``scripts/compile-seldon-protos.sh``) into a descriptor pool of
 their own, not protobuf's default one: a model that imports TensorFlow registers TensorFlow's
 ``tensor.proto`` there, and seldon-core's copy of it differs.
@@ -29,12 +29,12 @@ from typing import Any, Final
 
 from abeja_runtime.handler import RpcResult
 from abeja_runtime.styles._common import require
-from abeja_runtime.styles.seldon import grpc_error_text
+from abeja_runtime.styles.seldon.adapter import grpc_error_text
 
 __all__ = ["SeldonGrpcService"]
 
 _log = logging.getLogger("abeja_runtime")
-_DESCRIPTORS: Final = Path(__file__).with_name("seldon_protos") / "seldon.desc"
+_DESCRIPTORS: Final = Path(__file__).with_name("protos") / "seldon.desc"
 _PACKAGE: Final = "seldon.protos"
 #: method → (request message, answer message, the component's action)
 _METHODS: Final = {

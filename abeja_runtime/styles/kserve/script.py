@@ -25,16 +25,44 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.styles._common import require
 
-__all__ = ["ScriptModels", "run_main_script"]
+if TYPE_CHECKING:
+    from abeja_runtime.config import Config
+    from abeja_runtime.handler import LoadedHandler
+    from abeja_runtime.styles.kserve import KserveOptions
+
+__all__ = ["ScriptModels", "load_script", "run_main_script"]
+
+_log = logging.getLogger("abeja_runtime")
 
 #: kserve's loggers, which ``ModelServer()`` gives handlers of their own; their records go to
 #: the runtime's JSON log instead.
 _KSERVE_LOGGERS = ("kserve", "kserve.trace")
+
+
+def load_script(config: Config, options: KserveOptions, workdir: Path) -> LoadedHandler:
+    """``abeja-runtime kserve model.py ...``: the model that the script starts."""
+    from abeja_runtime.styles.kserve.adapter import adapt
+
+    started = run_main_script(options.kserve_script, workdir)
+    handler = adapt(
+        started.model,
+        config=config,
+        options=options,
+        workdir=workdir,
+        predictor=started.predictor_config,
+    )
+    _log.info(
+        "serving %s with the kserve style (the model its __main__ block starts: %s)",
+        options.kserve_script[0],
+        type(started.model).__name__,
+        extra={"fields": {"style": "kserve"}},
+    )
+    return handler
 
 
 class _Started(BaseException):

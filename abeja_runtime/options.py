@@ -1,0 +1,217 @@
+"""The command line's options and the docs' tables, made from the declared settings.
+
+Every setting (:mod:`abeja_runtime.settings`) becomes one click option: its flag, its variable
+(click gives the precedence command line > environment > default), a click type for its kind,
+and its help; and one row of a Markdown table, in the README for the core's settings and in
+docs/styles.md for the styles'. ``scripts/write-options-tables.py`` writes the tables; a test
+fails when they differ from what the declarations say. Only the front (the command line)
+imports this module: it brings click.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import click
+
+from abeja_runtime.config import Config, parse_context
+from abeja_runtime.settings import Setting, settings_of
+from abeja_runtime.styles import Style, registered
+
+__all__ = [
+    "ByteSize",
+    "click_option",
+    "core_settings",
+    "format_bytes",
+    "markdown_table",
+    "passing_option",
+    "setting_named",
+    "split_options",
+    "style_settings",
+]
+
+#: logrus level names used by ABEJA Platform, mapped onto ours.
+_LEVEL_ALIASES: Final = {
+    "trace": "debug",
+    "warn": "warning",
+    "fatal": "critical",
+    "panic": "critical",
+}
+_UNITS: Final = ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB"))
+
+
+class ByteSize(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """A byte count: ``1048576``, ``512KiB``, ``100MiB``, ``1GiB`` (KB, MB, GB: also 1024-based)."""
+
+    name = "bytes"
+    _pattern: Final = re.compile(r"^\s*(\d+)\s*([kmg]i?b?)?\s*$", re.IGNORECASE)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = self._pattern.match(str(value))
+        if not match:
+            self.fail(f"{value!r} is not a size in bytes (e.g. 1048576 or 100MiB)", param, ctx)
+        number, unit = match.groups()
+        return int(number) * int(1024 ** (" kmg".index(unit[0].lower()) if unit else 0))
+
+
+class _LogLevel(click.Choice):  # type: ignore[type-arg,unused-ignore]
+    def __init__(self, levels: Iterable[str]) -> None:
+        super().__init__([*levels, *_LEVEL_ALIASES], case_sensitive=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        level = str(super().convert(value, param, ctx)).lower()
+        return _LEVEL_ALIASES.get(level, level)
+
+
+class _JsonObject(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    name = "json"
+
+    def __init__(self, variable: str) -> None:
+        self.variable = variable  # named in error messages
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Mapping):
+            return dict(value)
+        try:
+            return parse_context(value, self.variable)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _click_type(setting: Setting) -> Any:
+    kind = setting.kind
+    if kind == "text":
+        return click.STRING
+    if kind == "port":
+        return click.IntRange(0, 65535)
+    if kind == "optional_port":
+        return click.IntRange(1, 65535)
+    if kind in ("positive", "count"):
+        return click.IntRange(min=1 if kind == "positive" else 0)
+    if kind in ("seconds", "positive_seconds"):
+        return click.FloatRange(min=0, min_open=kind == "positive_seconds")
+    if kind == "bytes":
+        return ByteSize()
+    if kind == "choice":
+        return click.Choice(setting.choices, case_sensitive=False)
+    if kind == "log_level":
+        return _LogLevel(setting.choices)
+    if kind == "json_object":
+        return _JsonObject(setting.envvar or setting.flag)
+    raise AssertionError(f"no click type for the kind {kind!r}")
+
+
+def format_bytes(size: int) -> str:
+    """``104857600`` → ``100MiB``: the unit in which the size is a whole number."""
+    for unit, suffix in _UNITS:
+        if size and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def _shown_default(setting: Setting) -> str:
+    """The default as ``--help`` and the docs show it."""
+    if setting.default_text is not None:
+        return setting.default_text
+    value = setting.default
+    if setting.kind == "switch":
+        return "on" if value else "off"
+    if setting.kind == "bytes":
+        return format_bytes(value)
+    if setting.kind == "json_object":
+        return "{}" if not value else str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _plain(text: str) -> str:
+    """Markdown's backticks dropped, the first letter capitalised: a sentence for ``--help``."""
+    text = text.replace("`", "")
+    return text[:1].upper() + text[1:] + "."
+
+
+def click_option(setting: Setting, *, envvar: bool = True) -> click.Option:
+    """The click option of ``setting`` (without its variable where ``envvar`` is false)."""
+    switch = setting.kind == "switch"
+    flag = f"{setting.flag}/--no-{setting.flag[2:]}" if switch else setting.flag
+    default: Any = setting.default
+    if setting.kind == "json_object":
+        default = default or "{}"
+    elif setting.kind == "bytes":
+        default = format_bytes(default)  # shown as it may be written; ByteSize reads it
+    shown = setting.default_text
+    return click.Option(
+        [flag, setting.name],
+        envvar=setting.envvar if envvar else None,
+        show_envvar=envvar and setting.envvar is not None,
+        type=None if switch else _click_type(setting),
+        default=default,
+        show_default=True if shown is None else shown.replace("`", ""),
+        help=_plain(setting.help),
+    )
+
+
+def passing_option(setting: Setting) -> click.Option:
+    """An option of another command (``abeja model run-local``) that passes ``setting`` on as
+    its variable: unset unless given, so that a value given with ``-e`` stays."""
+    shown = _shown_default(setting).replace("`", "")
+    return click.Option(
+        [setting.flag, setting.name],
+        type=_click_type(setting),
+        default=None,
+        help=f"{_plain(setting.help)} Sets {setting.envvar}.  [default: {shown}]",
+    )
+
+
+def core_settings() -> tuple[Setting, ...]:
+    return settings_of(Config)
+
+
+def style_settings() -> tuple[tuple[Style, Setting], ...]:
+    """Each style's settings, with the style, in the registry's order."""
+    return tuple(
+        (style, setting)
+        for style in registered()
+        if style.options is not None
+        for setting in settings_of(style.options)
+    )
+
+
+def setting_named(name: str) -> Setting:
+    """A core setting by its name (``workers``), for commands that pass it on."""
+    return next(setting for setting in core_settings() if setting.name == name)
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parsed options (``name=value``) → the core's keyword arguments of :class:`Config`, and
+    each style's options object by its name (only styles with a value given here: the others
+    keep their defaults). A style's option that is not on the command line (KServe's script)
+    may be given by name too."""
+    core = dict(options)
+    styles: dict[str, Any] = {}
+    for style in registered():
+        if style.options is None:
+            continue
+        names = {field.name for field in dataclasses.fields(style.options)}
+        given = {name: core.pop(name) for name in list(core) if name in names}
+        if given:
+            styles[style.name] = style.options(**given)
+    return core, styles
+
+
+def markdown_table(rows: Iterable[Setting]) -> str:
+    """The table of ``rows``: flag, variable, default, meaning."""
+    lines = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
+    for setting in rows:
+        variable = f"`{setting.envvar}`" if setting.envvar else "(flag only)"
+        default = _shown_default(setting)
+        if setting.default_text is None:
+            default = f"`{default}`"
+        lines.append(f"| `{setting.flag}` | {variable} | {default} | {setting.help} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,43 @@
+"""The ``abeja-v1`` style: ``handler(iterable, context)`` generators of ABEJA's 18.10 images
+(:mod:`.adapter` decodes the inputs and encodes what the generator yields)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from abeja_runtime.styles import Choice, Style, Target
+from abeja_runtime.styles.abeja import checked_handler
+
+if TYPE_CHECKING:
+    from abeja_runtime.config import Config
+    from abeja_runtime.handler import LoadedHandler
+
+__all__ = ["STYLE"]
+
+
+class _AbejaV1(Style):
+    name = "abeja-v1"
+    summary = "18.10 generator handlers"
+
+    def detect(self, target: Target) -> Choice | None:
+        obj = target.obj
+        if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
+            return Choice(
+                self,
+                f"{target.attribute} is a generator function, as the 18.10 image's handlers are",
+                target,
+            )
+        return None
+
+    def fit(self, target: Target) -> Target:
+        return target
+
+    def load(self, subject: Any, config: Config, options: Any, workdir: Path) -> LoadedHandler:
+        from abeja_runtime.styles.abeja_v1.adapter import adapt
+
+        return adapt(checked_handler(subject).func, config=config, workdir=workdir)
+
+
+STYLE = _AbejaV1()
