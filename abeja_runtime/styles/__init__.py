@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REGISTERED",
     "Choice",
+    "ClassStyle",
     "Style",
     "Target",
     "choose",
@@ -119,6 +120,32 @@ class Style:
         """The handler, in the handler process: the style's packages imported, the model built
         and loaded, requests routed and answered as the platform it comes from does."""
         raise NotImplementedError
+
+
+class ClassStyle(Style):
+    """A style that serves a class (or an instance of one): the one HANDLER names, or the one
+    that a module named alone defines (:meth:`in_module`)."""
+
+    module_only = True
+    #: What HANDLER must name, for the error when it names something else.
+    expected: str = ""
+
+    def serves(self, obj: Any) -> bool:
+        """Whether ``obj`` is a class (or an instance) of this style."""
+        raise NotImplementedError
+
+    def in_module(self, module: ModuleType) -> Choice | None:
+        """The class of this style that ``module`` defines, if it defines one."""
+        raise NotImplementedError
+
+    def fit(self, target: Target) -> Any:
+        subject = target.obj
+        if subject is _MISSING:
+            found = self.in_module(target.module)
+            subject = found.subject if found is not None else _MISSING
+        if subject is _MISSING or not self.serves(subject):
+            raise misfit(target, self.name, self.expected)
+        return subject
 
 
 @functools.cache

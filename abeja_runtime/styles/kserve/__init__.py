@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.settings import setting
-from abeja_runtime.styles import Choice, Style, Target, class_named_like, defined_classes, misfit
+from abeja_runtime.styles import Choice, ClassStyle, Target, class_named_like, defined_classes
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
@@ -45,34 +45,28 @@ class KserveOptions:
             raise ValueError(f"model name must be non-empty without '/', got {self.model_name!r}")
 
 
-class _Kserve(Style):
+class _Kserve(ClassStyle):
     name = "kserve"
     summary = "kserve.Model class"
     options = KserveOptions
-    module_only = True
+    expected = "a kserve.Model subclass (or an instance of one)"
 
     def detect(self, target: Target) -> Choice | None:
         if target.obj is Target.MISSING:
-            return self._in_module(target.module)
+            return self.in_module(target.module)
         if is_kserve_model(target.obj):
             return Choice(self, f"{target.attribute} is a kserve.Model", target.obj)
         return None
 
-    def _in_module(self, module: ModuleType) -> Choice | None:
+    def serves(self, obj: Any) -> bool:
+        return is_kserve_model(obj)
+
+    def in_module(self, module: ModuleType) -> Choice | None:
         named = class_named_like(module)
         model = named if named is not None and is_kserve_model(named) else _only_model(module)
         if model is None:
             return None
         return Choice(self, f"{module.__name__}.{model.__name__} is a kserve.Model", model)
-
-    def fit(self, target: Target) -> Any:
-        subject = target.obj
-        if subject is Target.MISSING:
-            found = self._in_module(target.module)
-            subject = found.subject if found is not None else Target.MISSING
-        if subject is Target.MISSING or not is_kserve_model(subject):
-            raise misfit(target, self.name, "a kserve.Model subclass (or an instance of one)")
-        return subject
 
     def load_itself(
         self, config: Config, options: KserveOptions, workdir: Path

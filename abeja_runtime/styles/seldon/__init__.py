@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime.settings import setting
-from abeja_runtime.styles import Choice, Style, Target, class_named_like, defined_classes, misfit
+from abeja_runtime.styles import Choice, ClassStyle, Target, class_named_like, defined_classes
 from abeja_runtime.styles.kserve import is_kserve_model
 
 if TYPE_CHECKING:
@@ -86,21 +86,24 @@ class SeldonOptions:
     )
 
 
-class _Seldon(Style):
+class _Seldon(ClassStyle):
     name = "seldon"
     summary = "class with predict"
     options = SeldonOptions
-    module_only = True
+    expected = "a class with a predict(X, features_names) method (or an instance of one)"
 
     def detect(self, target: Target) -> Choice | None:
         obj = target.obj
         if obj is Target.MISSING:
-            return self._in_module(target.module)
+            return self.in_module(target.module)
         if _is_component(obj) and (inspect.isclass(obj) or not callable(obj)):
             return Choice(self, f"{target.attribute} has Seldon's {_method(obj)} method", obj)
         return None
 
-    def _in_module(self, module: ModuleType) -> Choice | None:
+    def serves(self, obj: Any) -> bool:
+        return _is_component(obj)
+
+    def in_module(self, module: ModuleType) -> Choice | None:
         cls = class_named_like(module)
         if cls is not None and _is_component(cls):
             return Choice(
@@ -119,19 +122,6 @@ class _Seldon(Style):
             f"{_method(cls)} method",
             cls,
         )
-
-    def fit(self, target: Target) -> Any:
-        subject = target.obj
-        if subject is Target.MISSING:
-            found = self._in_module(target.module)
-            subject = found.subject if found is not None else Target.MISSING
-        if subject is Target.MISSING or not _is_component(subject):
-            raise misfit(
-                target,
-                self.name,
-                "a class with a predict(X, features_names) method (or an instance of one)",
-            )
-        return subject
 
     def load(
         self, subject: Any, config: Config, options: SeldonOptions, workdir: Path
