@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 from abeja_cli.errors import InputError
-from abeja_runtime.decode import ALLOWED_METHODS
+from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.media import DEFAULT_TYPE as _DEFAULT_TYPE
 from abeja_runtime.media import guess_content_type
 

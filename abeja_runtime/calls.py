@@ -19,29 +19,23 @@ from typing import IO, Any, Final
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
-from abeja_runtime.decode import BodyLimits, decode_request
-from abeja_runtime.encode import EncodedResponse, encode_result, status_reply
+from abeja_runtime.decode import decode_request
+from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse, encode_result, status_reply
 from abeja_runtime.errors import HandlerResultError, HttpError, ImageTooLarge
 from abeja_runtime.handler import LoadedHandler
+from abeja_runtime.limits import BodyLimits
 from abeja_runtime.logs import user_exc_info
 from abeja_runtime.pixels import is_image_bomb
 from abeja_runtime.request import Request
 
 __all__ = [
-    "REQUESTER_ID_HEADER",
-    "REQUEST_ID_HEADER",
     "RUNTIME_VERSION_HEADER",
-    "UNEXPECTED_ERROR",
     "HandlerCalls",
 ]
 
 _log = logging.getLogger("abeja_runtime")
 
 RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
-REQUEST_ID_HEADER: Final = "x-abeja-request-id"
-REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
-#: The answer when the handler raised: the one object, so that callers can tell it apart.
-UNEXPECTED_ERROR: Final = status_reply(500, "unexpected error occurred")
 
 
 class HandlerCalls:

@@ -1,9 +1,9 @@
-"""HTTP request parts → :class:`~abeja_runtime.request.Request`, and the limits on a body.
+"""HTTP request parts → :class:`~abeja_runtime.worker.request.Request`, in a handler process.
 
-This module knows HTTP semantics but no server library. The front checks the method and the
-body's size as it reads it (:func:`check_method`, :class:`BodyCounter`); a handler process gets
-the method, the raw target, the headers and the whole body as a file (in memory, or the front's
-spool file) and builds the request from them (:func:`decode_request`). Multipart bodies are
+This module knows HTTP semantics but no server library. A handler process gets the method, the
+raw target, the headers and the whole body as a file (in memory, shared memory or the front's
+spool file) and builds the request from them (:func:`decode_request`); the front has checked the
+method and the body's size already (:mod:`abeja_runtime.limits`). Multipart bodies are
 parsed with the ``multipart`` library's sans-IO parser a piece at a time, each part spooled to
 disk above the spool threshold, so no body is held whole in memory beyond it. Every problem is
 raised as an :class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
@@ -16,27 +16,18 @@ import posixpath
 import re
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import IO, Final
 
 import multipart
 from multidict import MultiDict, MultiDictProxy
 
-from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, TooManyParts
+from abeja_runtime.errors import BadRequest, TooManyParts
+from abeja_runtime.limits import BodyLimits
 from abeja_runtime.request import Content, Request
 from abeja_runtime.spool import Scratch, Spool
 
-__all__ = [
-    "ALLOWED_METHODS",
-    "BodyCounter",
-    "BodyLimits",
-    "check_declared_length",
-    "check_method",
-    "decode_request",
-]
+__all__ = ["decode_request"]
 
-#: PATCH and DELETE are delivered like POST (contract A2); GET carries its query as the body.
-ALLOWED_METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE")
 #: Credentials never reach user code (ABEJA's docs promise it; its proxy forgot).
 _STRIPPED_HEADERS: Final = frozenset({"authorization", "proxy-authorization"})
 _GET_CONTENT_TYPE: Final = "application/x-www-form-urlencoded"
@@ -47,43 +38,6 @@ _MAX_PART_HEADER_COUNT: Final = 32
 _NO_QUERY: Final[MultiDictProxy[str]] = MultiDictProxy(MultiDict())
 #: C0 controls and DEL: no file name carries them honestly.
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
-
-
-@dataclass(frozen=True, slots=True)
-class BodyLimits:
-    """``max_body_size`` 0 means no limit; bodies above ``spool_threshold`` go to disk."""
-
-    max_body_size: int
-    spool_threshold: int
-    #: Parts of a multipart/form-data body; 0 means no limit.
-    max_parts: int = 0
-
-
-def check_method(method: str) -> None:
-    if method not in ALLOWED_METHODS:
-        raise MethodNotAllowed(method, ALLOWED_METHODS)
-
-
-def check_declared_length(content_length: int | None, limits: BodyLimits) -> None:
-    """Refuse a body by its ``Content-Length`` before reading a byte of it."""
-    limit = limits.max_body_size
-    if limit and content_length is not None and content_length > limit:
-        raise PayloadTooLarge(limit)
-
-
-class BodyCounter:
-    """Counts body bytes as they arrive and stops at the limit (chunked bodies have no length)."""
-
-    __slots__ = ("limit", "total")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.total = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        if self.limit and self.total > self.limit:
-            raise PayloadTooLarge(self.limit)
 
 
 def decode_request(

@@ -27,12 +27,12 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from multidict import CIMultiDict
 
 from abeja_runtime.arms import ASYNC_ID_HEADER
-from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, UNEXPECTED_ERROR
 from abeja_runtime.connection import Connection
-from abeja_runtime.decode import ALLOWED_METHODS
+from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
-from abeja_runtime.logs import new_request_id
+from abeja_runtime.limits import ALLOWED_METHODS
+from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
 from abeja_runtime.pool import PendingCall
 
 if TYPE_CHECKING:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import csv
 
 __all__ = [
+    "UNEXPECTED_ERROR",
     "EncodedResponse",
     "encode_result",
     "encoded_reply",
@@ -360,3 +361,7 @@ def _stream_file(file: Any, writer: _ElementWriter) -> Iterator[bytes]:
             yield writer.text(chunk) if isinstance(chunk, str) else bytes(chunk)
     finally:
         file.close()
+
+
+#: The answer when the handler raised: the one object, so that callers can tell it apart.
+UNEXPECTED_ERROR: Final = status_reply(500, "unexpected error occurred")

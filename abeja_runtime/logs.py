@@ -28,6 +28,8 @@ from typing import IO, Final, TextIO, cast
 from abeja_runtime import __version__
 
 __all__ = [
+    "REQUESTER_ID_HEADER",
+    "REQUEST_ID_HEADER",
     "access_logger",
     "capture_prints",
     "configure_logging",
@@ -38,6 +40,11 @@ __all__ = [
     "user_exc_info",
     "utc_seconds",
 ]
+
+#: The request id (taken from the request, else made) and the requester's, as ABEJA's headers
+#: carry them; both are in every log record of the request.
+REQUEST_ID_HEADER: Final = "x-abeja-request-id"
+REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
 
 request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
 _ids: Final = random.Random()  # seeded from the system's randomness

@@ -20,11 +20,10 @@ from typing import Any, Final
 
 import grpc
 
-from abeja_runtime.calls import REQUEST_ID_HEADER
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
 from abeja_runtime.frames import RpcAnswer, RpcCall
-from abeja_runtime.logs import new_request_id
+from abeja_runtime.logs import REQUEST_ID_HEADER, new_request_id
 from abeja_runtime.pool import HandlerPool, PendingCall
 from abeja_runtime.server import HttpServer
 

@@ -34,10 +34,8 @@ from abeja_runtime.arms import (
     async_id_problem,
 )
 from abeja_runtime.body_gate import BodyGate
-from abeja_runtime.calls import REQUEST_ID_HEADER, REQUESTER_ID_HEADER
 from abeja_runtime.config import Config
 from abeja_runtime.connection import Connection
-from abeja_runtime.decode import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.errors import (
     HandlerTimeout,
@@ -46,7 +44,8 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
-from abeja_runtime.logs import new_request_id
+from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
+from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics

@@ -40,9 +40,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
-from abeja_runtime.calls import UNEXPECTED_ERROR, HandlerCalls
+from abeja_runtime.calls import HandlerCalls
 from abeja_runtime.config import Config
-from abeja_runtime.encode import EncodedResponse
+from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.frames import (
     INLINE_LIMIT,

@@ -1,4 +1,5 @@
-"""decode.py on its own: errors are raised as HttpError subclasses, not written as responses."""
+"""decode.py and limits.py on their own: errors are raised as HttpError subclasses, not
+written as responses."""
 
 from __future__ import annotations
 
@@ -7,14 +8,9 @@ import io
 import pytest
 
 from abeja_runtime import decode
-from abeja_runtime.decode import (
-    BodyCounter,
-    BodyLimits,
-    check_declared_length,
-    check_method,
-    decode_request,
-)
+from abeja_runtime.decode import decode_request
 from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge
+from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
 
 LIMITS = BodyLimits(max_body_size=1000, spool_threshold=10)
 
