@@ -1,7 +1,8 @@
 """The exceptions of abeja-runtime.
 
-Lower layers (loading, decoding, encoding, execution) raise these; only ``server.py`` turns them
-into HTTP responses and only the command line turns them into exit codes.
+Lower layers (loading, decoding, encoding, execution) raise these; the answers they become are
+made in one place on each side (``front/server.py`` for the front's refusals, ``worker/calls.py``
+for a call's errors), and only the command line turns them into exit codes.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def new_request_id() -> str:
 requester_id_var: ContextVar[str | None] = ContextVar("abeja_requester_id", default=None)
 
 access_logger: Final = logging.getLogger("abeja_runtime.access")
-_handler_output: Final = logging.getLogger("abeja_runtime.handler")
+_handler_output: Final = logging.getLogger("abeja_runtime.worker.handler")
 #: Built once: ``json.dumps`` with options builds a new encoder per call, which the access log
 #: (one record per request) would pay every time.
 encode_record: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str).encode

@@ -36,7 +36,7 @@ def _serve(**options: Any) -> None:
 
 
 def _run(config: Config) -> int:
-    from abeja_runtime.supervisor import run
+    from abeja_runtime.front.supervisor import run
 
     return run(config)
 
@@ -75,7 +75,7 @@ def _batch(inputs: tuple[Path, ...], output: Path, **options: Any) -> None:
     written under --output as the file's name plus the answer's extension
     (cat.jpg -> OUTPUT/cat.jpg.json). Exit code 1 when any answer is above 299.
     """
-    from abeja_runtime.batch import BatchError, run_batch
+    from abeja_runtime.worker.batch import BatchError, run_batch
 
     config = _config(**options)
     try:

@@ -7,10 +7,10 @@ import io
 
 import pytest
 
-from abeja_runtime import decode
-from abeja_runtime.decode import decode_request
 from abeja_runtime.errors import BadRequest, MethodNotAllowed, PayloadTooLarge
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
+from abeja_runtime.worker import decode
+from abeja_runtime.worker.decode import decode_request
 
 LIMITS = BodyLimits(max_body_size=1000, spool_threshold=10)
 

@@ -36,7 +36,7 @@ from abeja_runtime.errors import HandlerLoadError
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.handler import LoadedHandler
+    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = [
     "REGISTERED",

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from abeja_runtime.encode import EncodedResponse, encoded_reply, json_dumps
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.request import Request
+from abeja_runtime.worker.request import Request
 
 __all__ = [
     "JSON",

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from abeja_runtime.errors import HandlerLoadError, handler_format_message
-from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.styles import Choice, Style, Target
+from abeja_runtime.worker.handler import LoadedHandler
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config

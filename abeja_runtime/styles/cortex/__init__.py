@@ -15,7 +15,7 @@ from abeja_runtime.styles import Choice, Style, Target
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.handler import LoadedHandler
+    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE", "CortexOptions"]
 

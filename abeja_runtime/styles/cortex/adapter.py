@@ -37,8 +37,6 @@ from typing import Any, Final, Protocol
 from abeja_runtime.config import Config, resolve_training_result_dir
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.handler import LoadedHandler
-from abeja_runtime.request import Request
 from abeja_runtime.styles._common import (
     BodyNotJson,
     json_result,
@@ -48,6 +46,8 @@ from abeja_runtime.styles._common import (
     text_result,
 )
 from abeja_runtime.styles.cortex import CortexOptions
+from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]
 

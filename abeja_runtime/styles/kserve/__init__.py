@@ -17,7 +17,7 @@ from abeja_runtime.styles import Choice, ClassStyle, Target, class_named_like, d
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.handler import LoadedHandler
+    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE", "KserveOptions", "is_kserve_model"]
 

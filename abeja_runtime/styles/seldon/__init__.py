@@ -16,7 +16,7 @@ from abeja_runtime.styles.kserve import is_kserve_model
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.handler import LoadedHandler
+    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE", "SeldonOptions"]
 

@@ -35,12 +35,12 @@ from typing import Any, Final
 from abeja_runtime.config import Config, parse_bool
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
-from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.metrics import reported_metrics
-from abeja_runtime.request import Request
 from abeja_runtime.styles import tftensor
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
 from abeja_runtime.styles.seldon import SeldonOptions
+from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt", "grpc_error_text"]
 

@@ -27,9 +27,9 @@ import logging
 from pathlib import Path
 from typing import Any, Final
 
-from abeja_runtime.handler import RpcResult
 from abeja_runtime.styles._common import require
 from abeja_runtime.styles.seldon.adapter import grpc_error_text
+from abeja_runtime.worker.handler import RpcResult
 
 __all__ = ["SeldonGrpcService"]
 

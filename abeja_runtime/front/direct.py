@@ -4,7 +4,7 @@ Nearly every model call is one HTTP/1.1 request whose body (JSON, a small image)
 its head. :class:`DirectRequests` takes such a request from the connection as soon as aiohttp's
 parser has it (``connection.py``), submits its call to the pool, and writes the answer from the
 answer's callback: no aiohttp request or response object, no task, no coroutine. It does what
-:meth:`HttpServer.service <abeja_runtime.server.HttpServer.service>` does for the same request
+:meth:`HttpServer.service <abeja_runtime.front.server.HttpServer.service>` does for the same request
 (the same call frame, deadline, refusals, access record, metrics and answer headers), and
 leaves every other request to it: a body still arriving or above the inline limit, HTTP/1.0,
 an upgrade, a method the runtime refuses, the health check and the style's own front paths,
@@ -26,17 +26,17 @@ from aiohttp.http import SERVER_SOFTWARE, HttpVersion11, RawRequestMessage, Stre
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from multidict import CIMultiDict
 
-from abeja_runtime.arms import ASYNC_ID_HEADER
-from abeja_runtime.connection import Connection
 from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
+from abeja_runtime.front.arms import ASYNC_ID_HEADER
+from abeja_runtime.front.connection import Connection
+from abeja_runtime.front.pool import PendingCall
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
-from abeja_runtime.pool import PendingCall
 
 if TYPE_CHECKING:
-    from abeja_runtime.server import HttpServer
+    from abeja_runtime.front.server import HttpServer
 
 __all__ = ["DirectRequests"]
 

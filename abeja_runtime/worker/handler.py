@@ -1,7 +1,7 @@
-"""What the loader hands the server: the user's handler, already adapted to ABEJA's signature.
+"""What the loader hands the handler process: the user's handler, adapted to ABEJA's signature.
 
 A module of its own so that the loader and the style adapters (which produce it) and the
-server (which calls it) all depend on it, and on nothing of each other.
+handler process (which calls it) all depend on it, and on nothing of each other.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from multidict import MultiDict, MultiDictProxy
 
 from abeja_runtime.errors import BadRequest, TooManyParts
 from abeja_runtime.limits import BodyLimits
-from abeja_runtime.request import Content, Request
 from abeja_runtime.spool import Scratch, Spool
+from abeja_runtime.worker.request import Content, Request
 
 __all__ = ["decode_request"]
 

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, Final
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.logs import configure_logging
-from abeja_runtime.pool import HandlerPool
 from abeja_runtime.project import install_dependencies, prepare_workdir
 from abeja_runtime.scheduling import run_as_batch
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from abeja_runtime.rpc import RpcServer
-    from abeja_runtime.server import HttpServer
+    from abeja_runtime.front.rpc import RpcServer
+    from abeja_runtime.front.server import HttpServer
 
 __all__ = ["run"]
 
@@ -180,10 +180,10 @@ class _Front:
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
-        from abeja_runtime.connection import make_web_server
-        from abeja_runtime.direct import DirectRequests
+        from abeja_runtime.front.connection import make_web_server
+        from abeja_runtime.front.direct import DirectRequests
+        from abeja_runtime.front.server import ControlServer, HttpServer
         from abeja_runtime.metrics import FrontMetrics
-        from abeja_runtime.server import ControlServer, HttpServer
 
         metrics = FrontMetrics(
             __version__, config.handler, config.style, self._metrics_dir, self._gauges
@@ -252,7 +252,7 @@ class _Front:
                 "",
             )
             return
-        from abeja_runtime.rpc import RpcServer  # grpcio only when a gRPC port is asked for
+        from abeja_runtime.front.rpc import RpcServer  # grpcio only when a gRPC port is asked for
 
         assert self._http is not None
         try:

@@ -40,7 +40,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
-from abeja_runtime.calls import HandlerCalls
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
@@ -61,8 +60,6 @@ from abeja_runtime.frames import (
     Start,
     memfd,
 )
-from abeja_runtime.handler import LoadedHandler
-from abeja_runtime.loader import load_handler
 from abeja_runtime.logs import (
     capture_prints,
     configure_logging,
@@ -72,8 +69,11 @@ from abeja_runtime.logs import (
 )
 from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.pixels import limit_image_pixels
-from abeja_runtime.request import Request
 from abeja_runtime.scheduling import run_as_batch
+from abeja_runtime.worker.calls import HandlerCalls
+from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.worker.loader import load_handler
+from abeja_runtime.worker.request import Request
 
 __all__ = ["main"]
 
@@ -136,7 +136,7 @@ def _serve(config: Config, channel: BlockingChannel) -> int:
         channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
     calls = _Calls(config, HandlerCalls(config, handler), channel)
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
-        from abeja_runtime.handler_loop import serve_on_loop  # asyncio only when needed
+        from abeja_runtime.worker.handler_loop import serve_on_loop  # asyncio only when needed
 
         serve_on_loop(calls, config.concurrency, config.event_loop)
     elif config.concurrency == 1:
@@ -206,7 +206,7 @@ def _stop_handler(handler: LoadedHandler, config: Config) -> None:
     try:
         result = handler.stop()
         if inspect.isawaitable(result):
-            from abeja_runtime.handler_loop import run_until_done  # asyncio only when needed
+            from abeja_runtime.worker.handler_loop import run_until_done  # asyncio only when needed
 
             run_until_done(result)
     except Exception:
@@ -357,7 +357,3 @@ class _RequestIds:
     def __exit__(self, *exc_info: object) -> None:
         request_id_var.reset(self._tokens[0])
         requester_id_var.reset(self._tokens[1])
-
-
-if __name__ == "__main__":
-    main()

@@ -43,12 +43,9 @@ import aiohttp
 import click
 
 from abeja_runtime.access_log import AccessLog
-from abeja_runtime.calls import HandlerCalls
 from abeja_runtime.config import Config
-from abeja_runtime.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
 from abeja_runtime.encode import EncodedResponse, status_reply
 from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError, HandlerTimeout
-from abeja_runtime.loader import load_handler
 from abeja_runtime.logs import (
     capture_prints,
     configure_logging,
@@ -58,7 +55,10 @@ from abeja_runtime.logs import (
 from abeja_runtime.media import extension_for, guess_content_type
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.project import install_dependencies, prepare_workdir
-from abeja_runtime.request import Content, Request
+from abeja_runtime.worker.calls import HandlerCalls
+from abeja_runtime.worker.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
+from abeja_runtime.worker.loader import load_handler
+from abeja_runtime.worker.request import Content, Request
 
 __all__ = ["BatchError", "collect_files", "run_batch"]
 

@@ -23,9 +23,9 @@ import grpc
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
 from abeja_runtime.frames import RpcAnswer, RpcCall
+from abeja_runtime.front.pool import HandlerPool, PendingCall
+from abeja_runtime.front.server import HttpServer
 from abeja_runtime.logs import REQUEST_ID_HEADER, new_request_id
-from abeja_runtime.pool import HandlerPool, PendingCall
-from abeja_runtime.server import HttpServer
 
 __all__ = ["RpcServer"]
 

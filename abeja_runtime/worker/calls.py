@@ -19,14 +19,14 @@ from typing import IO, Any, Final
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
-from abeja_runtime.decode import decode_request
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse, encode_result, status_reply
 from abeja_runtime.errors import HandlerResultError, HttpError, ImageTooLarge
-from abeja_runtime.handler import LoadedHandler
 from abeja_runtime.limits import BodyLimits
 from abeja_runtime.logs import user_exc_info
 from abeja_runtime.pixels import is_image_bomb
-from abeja_runtime.request import Request
+from abeja_runtime.worker.decode import decode_request
+from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.worker.request import Request
 
 __all__ = [
     "RUNTIME_VERSION_HEADER",

@@ -6,11 +6,12 @@ client. :class:`HttpServer` serves what the direct path (``direct.py``) leaves t
 ``/health_check``, then for every other path the request's checks (method, size, a body that
 makes progress), its body read whole (in memory, or spooled to a file above the spool
 threshold, which travels to the handler process as a descriptor), the call through the
-:class:`~abeja_runtime.pool.HandlerPool` within the deadline, and the answer written (from
+:class:`~abeja_runtime.front.pool.HandlerPool` within the deadline, and the answer written (from
 memory, or streamed as the handler process produces it), counted in the metrics and the access
 log before its first byte. Malformed HTTP and slow request heads are answered by
-:class:`~abeja_runtime.connection.Connection`, in the same ``{"status": message}`` JSON as every
-other error. :class:`ControlServer` serves the health-check port (readiness, liveness, metrics).
+:class:`~abeja_runtime.front.connection.Connection`, in the same ``{"status": message}`` JSON
+as every other error. :class:`ControlServer` serves the health-check port (readiness,
+liveness, metrics).
 """
 
 from __future__ import annotations
@@ -26,16 +27,7 @@ from aiohttp import web, web_protocol
 from aiohttp.streams import StreamReader
 
 from abeja_runtime.access_log import AccessLog
-from abeja_runtime.arms import (
-    ASYNC_ID_HEADER,
-    ASYNC_TOKEN_HEADER,
-    MAX_PENDING,
-    ResultSender,
-    async_id_problem,
-)
-from abeja_runtime.body_gate import BodyGate
 from abeja_runtime.config import Config
-from abeja_runtime.connection import Connection
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.errors import (
     HandlerTimeout,
@@ -44,12 +36,21 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
+from abeja_runtime.front.arms import (
+    ASYNC_ID_HEADER,
+    ASYNC_TOKEN_HEADER,
+    MAX_PENDING,
+    ResultSender,
+    async_id_problem,
+)
+from abeja_runtime.front.body_gate import BodyGate
+from abeja_runtime.front.connection import Connection
+from abeja_runtime.front.pool import PIPELINE, HandlerPool, PendingCall
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
-from abeja_runtime.pool import PIPELINE, HandlerPool, PendingCall
 from abeja_runtime.spool import Scratch, Spool
 
 __all__ = [
@@ -314,8 +315,8 @@ class HttpServer:
         return body
 
     async def _enter_gate(self, request: web.BaseRequest) -> None:
-        """A place for a body above the inline limit (:mod:`~abeja_runtime.body_gate`); waiting
-        for one counts as waiting in the queue, and ends at the request's deadline."""
+        """A place for a body above the inline limit (:mod:`~abeja_runtime.front.body_gate`);
+        waiting for one counts as waiting in the queue, and ends at the request's deadline."""
         gate = self._gate
         if gate.waiting >= self._pool.free_places():  # refused before its body is read
             raise ServiceBusy()

@@ -21,7 +21,7 @@ from types import ModuleType
 from abeja_runtime import styles
 from abeja_runtime.config import Config, module_alone_allowed
 from abeja_runtime.errors import HandlerLoadError, handler_format_message
-from abeja_runtime.handler import LoadedHandler
+from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["load_handler"]
 
