@@ -17,7 +17,7 @@ import click
 from abeja_cli.console import Console
 from abeja_cli.environment import secret_names
 from abeja_cli.errors import InputError
-from abeja_cli.session import ModelCommand, ModelOptions, exit_on_errors, model_options
+from abeja_cli.session import ModelCommand, ModelOptions, model_options, reported
 
 __all__ = ["build", "check_handler_file", "check_image_tag"]
 
@@ -83,7 +83,7 @@ def build(**params: Any) -> None:
     docker run --read-only --tmpfs /tmp -p 5000:5000 -p 5001:5001 mymodel:1
     """
     console = Console(quiet=params["quiet"], verbose=params["verbose"])
-    exit_on_errors(console, lambda: _build(params, console))
+    reported(console, lambda: _build(params, console))
 
 
 def _build(params: dict[str, Any], console: Console) -> int:

@@ -17,7 +17,7 @@ import click
 
 from abeja_cli.console import Console
 from abeja_cli.images import LABEL_PREFIX
-from abeja_cli.session import exit_on_errors
+from abeja_cli.session import reported
 
 if TYPE_CHECKING:
     import docker
@@ -50,7 +50,7 @@ def clean(everything: bool, dry_run: bool, yes: bool) -> None:
     console = Console()
     if everything and not dry_run and not yes:
         _confirm_all(console)
-    exit_on_errors(console, lambda: _clean(console, everything=everything, dry_run=dry_run))
+    reported(console, lambda: _clean(console, everything=everything, dry_run=dry_run))
 
 
 def _confirm_all(console: Console) -> None:

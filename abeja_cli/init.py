@@ -15,7 +15,7 @@ import click
 
 from abeja_cli.console import Console
 from abeja_cli.errors import InputError
-from abeja_cli.session import DEFAULT_IMAGE, exit_on_errors
+from abeja_cli.session import DEFAULT_IMAGE, reported
 
 __all__ = ["README_CURL", "TEMPLATES", "init"]
 
@@ -126,7 +126,7 @@ def init(directory: str, template: str) -> None:
     abeja model run-local -h main:handler -i python:3.11-slim --input request.jpg
     """
     console = Console()
-    exit_on_errors(console, lambda: _init(console, Path(directory), template))
+    reported(console, lambda: _init(console, Path(directory), template))
 
 
 def _init(console: Console, target: Path, name: str) -> int:

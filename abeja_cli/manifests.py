@@ -25,7 +25,7 @@ from abeja_cli.build import check_image_tag
 from abeja_cli.console import Console
 from abeja_cli.environment import parse_env_file, parse_env_option
 from abeja_cli.errors import InputError
-from abeja_cli.session import exit_on_errors
+from abeja_cli.session import reported
 from abeja_runtime.config import Config
 from abeja_runtime.options import click_option, setting_named
 
@@ -341,7 +341,7 @@ def manifests(**params: Any) -> None:
         | kubectl apply -f -
     """
     console = Console()
-    exit_on_errors(console, lambda: _manifests(params))
+    reported(console, lambda: _manifests(params))
 
 
 # The runtime's own settings, as it declares them (flags only here, before --replicas).

@@ -21,9 +21,9 @@ from abeja_cli.server_log import LogSink
 from abeja_cli.session import (
     ModelCommand,
     ModelOptions,
-    exit_on_errors,
     model_options,
     prepare_engine,
+    reported,
     terminate_as_interrupt,
 )
 
@@ -70,7 +70,7 @@ def run_batch(**params: Any) -> None:
     a DataLake channel. Exit code 1 when any answer's status is above 299.
     """
     console = Console(quiet=params["quiet"], verbose=params["verbose"])
-    exit_on_errors(console, lambda: _run(params, console))
+    reported(console, lambda: _run(params, console))
 
 
 def _run(params: dict[str, Any], console: Console) -> int:

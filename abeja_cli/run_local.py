@@ -17,8 +17,8 @@ from abeja_cli.server_log import LogSink
 from abeja_cli.session import (
     ModelCommand,
     ModelOptions,
-    exit_on_errors,
     model_options,
+    reported,
     start_server,
     terminate_as_interrupt,
 )
@@ -68,7 +68,7 @@ def run_local(**params: Any) -> None:
     abeja model run-local -h main:handler -i python:3.11-slim --input request.json
     """
     console = Console(quiet=params["quiet"], verbose=params["verbose"])
-    exit_on_errors(console, lambda: _run(params, console))
+    reported(console, lambda: _run(params, console))
 
 
 def _run(params: dict[str, Any], console: Console) -> int:

@@ -24,8 +24,8 @@ from abeja_cli.session import (
     STOP_SIGNALS,
     ModelCommand,
     ModelOptions,
-    exit_on_errors,
     model_options,
+    reported,
     start_server,
     terminate_as_interrupt,
 )
@@ -60,7 +60,7 @@ def run_local_server(**params: Any) -> None:
     abeja model run-local-server -h main:handler -i python:3.11-slim -p 8080
     """
     console = Console(verbose=params["verbose"])
-    exit_on_errors(console, lambda: _run(params, console))
+    reported(console, lambda: _run(params, console))
 
 
 def _check_port(port: int, engine: str | None, console: Console) -> None:

@@ -21,7 +21,7 @@ import click
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, RunSpec, Server
 from abeja_cli.environment import model_environment
-from abeja_cli.errors import BuildError, CliError, EngineUnavailable, InputError
+from abeja_cli.errors import CliError, EngineUnavailable, InputError
 from abeja_cli.readiness import wait_ready
 from abeja_cli.server_log import LogSink
 from abeja_runtime.options import passing_option, setting_named
@@ -31,9 +31,9 @@ __all__ = [
     "STOP_SIGNALS",
     "ModelCommand",
     "ModelOptions",
-    "exit_on_errors",
     "model_options",
     "prepare_engine",
+    "reported",
     "select_engine",
     "start_server",
     "terminate_as_interrupt",
@@ -344,19 +344,15 @@ def terminate_as_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def exit_on_errors(console: Console, body: Callable[[], int]) -> NoReturn:
-    """Run a command body; turn our errors into one ``[error]`` line and the exit code."""
+def reported(console: Console, body: Callable[[], int]) -> NoReturn:
+    """Run a command's body and exit with its code. An error it raises goes on to click, which
+    shows it on this console (:meth:`CliError.show`) and exits with its code; Ctrl-C is one
+    line and 130, as a shell reports it."""
     try:
         code = body()
     except CliError as exc:
-        console.error(exc.message)
-        # Shown now if it was not shown live: a build's output only with -v, the model's log
-        # unless -q.
-        shown_live = console.verbose if isinstance(exc, BuildError) else not console.quiet
-        if exc.log and not shown_live:
-            title = "Build Log" if isinstance(exc, BuildError) else "Local Server Error"
-            console.block(title, exc.log)
-        code = exc.exit_code
+        exc.console = console
+        raise
     except KeyboardInterrupt:
         console.error("interrupted; nothing was left running")
         code = 130
