@@ -18,6 +18,7 @@ from abeja_cli.console import Console
 from abeja_cli.environment import secret_names
 from abeja_cli.errors import InputError
 from abeja_cli.session import ModelCommand, ModelOptions, model_options, reported
+from abeja_runtime.config import Config
 
 __all__ = ["build", "check_handler_file", "check_image_tag"]
 
@@ -110,7 +111,6 @@ def _build(params: dict[str, Any], console: Console) -> int:
     )
     size = int(image.attrs.get("Size", 0))
     console.notice(f"built {tag} ({size / 1e6:.0f} MB, {str(image.id)[7:19]})")
-    console.notice(
-        f"run it with: docker run --read-only --tmpfs /tmp -p 5000:5000 -p 5001:5001 {tag}"
-    )
+    ports = f"-p {Config.port}:{Config.port} -p {Config.healthcheck_port}:{Config.healthcheck_port}"
+    console.notice(f"run it with: docker run --read-only --tmpfs /tmp {ports} {tag}")
     return 0

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Final, Protocol
 
+from abeja_runtime.config import Config
+
 if TYPE_CHECKING:
     from abeja_cli.server_log import LogSink
 
 __all__ = ["SERVICE_PORT", "BatchSpec", "Engine", "RunSpec", "Server"]
 
 #: Port of the runtime inside a container (the platform's; ``PORT`` default of the runtime).
-SERVICE_PORT: Final = 5000
+SERVICE_PORT: Final = Config.port
 
 
 @dataclass(frozen=True)
