@@ -11,6 +11,7 @@ imports this module: it brings click.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -22,10 +23,8 @@ from abeja_runtime.settings import Setting, settings_of
 from abeja_runtime.styles import Style, registered
 
 __all__ = [
-    "ByteSize",
     "click_option",
     "core_settings",
-    "format_bytes",
     "markdown_table",
     "passing_option",
     "setting_named",
@@ -43,7 +42,7 @@ _LEVEL_ALIASES: Final = {
 _UNITS: Final = ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB"))
 
 
-class ByteSize(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+class _ByteSize(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     """A byte count: ``1048576``, ``512KiB``, ``100MiB``, ``1GiB`` (KB, MB, GB: also 1024-based)."""
 
     name = "bytes"
@@ -96,7 +95,7 @@ def _click_type(setting: Setting) -> Any:
     if kind in ("seconds", "positive_seconds"):
         return click.FloatRange(min=0, min_open=kind == "positive_seconds")
     if kind == "bytes":
-        return ByteSize()
+        return _ByteSize()
     if kind == "choice":
         return click.Choice(setting.choices, case_sensitive=False)
     if kind == "log_level":
@@ -106,7 +105,7 @@ def _click_type(setting: Setting) -> Any:
     raise AssertionError(f"no click type for the kind {kind!r}")
 
 
-def format_bytes(size: int) -> str:
+def _format_bytes(size: int) -> str:
     """``104857600`` → ``100MiB``: the unit in which the size is a whole number."""
     for unit, suffix in _UNITS:
         if size and size % unit == 0:
@@ -122,9 +121,9 @@ def _shown_default(setting: Setting) -> str:
     if setting.kind == "switch":
         return "on" if value else "off"
     if setting.kind == "bytes":
-        return format_bytes(value)
+        return _format_bytes(value)
     if setting.kind == "json_object":
-        return "{}" if not value else str(value)
+        return json.dumps(dict(value))
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -144,7 +143,7 @@ def click_option(setting: Setting, *, envvar: bool = True) -> click.Option:
     if setting.kind == "json_object":
         default = default or "{}"
     elif setting.kind == "bytes":
-        default = format_bytes(default)  # shown as it may be written; ByteSize reads it
+        default = _format_bytes(default)  # shown as it may be written; _ByteSize reads it
     shown = setting.default_text
     return click.Option(
         [flag, setting.name],
