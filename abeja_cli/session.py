@@ -141,17 +141,6 @@ class ModelCommand(click.Command):
 
 
 #: Every option of the model commands, by parameter name, in the order ``--help`` lists them.
-def _passing(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator adding the option that passes the runtime's setting ``name`` on."""
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        params = func.__dict__.setdefault("__click_params__", [])
-        params.append(passing_option(setting_named(name)))  # as click.option does
-        return func
-
-    return decorate
-
-
 _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = {
     "handler": click.option(
         "-h",
@@ -228,8 +217,8 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         "a container).",
     ),
     # The runtime limits a user meets first, as the runtime declares them.
-    "timeout": _passing("timeout"),
-    "max_body_size": _passing("max_body_size"),
+    "timeout": passing_option(setting_named("timeout")),
+    "max_body_size": passing_option(setting_named("max_body_size")),
     "verbose": click.option(
         "-v",
         "--verbose",

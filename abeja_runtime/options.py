@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -39,6 +39,7 @@ _LEVEL_ALIASES: Final = {
     "fatal": "critical",
     "panic": "critical",
 }
+_F = TypeVar("_F", bound=Callable[..., Any])
 _UNITS: Final = ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB"))
 
 
@@ -156,12 +157,14 @@ def click_option(setting: Setting, *, envvar: bool = True) -> click.Option:
     )
 
 
-def passing_option(setting: Setting) -> click.Option:
-    """An option of another command (``abeja model run-local``) that passes ``setting`` on as
-    its variable: unset unless given, so that a value given with ``-e`` stays."""
+def passing_option(setting: Setting) -> Callable[[_F], _F]:
+    """A decorator adding, to another command (``abeja model run-local``), the option that
+    passes ``setting`` on as its variable: unset unless given, so that a value given with
+    ``-e`` stays."""
     shown = _shown_default(setting).replace("`", "")
-    return click.Option(
-        [setting.flag, setting.name],
+    return click.option(
+        setting.flag,
+        setting.name,
         type=_click_type(setting),
         default=None,
         help=f"{_plain(setting.help)} Sets {setting.envvar}.  [default: {shown}]",

@@ -38,26 +38,17 @@ _KEY: Final = "abeja_runtime.setting"
 
 
 @dataclasses.dataclass(frozen=True)
-class _Declared:
-    kind: str
-    help: str
-    envvar: str | None
-    flag: str | None
-    default_text: str | None
-    choices: tuple[str, ...]
-    server_only: bool
-
-
-@dataclasses.dataclass(frozen=True)
 class Setting:
     """One declared setting, as the command line and the docs need it."""
 
-    #: The field's name (the click parameter's name too).
+    #: The field's name (the click parameter's name too); set by :func:`settings_of`.
     name: str
-    #: ``--max-queue``; for a switch, ``--NAME/--no-NAME`` is made of it.
+    #: ``--max-queue``; for a switch, ``--NAME/--no-NAME`` is made of it. Declared empty, it
+    #: is the field's name with dashes.
     flag: str
     #: The environment variable, or None for a flag only.
     envvar: str | None
+    #: The field's default (its factory's value); set by :func:`settings_of`.
     default: Any
     kind: str
     help: str
@@ -85,7 +76,7 @@ def setting(
     ``help`` is one phrase, Markdown allowed (backticks are dropped in ``--help``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown setting kind {kind!r}")
-    declared = _Declared(kind, help, envvar, flag, default_text, choices, server_only)
+    declared = Setting("", flag or "", envvar, None, kind, help, default_text, choices, server_only)
     return dataclasses.field(
         default=default, default_factory=default_factory, metadata={_KEY: declared}
     )
@@ -104,16 +95,11 @@ def settings_of(cls: type) -> tuple[Setting, ...]:
             else field.default
         )
         found.append(
-            Setting(
+            dataclasses.replace(
+                declared,
                 name=field.name,
                 flag=declared.flag or "--" + field.name.replace("_", "-"),
-                envvar=declared.envvar,
                 default=default,
-                kind=declared.kind,
-                help=declared.help,
-                default_text=declared.default_text,
-                choices=declared.choices,
-                server_only=declared.server_only,
             )
         )
     return tuple(found)
