@@ -44,6 +44,16 @@ class BodyBuffers:
 
     def fill(self, chunks: list[bytes], size: int) -> int:
         """A buffer holding ``chunks`` from offset 0: its descriptor, until :meth:`release`."""
+        fd, mapped = self.take(size)
+        offset = 0
+        for chunk in chunks:
+            mapped[offset : offset + len(chunk)] = chunk
+            offset += len(chunk)
+        return fd
+
+    def take(self, size: int) -> tuple[int, mmap.mmap]:
+        """A buffer of at least ``size`` bytes to fill: its descriptor and mapping, until
+        :meth:`release`."""
         for index, (fd, mapped) in enumerate(self._free):  # noqa: B007 (used after the loop)
             if len(mapped) >= size:
                 del self._free[index]
@@ -54,12 +64,8 @@ class BodyBuffers:
             capacity = max(size, self._SMALLEST)
             os.ftruncate(fd, capacity)
             mapped = mmap.mmap(fd, capacity)
-        offset = 0
-        for chunk in chunks:
-            mapped[offset : offset + len(chunk)] = chunk
-            offset += len(chunk)
         self._busy[fd] = mapped
-        return fd
+        return fd, mapped
 
     def release(self, fd: int) -> None:
         mapped = self._busy.pop(fd)

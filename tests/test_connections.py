@@ -3,6 +3,7 @@ connections are cut off, and health stays fast meanwhile (issue 8, points 6 and 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import select
 import socket
@@ -132,7 +133,7 @@ def test_connection_timeouts_are_validated(make_server: ServerFactory):
     wait_until(lambda: any("keepalive-timeout" in line for line in server.lines), 5, "the error")
 
 
-@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "1 MiB"])
 def test_a_body_that_stops_arriving_gets_408_and_is_counted(
     make_server: ServerFactory, framing: str
 ):
@@ -143,6 +144,9 @@ def test_a_body_that_stops_arriving_gets_408_and_is_counted(
     sock = connect(server)
     if framing == "content-length":
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+    elif framing == "1 MiB":  # read from the socket into a shared buffer, past the parser
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        sock.sendall(b"x" * 300_000)
     else:
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\na\r\n")
         sock.sendall(b"x" * 10 + b"\r\n")
@@ -157,6 +161,25 @@ def test_a_body_that_stops_arriving_gets_408_and_is_counted(
     metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
     assert b'abeja_runtime_requests_total{code="408"} 1.0' in metrics
     assert server.wait_for_record(lambda r: r.get("http_status") == 408)
+
+
+def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
+    """More stalled 1 MiB bodies than the front reads at a time (17 for one process): each gets
+    its 408 (those that waited for a place once one is given back), and a big body is served
+    after them."""
+    server = make_server("rq_echo", "--request-head-timeout", "1")
+    socks = [connect(server) for _ in range(20)]
+    for sock in socks:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        sock.sendall(b"x" * 100_000)
+    answers = [read_until_closed(sock) for sock in socks]
+    for sock in socks:
+        sock.close()
+    assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), answers
+    body = bytes(range(256)) * 4096
+    answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
+    assert answer.status == 200
+    assert base64.b64decode(answer.json()["contents"][0]["body"]) == body
 
 
 def test_a_trickling_body_that_keeps_making_progress_is_read(make_server: ServerFactory):

@@ -47,11 +47,17 @@ class BodyGate:
         """Whether :meth:`enter` would return at once."""
         return self._held < self._places and not self._waiting
 
+    def try_enter(self) -> bool:
+        """Take a place if one is free now, without waiting: whether one was taken."""
+        if self.has_place():
+            self._held += 1
+            return True
+        return False
+
     async def enter(self) -> None:
         """Take a place, waiting for one if all are held. Cancelled while waiting (the
         deadline, the client gone), nothing is held; a place handed over meanwhile goes on."""
-        if self.has_place():
-            self._held += 1
+        if self.try_enter():
             return
         turn = self._loop.create_future()
         self._waiting.append(turn)

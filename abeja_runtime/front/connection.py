@@ -22,15 +22,18 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from aiohttp import web, web_protocol
-from aiohttp.http import RawRequestMessage
+from aiohttp.http import HttpRequestParser, RawRequestMessage
 from aiohttp.streams import StreamReader
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import status_body, status_reply
 from abeja_runtime.errors import BodyTimeout
+from abeja_runtime.front.capture import BodyCapture
 
 __all__ = ["Connection", "DirectCall", "DirectPath", "make_web_server"]
 
@@ -45,7 +48,9 @@ class DirectCall(Protocol):
 class DirectPath(Protocol):
     """Serves the simple requests of a connection without aiohttp's request handling."""
 
-    def accepts(self, message: RawRequestMessage, payload: StreamReader) -> bool:
+    def accepts(
+        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+    ) -> bool:
         """Whether this request (its head parsed, its body complete or not) is one to take."""
 
     def take(
@@ -85,8 +90,15 @@ class Connection(web_protocol.RequestHandler):
         #: When bytes last arrived, and the watch over a body being read (see watch_body).
         self._last_data = 0.0
         self._body_timer: asyncio.TimerHandle | None = None
+        self._watched: tuple[Callable[[], bool], Callable[[BaseException], None]] | None = None
         self._direct = direct
         self._direct_call: DirectCall | None = None
+        #: What aiohttp made its parser with, for the fresh one after a captured body.
+        self._parser_options = {
+            name: kwargs[name]
+            for name in ("max_line_size", "max_headers", "max_field_size", "auto_decompress")
+            if name in kwargs
+        }
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -120,7 +132,9 @@ class Connection(web_protocol.RequestHandler):
         taken = False
         while self._direct_call is None and self._messages and not self._force_close:
             message, payload = self._messages[0]
-            if not isinstance(message, RawRequestMessage) or not direct.accepts(message, payload):
+            if not isinstance(message, RawRequestMessage) or not direct.accepts(
+                self, message, payload
+            ):
                 waiter = self._waiter
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
@@ -186,6 +200,7 @@ class Connection(web_protocol.RequestHandler):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
+        self._watched = None
         call, self._direct_call = self._direct_call, None
         if call is not None:
             call.client_gone()
@@ -197,28 +212,87 @@ class Connection(web_protocol.RequestHandler):
         will be cut off at ``head_timeout``)."""
         return self._last_data == 0.0
 
-    def watch_body(self, request: web.BaseRequest) -> None:
-        """Fail the reading of ``request``'s body if no byte arrives for ``head_timeout``.
+    def capture_body(
+        self, payload: StreamReader, into: mmap.mmap, size: int, done: Callable[[], None]
+    ) -> BodyCapture | None:
+        """Read the current request's ``size``-byte body into ``into``: what the parser has of
+        it now, then the rest straight from the socket (:mod:`~abeja_runtime.front.capture`),
+        then ``done()``. ``None`` when the body was whole already (``done`` is not called).
 
-        One timer per body still arriving, which looks at when bytes last came (a float that
-        ``data_received`` sets) rather than being reset for every packet.
+        Only for a request taken when :meth:`can_capture` said so.
+        """
+        offset = 0
+        # Each read lets a parser paused by a full payload buffer feed it the rest of its tail.
+        while chunk := payload.read_nowait(-1):
+            into[offset : offset + len(chunk)] = chunk
+            offset += len(chunk)
+        if payload.is_eof():
+            return None
+        # Every byte received so far is parsed (reading is not paused): the rest is to come.
+        assert self.transport is not None and not self._reading_paused
+        capture = BodyCapture(self, memoryview(into)[offset:size], done)
+        self.transport.set_protocol(capture)
+        return capture
+
+    def can_capture(self) -> bool:
+        """Whether a body still arriving can be captured: the connection is open and not held
+        for a full message queue (a paused payload buffer is resumed by the capture itself)."""
+        transport = self.transport
+        return (
+            transport is not None
+            and not transport.is_closing()
+            and not self._buffer_paused
+            and not self._force_close
+            and not self._upgraded
+        )
+
+    def body_progress(self) -> None:
+        """Bytes of a captured body arrived (the stall watch looks at when)."""
+        self._last_data = self._loop.time()
+
+    def body_captured(self) -> None:
+        """The captured body is whole: the connection reads again, with a fresh parser (the
+        old one is still waiting for the body's bytes)."""
+        assert self.transport is not None
+        self.transport.set_protocol(self)
+        self._parser = HttpRequestParser(
+            self,
+            self._loop,
+            self._read_bufsize,
+            payload_exception=web_protocol.RequestPayloadError,
+            max_msg_queue_size=web_protocol.MAX_MSG_QUEUE_SIZE,
+            **self._parser_options,
+        )
+
+    def watch_body(
+        self, arriving: Callable[[], bool], stalled: Callable[[BaseException], None]
+    ) -> None:
+        """Call ``stalled`` with :class:`~abeja_runtime.errors.BodyTimeout` if no byte of the
+        body arrives for ``head_timeout`` while it is ``arriving()``.
+
+        One timer per connection, which looks at when bytes last came (a float that
+        ``data_received`` sets) rather than being reset for every packet, and at the body
+        watched now (a timer armed for an earlier body serves the next one).
         """
         self._last_data = self._loop.time()
+        self._watched = (arriving, stalled)
         if self._body_timer is None:
-            self._body_timer = self._loop.call_later(self._head_timeout, self._check_body, request)
+            self._body_timer = self._loop.call_later(self._head_timeout, self._check_body)
 
-    def _check_body(self, request: web.BaseRequest) -> None:
+    def _check_body(self) -> None:
         self._body_timer = None
-        content = request.content
-        if content.is_eof() or content.exception() is not None:
+        if self._watched is None:
+            return
+        arriving, stalled = self._watched
+        if not arriving():
+            self._watched = None
             return
         idle = self._loop.time() - self._last_data
         if idle >= self._head_timeout:
-            content.set_exception(BodyTimeout(self._head_timeout))
+            self._watched = None
+            stalled(BodyTimeout(self._head_timeout))
         else:
-            self._body_timer = self._loop.call_later(
-                self._head_timeout - idle, self._check_body, request
-            )
+            self._body_timer = self._loop.call_later(self._head_timeout - idle, self._check_body)
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:

@@ -18,6 +18,7 @@ import email.utils
 import functools
 import http
 import logging
+import mmap
 import re
 import time
 from typing import TYPE_CHECKING, Final
@@ -30,6 +31,7 @@ from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
+from abeja_runtime.front.capture import BodyCapture
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.pool import PendingCall
 from abeja_runtime.limits import ALLOWED_METHODS
@@ -56,15 +58,17 @@ class DirectRequests:
     def __init__(self, server: HttpServer, max_body_size: int, spool_threshold: int) -> None:
         self._server = server
         limits = [INLINE_LIMIT, spool_threshold] + ([max_body_size] if max_body_size else [])
-        #: The largest body taken here: it travels inside the call frame, as service() sends it.
+        #: The largest body taken whole here: it travels inside the call frame, as service()
+        #: sends it.
         self._largest_body = min(limits)
+        #: The largest body captured here (read into a shared buffer): one the front would
+        #: neither spool nor refuse.
+        self._largest_captured = min(limits[1:])
 
-    def accepts(self, message: RawRequestMessage, payload: StreamReader) -> bool:
-        if payload is not EMPTY_PAYLOAD and not (
-            payload.is_eof()
-            and payload.exception() is None
-            and payload.total_bytes <= self._largest_body
-        ):
+    def accepts(
+        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+    ) -> bool:
+        if not self._in_frame(payload) and not self._captured_size(connection, message, payload):
             return False
         server = self._server
         return (
@@ -76,6 +80,34 @@ class DirectRequests:
             and ASYNC_ID_HEADER not in message.headers
         )
 
+    def _in_frame(self, payload: StreamReader) -> bool:
+        """Whether the body is whole already, and small enough for the call frame."""
+        return payload is EMPTY_PAYLOAD or (
+            payload.is_eof()
+            and payload.exception() is None
+            and payload.total_bytes <= self._largest_body
+        )
+
+    def _captured_size(
+        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+    ) -> int:
+        """The size of a body above the inline limit that this path reads into a shared buffer
+        itself (0 for one it leaves to aiohttp's path: chunked, compressed, above the spool
+        threshold, awaiting ``100 Continue``, while no place is free)."""
+        if payload.exception() is not None or message.method == "GET":
+            return 0
+        headers = message.headers
+        if message.chunked or message.compression or "Expect" in headers:
+            return 0
+        size = int(headers.get("Content-Length", "0"))  # digits only: aiohttp checked it
+        if not INLINE_LIMIT < size <= self._largest_captured:
+            return 0
+        if not self._server.body_place_free():
+            return 0
+        if not payload.is_eof() and not connection.can_capture():
+            return 0
+        return size
+
     def take(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
     ) -> _DirectCall | None:
@@ -84,8 +116,20 @@ class DirectRequests:
         server = self._server
         method = message.method
         url = message.url
-        body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
         request_id = headers.get(REQUEST_ID_HEADER) or new_request_id()
+        held = None
+        if not self._in_frame(payload):
+            size = self._captured_size(connection, message, payload)
+            held = server.hold_body(size)
+            assert held is not None, "accepts() saw a free place"
+        if held is not None:
+            body: bytes | None = None
+            fd: int | None = held[0].fd
+            cleanup = held[0].close
+        else:
+            body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
+            size = len(body)
+            fd = cleanup = None
         call = Call(
             server.next_call_id(),
             method,
@@ -96,26 +140,29 @@ class DirectRequests:
             headers.get(REQUESTER_ID_HEADER),
             body,
             "",
-            len(body),
+            size,
         )
-        pending = PendingCall(call, server.loop)
         direct = _DirectCall(
-            server, connection, pending, url.path, received, keep_alive=not message.should_close
+            server,
+            connection,
+            PendingCall(call, server.loop, fd, cleanup),
+            url.path,
+            received,
+            keep_alive=not message.should_close,
         )
         server.begin()
-        try:
-            direct.timer = server.submit(direct.pending, received)
-        except ServiceBusy as exc:
-            direct.refused(exc)
-            return None
-        direct.pending.answer.add_done_callback(direct.answered)
-        return direct
+        if held is not None:
+            direct.read_body(payload, held[1], size)
+            if direct.reading:
+                return direct
+        return direct if direct.submit() else None
 
 
 class _DirectCall:
     """One request on the direct path, from its call's submission until its answer is out."""
 
     __slots__ = (
+        "_capture",
         "_connection",
         "_keep_alive",
         "_over",
@@ -146,6 +193,47 @@ class _DirectCall:
         self.timer: asyncio.TimerHandle | None = None
         self._over = False
         self._streaming: asyncio.Task[None] | None = None
+        #: Reading the body from the socket (see read_body).
+        self._capture: BodyCapture | None = None
+
+    @property
+    def reading(self) -> bool:
+        """Its body is still being read: the call is submitted once it is whole."""
+        return self._capture is not None
+
+    def read_body(self, payload: StreamReader, into: mmap.mmap, size: int) -> None:
+        """Read the body into the call's buffer; :meth:`submit` once it is whole (at once
+        when it already is). A body that stops arriving fails with ``408``."""
+        connection = self._connection
+        self._capture = connection.capture_body(payload, into, size, self._body_read)
+        if self._capture is not None:
+            capture = self._capture
+            connection.watch_body(lambda: capture.arriving, self._body_stalled)
+
+    def _body_read(self) -> None:
+        self._capture = None
+        self.submit()
+
+    def _body_stalled(self, exc: BaseException) -> None:
+        """No byte of the body for ``--request-head-timeout``: ``408``, and the connection
+        closes (what is left of the body is not read)."""
+        assert self._capture is not None and isinstance(exc, HttpError)
+        self._capture.give_up()
+        self._capture = None
+        self.pending.finish()  # nothing was sent: the body's buffer and place go back
+        self._keep_alive = False
+        self.refused(exc)
+
+    def submit(self) -> bool:
+        """Hand the call to the pool; ``False`` when it was refused at once (answered)."""
+        server = self._server
+        try:
+            self.timer = server.submit(self.pending, self._received)
+        except ServiceBusy as exc:
+            self.refused(exc)
+            return False
+        self.pending.answer.add_done_callback(self.answered)
+        return True
 
     def answered(self, future: asyncio.Future[Answer | RpcAnswer]) -> None:
         """The answer's callback: an answer, or the front's 504 / 502 for this call."""
@@ -242,6 +330,12 @@ class _DirectCall:
         if self._over:
             return
         self._over = True
+        if self._capture is not None:  # not submitted yet
+            self._capture.give_up()
+            self._capture = None
+            self.pending.finish()
+            self._server.end()
+            return
         if self.timer is not None:
             self.timer.cancel()
         self._server.withdraw(self.pending)

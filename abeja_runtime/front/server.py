@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import mmap
 import time
 from collections.abc import Callable
 from typing import IO, Any, Final
@@ -57,6 +58,7 @@ __all__ = [
     "HEALTH_PATH",
     "LIVENESS_PATH",
     "METRICS_PATH",
+    "Body",
     "ControlServer",
     "HttpServer",
 ]
@@ -90,7 +92,7 @@ def _health_response(ready: bool) -> web.Response:
     return _web_response(_HEALTHY if ready else _UNAVAILABLE)
 
 
-class _Body:
+class Body:
     """A request body read whole: in the frame, in one of the front's memfds, or in a spool
     file (the last two sent as their descriptor)."""
 
@@ -116,11 +118,13 @@ class _Body:
         self.gate: BodyGate | None = None
 
     def close(self) -> None:
+        """Give back what it holds (once: a second call does nothing)."""
         if self.gate is not None:
             self.gate.leave()
             self.gate = None
         if self.buffers is not None and self.fd is not None:
             self.buffers.release(self.fd)
+            self.buffers = None
         if self.file is not None:
             self.file.close()
         if self.scratch is not None:
@@ -167,6 +171,22 @@ class HttpServer:
     def serving(self) -> bool:
         """Whether a request can be handed to the pool now (else it is answered 503)."""
         return self._pool.serving and not self.draining
+
+    def body_place_free(self) -> bool:
+        """Whether :meth:`hold_body` would give a place now."""
+        return self._gate.has_place() and self._pool.free_places() > 0
+
+    def hold_body(self, size: int) -> tuple[Body, mmap.mmap] | None:
+        """A place and a shared buffer for a body of ``size`` bytes that the direct path reads
+        itself, when the pool could send its call at once (``None`` otherwise: the request is
+        then left to :meth:`service`, which waits for a place or refuses it). The mapping is
+        the buffer's, to fill; the body's ``close()`` gives both back."""
+        if not self._pool.free_places() or not self._gate.try_enter():
+            return None
+        fd, mapped = self._buffers.take(size)
+        body = Body(None, fd=fd, size=size, buffers=self._buffers)
+        body.gate = self._gate
+        return body, mapped
 
     def own_path(self, path: str) -> bool:
         """The front answers this path itself (the health check, a style's front paths)."""
@@ -246,7 +266,7 @@ class HttpServer:
             return await self._send_reply(request, reply)
         return await self._stream(request, pending, answer.status, headers)
 
-    def _pending(self, request: web.BaseRequest, body: _Body, request_id: str) -> PendingCall:
+    def _pending(self, request: web.BaseRequest, body: Body, request_id: str) -> PendingCall:
         url = request.rel_url
         call = Call(
             self._pool.next_id(),
@@ -295,13 +315,13 @@ class HttpServer:
             pending.answer.set_exception(HandlerTimeout(self._config.timeout))
             self._pool.withdraw(pending)
 
-    async def _read_body(self, request: web.BaseRequest) -> _Body:
+    async def _read_body(self, request: web.BaseRequest) -> Body:
         """The whole body, counted against the limit: in the frame up to
         :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
         in a spool file above it."""
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
-            return _Body(b"")
+            return Body(b"")
         declared = request.content_length
         if declared is not None and declared <= INLINE_LIMIT:
             return await self._read_whole(request)
@@ -329,7 +349,7 @@ class HttpServer:
         except TimeoutError:
             raise HandlerTimeout(self._config.timeout) from None
 
-    async def _read_whole(self, request: web.BaseRequest) -> _Body:
+    async def _read_whole(self, request: web.BaseRequest) -> Body:
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
         threshold = self._limits.spool_threshold
@@ -337,7 +357,10 @@ class HttpServer:
         if not content.is_eof():
             protocol = request.protocol
             assert isinstance(protocol, Connection)
-            protocol.watch_body(request)  # still arriving
+            protocol.watch_body(  # still arriving
+                lambda: not content.is_eof() and content.exception() is None,
+                content.set_exception,
+            )
             if request.headers.get("Expect", "").lower() == "100-continue":
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         while counter.total <= threshold:
@@ -348,14 +371,14 @@ class HttpServer:
             chunks.append(chunk)
         return await self._spool(request, chunks, counter)
 
-    def _in_memory(self, chunks: list[bytes], size: int) -> _Body:
+    def _in_memory(self, chunks: list[bytes], size: int) -> Body:
         if size <= INLINE_LIMIT:
-            return _Body(b"".join(chunks))
-        return _Body(None, fd=self._buffers.fill(chunks, size), size=size, buffers=self._buffers)
+            return Body(b"".join(chunks))
+        return Body(None, fd=self._buffers.fill(chunks, size), size=size, buffers=self._buffers)
 
     async def _spool(
         self, request: web.BaseRequest, first: list[bytes], counter: BodyCounter
-    ) -> _Body:
+    ) -> Body:
         """A body above the spool threshold, in a file of its own request's scratch folder."""
         scratch = Scratch()
         spool = Spool(scratch, 0)
@@ -370,7 +393,7 @@ class HttpServer:
             spool.discard()
             scratch.remove()
             raise
-        return _Body(None, file=file, scratch=scratch)
+        return Body(None, file=file, scratch=scratch)
 
     def refusal(self, exc: HttpError) -> EncodedResponse:
         """The answer to one of the front's refusals, counted."""
@@ -445,7 +468,7 @@ class HttpServer:
     async def _accept_async(
         self,
         request: web.BaseRequest,
-        body: _Body,
+        body: Body,
         async_id: str,
         tag: tuple[str, str],
         received: float,
