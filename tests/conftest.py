@@ -117,6 +117,14 @@ class RunningServer:
         except OSError:
             return 0
 
+    def in_flight(self) -> float:
+        """The requests being answered now, as ``/metrics`` counts them."""
+        metrics = self.request("GET", "/metrics", port=self.healthcheck_port).body.decode()
+        for line in metrics.splitlines():
+            if line.startswith("abeja_runtime_in_flight_requests "):
+                return float(line.split()[1])
+        raise AssertionError("no in-flight gauge in /metrics")
+
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
         try:
             self.runtime.wait_healthy(timeout)

@@ -159,6 +159,55 @@ def test_many_big_bodies_at_once_all_get_their_answer(start):
     assert echoed == bodies
 
 
+def hold_every_body_place(server: RunningServer) -> list[socket.socket]:
+    """17 connections (the places of one process) each send a part of a 1 MiB body, and
+    stop: the front holds a place for each, waiting for the rest."""
+    held = []
+    for _ in range(17):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        sock.sendall(b"x" * 100_000)
+        held.append(sock)
+    wait_until(lambda: server.in_flight() == 17, 10, "the 17 bodies to hold their places")
+    return held
+
+
+def test_a_big_body_past_its_deadline_in_line_gets_504_not_a_reset(start):
+    """A body waiting for a place gets its 504 at the deadline; the body its client is still
+    sending is read and dropped before the connection closes, so the client reads the 504."""
+    server = start("rq_echo", "--timeout", "1", "--request-head-timeout", "30")
+    held = hold_every_body_place(server)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        body = b"y" * (1024 * 1024)
+        client.sendall(  # returns once the front has taken all of it: it must read the body
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n" + body
+        )
+        answer = client.makefile("rb").read()  # to the connection's end
+    for sock in held:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 504 "), answer[:200]
+    assert answer.endswith(json.dumps(TIMED_OUT_AFTER_1_S).encode()), answer[-200:]
+    assert b"Connection: close" in answer
+    wait_until(lambda: server.in_flight() == 0, 10, "the held bodies to be let go")
+    assert server.request("POST", "/", body, timeout=10).status == 200
+
+
+def test_a_client_that_leaves_while_its_body_waits_for_a_place_holds_nothing(start):
+    server = start("rq_echo", "--request-head-timeout", "30")
+    held = hold_every_body_place(server)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        wait_until(lambda: server.in_flight() == 18, 10, "the request to wait for a place")
+    wait_until(lambda: server.in_flight() == 17, 10, "the request that left to stop counting")
+    for sock in held:
+        sock.close()
+    wait_until(lambda: server.in_flight() == 0, 10, "the held bodies to be let go")
+    body = bytes(range(256)) * 4096
+    answer = server.request("POST", "/", body, timeout=10)
+    assert answer.status == 200
+    assert base64.b64decode(answer.json()["contents"][0]["body"]) == body
+
+
 # --- timeouts ----------------------------------------------------------------------------------
 
 

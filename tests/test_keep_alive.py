@@ -59,14 +59,6 @@ def connect(server: RunningServer) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=20)
 
 
-def in_flight(server: RunningServer) -> float:
-    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
-    for line in metrics.splitlines():
-        if line.startswith("abeja_runtime_in_flight_requests "):
-            return float(line.split()[1])
-    raise AssertionError("no in-flight gauge in /metrics")
-
-
 def test_pipelined_requests_are_answered_in_order_whoever_serves_them(
     make_server: ServerFactory,
 ) -> None:
@@ -124,7 +116,7 @@ def test_clients_that_leave_mid_body_hold_nothing(make_server: ServerFactory) ->
         body = b"x" * (1024 * 1024)
         sock.sendall(request("POST", "/", body)[: 512 * 1024])
         sock.close()
-    wait_until(lambda: in_flight(server) == 0, 10, "the requests to stop counting")
+    wait_until(lambda: server.in_flight() == 0, 10, "the requests to stop counting")
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
     assert answer.status == 200
@@ -155,9 +147,9 @@ def test_a_client_that_leaves_frees_its_request(make_server: ServerFactory, body
     sock = connect(server)
     sock.sendall(request("POST", "/?tag=left&sleep=60", body))
     server.wait_for_record(lambda r: '"event": "start", "tag": "left"' in r.get("message", ""))
-    assert in_flight(server) == 1
+    assert server.in_flight() == 1
     sock.close()
-    wait_until(lambda: in_flight(server) == 0, 10, "the request to stop counting")
+    wait_until(lambda: server.in_flight() == 0, 10, "the request to stop counting")
     server.wait_for_record(lambda r: '"event": "cancelled", "tag": "left"' in r.get("message", ""))
     answer = server.post_json({}, path="/?tag=after")
     assert answer.status == 200 and json.loads(answer.body)["tag"] == "after"

@@ -59,17 +59,29 @@ class BodyGate:
         deadline, the client gone), nothing is held; a place handed over meanwhile goes on."""
         if self.try_enter():
             return
-        turn = self._loop.create_future()
-        self._waiting.append(turn)
+        turn = self.wait()
         try:
             await turn
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():  # given a place as it was cancelled
-                self.leave()
-            else:
-                with contextlib.suppress(ValueError):  # ``leave`` may have dropped it already
-                    self._waiting.remove(turn)
+            self.give_up(turn)
             raise
+
+    def wait(self) -> asyncio.Future[None]:
+        """A turn in the line: done when a place is handed to it (the place is then held);
+        :meth:`give_up` when it is no longer wanted."""
+        turn = self._loop.create_future()
+        self._waiting.append(turn)
+        return turn
+
+    def give_up(self, turn: asyncio.Future[None]) -> None:
+        """The turn is not wanted (the deadline, the client gone): nothing is held after, even
+        when a place was handed to it just now."""
+        if turn.done() and not turn.cancelled():
+            self.leave()
+            return
+        turn.cancel()
+        with contextlib.suppress(ValueError):  # ``leave`` may have dropped it already
+            self._waiting.remove(turn)
 
     def leave(self) -> None:
         """Give a place back: to the first body still waiting, else to the free places."""

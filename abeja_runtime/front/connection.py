@@ -55,10 +55,9 @@ class DirectPath(Protocol):
 
     def take(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
-    ) -> DirectCall | None:
-        """Start serving the request; ``None`` when it was answered at once. The answer is
-        given with :meth:`Connection.send_direct`, and :meth:`Connection.direct_done` ends
-        the call."""
+    ) -> DirectCall:
+        """Start serving the request (it may be answered at once). The answer is given with
+        :meth:`Connection.send_direct`, and :meth:`Connection.direct_done` ends the call."""
 
 
 class _Taking:
@@ -93,6 +92,8 @@ class Connection(web_protocol.RequestHandler):
         self._watched: tuple[Callable[[], bool], Callable[[BaseException], None]] | None = None
         self._direct = direct
         self._direct_call: DirectCall | None = None
+        #: aiohttp's request loop (start) has begun.
+        self._aiohttp_started = False
         #: What aiohttp made its parser with, for the fresh one after a captured body.
         self._parser_options = {
             name: kwargs[name]
@@ -104,11 +105,27 @@ class Connection(web_protocol.RequestHandler):
         super().connection_made(transport)
         self._arm_head_timer()
 
+    async def start(self) -> None:
+        self._aiohttp_started = True
+        if self._direct_call is not None:
+            # The direct path took the first request before this loop began: aiohttp's turn
+            # comes when it leaves one (as when aiohttp waits for a request).
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        await super().start()
+
     def data_received(self, data: bytes) -> None:
         self._last_data = self._loop.time()
         waiter = self._waiter
-        if self._direct is not None and waiter is not None and not waiter.done():
-            # aiohttp waits for a request: it is woken only for one the direct path leaves.
+        if self._direct is not None and (
+            (waiter is not None and not waiter.done()) or not self._aiohttp_started
+        ):
+            # aiohttp waits for a request, or its loop has not begun (on Python 3.11 it starts
+            # on the next iteration, often after the first request came): it is woken only
+            # for one the direct path leaves.
             self._waiter = None
             try:
                 super().data_received(data)
@@ -229,8 +246,28 @@ class Connection(web_protocol.RequestHandler):
         if payload.is_eof():
             return None
         # Every byte received so far is parsed (reading is not paused): the rest is to come.
+        return self._capture(memoryview(into)[offset:size], size - offset, done)
+
+    def drop_body(
+        self, payload: StreamReader, size: int, done: Callable[[], None]
+    ) -> BodyCapture | None:
+        """Read the rest of the current request's ``size``-byte body and drop it, then
+        ``done()``: a client still sending its body sees the answer given before it was read,
+        rather than a reset when the connection closes on unread bytes. ``None`` when nothing
+        was left to read (``done()`` was called)."""
+        while payload.read_nowait(-1):
+            pass
+        if payload.is_eof() or not self.can_capture():
+            done()
+            return None
+        return self._capture(None, size - payload.total_bytes, done)
+
+    def _capture(
+        self, into: memoryview | None, length: int, done: Callable[[], None]
+    ) -> BodyCapture:
+        # Every byte received so far is parsed (reading is not paused): the rest is to come.
         assert self.transport is not None and not self._reading_paused
-        capture = BodyCapture(self, memoryview(into)[offset:size], done)
+        capture = BodyCapture(self, into, length, done)
         self.transport.set_protocol(capture)
         return capture
 

@@ -18,7 +18,6 @@ import email.utils
 import functools
 import http
 import logging
-import mmap
 import re
 import time
 from typing import TYPE_CHECKING, Final
@@ -31,8 +30,8 @@ from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
-from abeja_runtime.front.capture import BodyCapture
 from abeja_runtime.front.connection import Connection
+from abeja_runtime.front.direct_body import DirectBody
 from abeja_runtime.front.pool import PendingCall
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
@@ -93,7 +92,7 @@ class DirectRequests:
     ) -> int:
         """The size of a body above the inline limit that this path reads into a shared buffer
         itself (0 for one it leaves to aiohttp's path: chunked, compressed, above the spool
-        threshold, awaiting ``100 Continue``, while no place is free)."""
+        threshold, awaiting ``100 Continue``, one the queue could not take)."""
         if payload.exception() is not None or message.method == "GET":
             return 0
         headers = message.headers
@@ -102,7 +101,7 @@ class DirectRequests:
         size = int(headers.get("Content-Length", "0"))  # digits only: aiohttp checked it
         if not INLINE_LIMIT < size <= self._largest_captured:
             return 0
-        if not self._server.body_place_free():
+        if not self._server.may_read_body():  # else aiohttp's path answers 503
             return 0
         if not payload.is_eof() and not connection.can_capture():
             return 0
@@ -110,26 +109,22 @@ class DirectRequests:
 
     def take(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
-    ) -> _DirectCall | None:
+    ) -> _DirectCall:
         received = time.time()
         headers = message.headers
         server = self._server
         method = message.method
         url = message.url
         request_id = headers.get(REQUEST_ID_HEADER) or new_request_id()
-        held = None
-        if not self._in_frame(payload):
-            size = self._captured_size(connection, message, payload)
-            held = server.hold_body(size)
-            assert held is not None, "accepts() saw a free place"
-        if held is not None:
-            body: bytes | None = None
-            fd: int | None = held[0].fd
-            cleanup = held[0].close
-        else:
-            body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
+        if self._in_frame(payload):
+            body: bytes | None = (
+                b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
+            )
+            assert body is not None
             size = len(body)
-            fd = cleanup = None
+        else:  # read into a shared buffer by the call (DirectBody)
+            body = None
+            size = self._captured_size(connection, message, payload)
         call = Call(
             server.next_call_id(),
             method,
@@ -145,24 +140,22 @@ class DirectRequests:
         direct = _DirectCall(
             server,
             connection,
-            PendingCall(call, server.loop, fd, cleanup),
+            call,
             url.path,
             received,
             keep_alive=not message.should_close,
+            payload=None if body is not None else payload,
         )
         server.begin()
-        if held is not None:
-            direct.read_body(payload, held[1], size)
-            if direct.reading:
-                return direct
-        return direct if direct.submit() else None
+        direct.start()
+        return direct
 
 
 class _DirectCall:
     """One request on the direct path, from its call's submission until its answer is out."""
 
     __slots__ = (
-        "_capture",
+        "_body",
         "_connection",
         "_keep_alive",
         "_over",
@@ -178,62 +171,62 @@ class _DirectCall:
         self,
         server: HttpServer,
         connection: Connection,
-        pending: PendingCall,
+        call: Call,
         path: str,
         received: float,
         *,
         keep_alive: bool,
+        payload: StreamReader | None,
     ) -> None:
         self._server = server
         self._connection = connection
-        self.pending = pending
         self._path = path
         self._received = received
         self._keep_alive = keep_alive
         self.timer: asyncio.TimerHandle | None = None
         self._over = False
         self._streaming: asyncio.Task[None] | None = None
-        #: Reading the body from the socket (see read_body).
-        self._capture: BodyCapture | None = None
+        if payload is None:  # the body is in the frame
+            self._body: DirectBody | None = None
+            self.pending = PendingCall(call, server.loop)
+        else:
+            self._body = DirectBody(
+                server,
+                connection,
+                payload,
+                call.body_size,
+                received,
+                self._body_ready,
+                self._body_failed,
+            )
+            self.pending = PendingCall(call, server.loop, None, self._body.release)
 
-    @property
-    def reading(self) -> bool:
-        """Its body is still being read: the call is submitted once it is whole."""
-        return self._capture is not None
+    def start(self) -> None:
+        """Submit the call, once its body is read when it is not in the frame."""
+        if self._body is None:
+            self.submit()
+        else:
+            self._body.start()
 
-    def read_body(self, payload: StreamReader, into: mmap.mmap, size: int) -> None:
-        """Read the body into the call's buffer; :meth:`submit` once it is whole (at once
-        when it already is). A body that stops arriving fails with ``408``."""
-        connection = self._connection
-        self._capture = connection.capture_body(payload, into, size, self._body_read)
-        if self._capture is not None:
-            capture = self._capture
-            connection.watch_body(lambda: capture.arriving, self._body_stalled)
-
-    def _body_read(self) -> None:
-        self._capture = None
+    def _body_ready(self) -> None:
+        assert self._body is not None
+        self.pending.fd = self._body.fd
         self.submit()
 
-    def _body_stalled(self, exc: BaseException) -> None:
-        """No byte of the body for ``--request-head-timeout``: ``408``, and the connection
-        closes (what is left of the body is not read)."""
-        assert self._capture is not None and isinstance(exc, HttpError)
-        self._capture.give_up()
-        self._capture = None
-        self.pending.finish()  # nothing was sent: the body's buffer and place go back
+    def _body_failed(self, exc: HttpError) -> None:
+        """The body was not read (it stalled, or the deadline passed while it waited for a
+        place): the answer ends the connection."""
         self._keep_alive = False
         self.refused(exc)
 
-    def submit(self) -> bool:
-        """Hand the call to the pool; ``False`` when it was refused at once (answered)."""
-        server = self._server
+    def submit(self) -> None:
+        """Hand the call to the pool (answered at once when the pool is full)."""
         try:
-            self.timer = server.submit(self.pending, self._received)
+            self.timer = self._server.submit(self.pending, self._received)
         except ServiceBusy as exc:
             self.refused(exc)
-            return False
+            return
         self.pending.answer.add_done_callback(self.answered)
-        return True
 
     def answered(self, future: asyncio.Future[Answer | RpcAnswer]) -> None:
         """The answer's callback: an answer, or the front's 504 / 502 for this call."""
@@ -280,6 +273,9 @@ class _DirectCall:
         )
         self._connection.send_direct(head, body)
         server.end()
+        if close and self._body is not None and self._body.unread:
+            self._body.drop_rest(functools.partial(self._connection.direct_done, close=True))
+            return
         self._connection.direct_done(close=close)
 
     async def _stream(self, answer: Answer) -> None:
@@ -330,10 +326,8 @@ class _DirectCall:
         if self._over:
             return
         self._over = True
-        if self._capture is not None:  # not submitted yet
-            self._capture.give_up()
-            self._capture = None
-            self.pending.finish()
+        if self._body is not None and self._body.reading:  # not submitted yet
+            self._body.abandon()
             self._server.end()
             return
         if self.timer is not None:

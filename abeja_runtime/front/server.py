@@ -172,21 +172,36 @@ class HttpServer:
         """Whether a request can be handed to the pool now (else it is answered 503)."""
         return self._pool.serving and not self.draining
 
-    def body_place_free(self) -> bool:
-        """Whether :meth:`hold_body` would give a place now."""
-        return self._gate.has_place() and self._pool.free_places() > 0
+    @property
+    def body_gate(self) -> BodyGate:
+        """The places for bodies above the inline limit (:mod:`~abeja_runtime.front.body_gate`)."""
+        return self._gate
 
-    def hold_body(self, size: int) -> tuple[Body, mmap.mmap] | None:
-        """A place and a shared buffer for a body of ``size`` bytes that the direct path reads
-        itself, when the pool could send its call at once (``None`` otherwise: the request is
-        then left to :meth:`service`, which waits for a place or refuses it). The mapping is
-        the buffer's, to fill; the body's ``close()`` gives both back."""
-        if not self._pool.free_places() or not self._gate.try_enter():
-            return None
+    def may_read_body(self) -> bool:
+        """Whether a body above the inline limit may be read now or wait for a place: else the
+        queue could not take its call, and it is refused (``503``) before it is read."""
+        return self._gate.waiting < self._pool.free_places()
+
+    def held_body(self, size: int) -> tuple[Body, mmap.mmap]:
+        """A shared buffer for a body of ``size`` bytes whose place in the gate is held; the
+        mapping is the buffer's, to fill, and the body's ``close()`` gives both back."""
         fd, mapped = self._buffers.take(size)
         body = Body(None, fd=fd, size=size, buffers=self._buffers)
         body.gate = self._gate
         return body, mapped
+
+    def at_deadline(
+        self, received: float, expired: Callable[..., None], *args: Any
+    ) -> asyncio.TimerHandle | None:
+        """``expired(*args)`` when the deadline of a request received at ``received`` passes
+        (``None``: no deadline)."""
+        if self._timeout is None:
+            return None
+        left = max(0.0, received + self._timeout - time.time())
+        return self.loop.call_later(left, expired, *args)
+
+    def timed_out(self) -> HandlerTimeout:
+        return HandlerTimeout(self._config.timeout)
 
     def own_path(self, path: str) -> bool:
         """The front answers this path itself (the health check, a style's front paths)."""
@@ -290,10 +305,7 @@ class HttpServer:
         except ServiceBusy:
             pending.finish()
             raise
-        if self._timeout is None:
-            return None
-        left = max(0.0, received + self._timeout - time.time())
-        return self.loop.call_later(left, self._expire, pending)
+        return self.at_deadline(received, self._expire, pending)
 
     async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
         """The call through the pool, answered within the deadline."""
@@ -312,7 +324,7 @@ class HttpServer:
 
     def _expire(self, pending: PendingCall) -> None:
         if not pending.answer.done():
-            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
+            pending.answer.set_exception(self.timed_out())
             self._pool.withdraw(pending)
 
     async def _read_body(self, request: web.BaseRequest) -> Body:
@@ -338,16 +350,15 @@ class HttpServer:
         """A place for a body above the inline limit (:mod:`~abeja_runtime.front.body_gate`);
         waiting for one counts as waiting in the queue, and ends at the request's deadline."""
         gate = self._gate
-        if gate.waiting >= self._pool.free_places():  # refused before its body is read
+        if not self.may_read_body():  # refused before its body is read
             raise ServiceBusy()
-        if gate.has_place():
-            await gate.enter()
+        if gate.try_enter():
             return
         try:
             async with asyncio.timeout(self._timeout):
                 await gate.enter()
         except TimeoutError:
-            raise HandlerTimeout(self._config.timeout) from None
+            raise self.timed_out() from None
 
     async def _read_whole(self, request: web.BaseRequest) -> Body:
         content = request.content

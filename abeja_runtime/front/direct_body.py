@@ -1,0 +1,173 @@
+"""The body of a request on the direct path above the inline limit: its place, its buffer, its
+reading.
+
+A body between the inline limit and the spool threshold, with a ``Content-Length``, is read by
+the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body_gate.
+BodyGate` (waiting in line, unread, while all are held, until the request's deadline), then a
+shared buffer, into which the connection reads the body straight from the socket
+(:meth:`~abeja_runtime.front.connection.Connection.capture_body`). Then the call is submitted.
+A body that stops arriving fails with ``408``; a request whose deadline passes while it waits
+for a place gets its ``504``, and the body it still sends is read and dropped before the
+connection closes, so that the client sees the answer rather than a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from aiohttp.streams import StreamReader
+
+from abeja_runtime.errors import HttpError, ServiceUnavailable
+from abeja_runtime.front.capture import BodyCapture
+from abeja_runtime.front.connection import Connection
+
+if TYPE_CHECKING:
+    from abeja_runtime.front.server import Body, HttpServer
+
+__all__ = ["DirectBody"]
+
+
+class DirectBody:
+    """Reads one request's body for the direct path; ``ready()`` once it is whole in the
+    buffer :attr:`fd`, or ``failed(error)`` (the request is then answered with ``error``)."""
+
+    __slots__ = (
+        "_body",
+        "_capture",
+        "_connection",
+        "_failed",
+        "_payload",
+        "_ready",
+        "_received",
+        "_server",
+        "_timer",
+        "_turn",
+        "fd",
+        "size",
+        "unread",
+    )
+
+    def __init__(
+        self,
+        server: HttpServer,
+        connection: Connection,
+        payload: StreamReader,
+        size: int,
+        received: float,
+        ready: Callable[[], None],
+        failed: Callable[[HttpError], None],
+    ) -> None:
+        self._server = server
+        self._connection = connection
+        self._payload = payload
+        self.size = size
+        self._received = received
+        self._ready = ready
+        self._failed = failed
+        self._turn: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._capture: BodyCapture | None = None
+        self._body: Body | None = None
+        #: The buffer holding the body, once it has one.
+        self.fd: int | None = None
+        #: The request failed before its body was read, and the client may still be sending
+        #: it (see drop_rest).
+        self.unread = False
+
+    @property
+    def reading(self) -> bool:
+        """Waiting for a place, or for the body's bytes."""
+        return self._turn is not None or self._capture is not None
+
+    def start(self) -> None:
+        """Take a place now, or wait in line for one until the request's deadline."""
+        gate = self._server.body_gate
+        if gate.try_enter():
+            self._read()
+            return
+        self._turn = gate.wait()
+        self._turn.add_done_callback(self._placed)
+        self._timer = self._server.at_deadline(self._received, self._expired)
+
+    def _placed(self, turn: asyncio.Future[None]) -> None:
+        if turn is not self._turn or turn.cancelled():  # given up meanwhile
+            return
+        self._turn = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._read()
+
+    def _expired(self) -> None:
+        """The deadline passed in line: ``504``, the body unread."""
+        self._timer = None
+        assert self._turn is not None
+        self._server.body_gate.give_up(self._turn)
+        self._turn = None
+        self.unread = True
+        self._failed(self._server.timed_out())
+
+    def _read(self) -> None:
+        """The place is held: into a buffer, from what the parser has of the body on."""
+        connection = self._connection
+        payload = self._payload
+        if not payload.is_eof() and not connection.can_capture():  # the connection is ending
+            self._server.body_gate.leave()
+            self._failed(ServiceUnavailable())
+            return
+        self._body, mapped = self._server.held_body(self.size)
+        self.fd = self._body.fd
+        self._capture = connection.capture_body(payload, mapped, self.size, self._read_whole)
+        if self._capture is None:  # it had arrived whole
+            self._ready()
+            return
+        capture = self._capture
+        connection.watch_body(lambda: capture.arriving, self._stalled)
+
+    def _read_whole(self) -> None:
+        self._capture = None
+        self._ready()
+
+    def _stalled(self, exc: BaseException) -> None:
+        """No byte for ``--request-head-timeout``: ``408`` (the connection closes)."""
+        assert self._capture is not None and isinstance(exc, HttpError)
+        self._capture.give_up()
+        self._capture = None
+        self.release()
+        self._failed(exc)
+
+    def drop_rest(self, done: Callable[[], None]) -> None:
+        """Read what the client still sends of the unread body and drop it, then ``done()``
+        (also when it stops arriving)."""
+        self.unread = False
+        connection = self._connection
+        capture = connection.drop_body(self._payload, self.size, done)
+        if capture is None:
+            return
+
+        def stalled(_: BaseException) -> None:
+            capture.give_up()
+            done()
+
+        connection.watch_body(lambda: capture.arriving, stalled)
+
+    def abandon(self) -> None:
+        """The client left: nothing is read, nothing held."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._turn is not None:
+            self._server.body_gate.give_up(self._turn)
+            self._turn = None
+        if self._capture is not None:
+            self._capture.give_up()
+            self._capture = None
+        self.release()
+
+    def release(self) -> None:
+        """Give the place and the buffer back (once); the call's cleanup when it is over."""
+        body, self._body = self._body, None
+        if body is not None:
+            body.close()
