@@ -189,7 +189,7 @@ def test_the_result_is_retried_on_errors_but_not_after_429(make_server, platform
 
 def test_refused_async_requests_with_big_bodies_leave_nothing_held(make_server, platform_api):
     """A refused async request gives back what its body held: more refusals than the front
-    reads bodies at a time (17), then a request with a big body is still served."""
+    reads bodies at a time (5), then a request with a big body is still served."""
     server = start(make_server, platform_api)
     big = json.dumps({"x": 1, "pad": "p" * 100_000}).encode()
     refused = {**ASYNC, "x-abeja-arms-async-request-id": "a/b", "Content-Type": "application/json"}

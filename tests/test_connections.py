@@ -164,11 +164,11 @@ def test_a_body_that_stops_arriving_gets_408_and_is_counted(
 
 
 def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
-    """More stalled 1 MiB bodies than the front reads at a time (17 for one process): each gets
+    """More stalled 1 MiB bodies than the front reads at a time (5 for one process): each gets
     its 408 (those that waited for a place once one is given back), and a big body is served
     after them."""
     server = make_server("rq_echo", "--request-head-timeout", "1")
-    socks = [connect(server) for _ in range(20)]
+    socks = [connect(server) for _ in range(8)]
     for sock in socks:
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
         sock.sendall(b"x" * 100_000)

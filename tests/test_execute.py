@@ -145,7 +145,7 @@ def test_a_full_queue_refuses_a_big_body_before_reading_it(start):
 
 
 def test_many_big_bodies_at_once_all_get_their_answer(start):
-    """More bodies above the inline limit than the front reads at a time (17 for one process):
+    """More bodies above the inline limit than the front reads at a time (5 for one process):
     the others wait their turn unread, and every one is answered with its own bytes."""
     server = start("rq_echo", "--workers", "1")
     bodies = [bytes([n]) * (100 * 1024 + n) for n in range(40)]
@@ -159,16 +159,20 @@ def test_many_big_bodies_at_once_all_get_their_answer(start):
     assert echoed == bodies
 
 
+#: The bodies the front reads at a time for one process: its slot and 4 ahead.
+PLACES = 5
+
+
 def hold_every_body_place(server: RunningServer) -> list[socket.socket]:
-    """17 connections (the places of one process) each send a part of a 1 MiB body, and
-    stop: the front holds a place for each, waiting for the rest."""
+    """A connection for each place each sends a part of a 1 MiB body, and stops: the front
+    holds a place for each, waiting for the rest."""
     held = []
-    for _ in range(17):
+    for _ in range(PLACES):
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
         sock.sendall(b"x" * 100_000)
         held.append(sock)
-    wait_until(lambda: server.in_flight() == 17, 10, "the 17 bodies to hold their places")
+    wait_until(lambda: server.in_flight() == PLACES, 10, "the bodies to hold every place")
     return held
 
 
@@ -193,15 +197,17 @@ def test_a_big_body_past_its_deadline_in_line_gets_504_not_a_reset(start):
 
 
 def test_a_client_that_leaves_while_its_body_waits_for_a_place_holds_nothing(start):
+    """The front reads nothing of a waiting body (it stays in the socket): a client that
+    leaves meanwhile is seen when its turn comes, and its request then ends at once."""
     server = start("rq_echo", "--request-head-timeout", "30")
     held = hold_every_body_place(server)
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
         client.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
-        wait_until(lambda: server.in_flight() == 18, 10, "the request to wait for a place")
-    wait_until(lambda: server.in_flight() == 17, 10, "the request that left to stop counting")
+        client.sendall(b"z" * 100_000)
+        wait_until(lambda: server.in_flight() == PLACES + 1, 10, "the request to wait its turn")
     for sock in held:
         sock.close()
-    wait_until(lambda: server.in_flight() == 0, 10, "the held bodies to be let go")
+    wait_until(lambda: server.in_flight() == 0, 10, "every request to stop counting")
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, timeout=10)
     assert answer.status == 200

@@ -107,7 +107,7 @@ def test_bodies_read_from_the_socket_leave_the_requests_behind_them_intact(
 
 
 def test_clients_that_leave_mid_body_hold_nothing(make_server: ServerFactory) -> None:
-    """More clients than the front reads bodies at a time (17 for one process) send half of a
+    """More clients than the front reads bodies at a time (5 for one process) send half of a
     1 MiB body and leave: their places and buffers are given back, and the next big body is
     served."""
     server = make_server("rq_echo")

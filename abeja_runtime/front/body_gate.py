@@ -1,5 +1,4 @@
-"""How many request bodies the front holds at once: it reads a body when the pool could send
-its call at once.
+"""How many request bodies the front holds at once.
 
 Without a bound the front read every body it was sent as soon as it came, and held each one
 (in a buffer of shared memory, or a spool file) until its call was over, and only then asked
@@ -8,14 +7,18 @@ whole, a gigabyte, to answer most of it ``503``. Now a body waits, unread, in th
 the client's send buffer) until a place is free, as ABEJA's Go proxy left it until it forwarded
 the request; a request the queue cannot take is refused before its body is read.
 
-Only bodies above the inline limit take a place: small bodies travel in the frame, and a request
-without a body never waits here. A place is taken before the body is read and given back when
-its call is over (answered, failed or withdrawn) or its reading failed.
+A process has its slots (``--concurrency``) plus :data:`BODIES_AHEAD` places: the bodies of the
+calls it runs, and of the next ones, read while it runs those. Only bodies above the inline
+limit take a place: small bodies travel in the frame, and a request without a body never waits
+here. A place is taken before the body is read and given back when its call is over (answered,
+failed or withdrawn) or its reading failed.
 
-Fewer places would hold less, at a price: on one core, with 2 places per process instead of 17,
-sixteen clients sending 1 MiB each were served 15 % slower (3,000-3,100 against 3,700 req/s),
-because a body left unread is still mostly in the client and is pulled across in window-sized
-round trips once its turn comes.
+Measured with one process on one core, sixteen clients sending 1 MiB each (``python -m
+benchmarks --workloads binary_1mib``), against a bare aiohttp app: with 17 places 1.06x its
+rate and 1.68x its memory (RSS: each body counted in both processes, the front's buffer mapped
+in the handler process); with 5, 1.04-1.07x and 1.38-1.39x; with 3, 1.03x, but a p99 latency
+of 1.30x. Before the bodies waiting for a place were left in the socket, fewer places cost a
+fifth of the rate: each waiting body filled the parser's buffers, and was read through them.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from typing import Final
 
-__all__ = ["BodyGate"]
+__all__ = ["BODIES_AHEAD", "BodyGate"]
+
+#: Places per handler process beyond its slots (see the module's docstring).
+BODIES_AHEAD: Final = 4
 
 
 class BodyGate:

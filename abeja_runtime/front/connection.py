@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
 
 from aiohttp import web, web_protocol
@@ -239,14 +239,30 @@ class Connection(web_protocol.RequestHandler):
         Only for a request taken when :meth:`can_capture` said so.
         """
         offset = 0
-        # Each read lets a parser paused by a full payload buffer feed it the rest of its tail.
-        while chunk := payload.read_nowait(-1):
+        for chunk in self._parsed_body(payload):
             into[offset : offset + len(chunk)] = chunk
             offset += len(chunk)
         if payload.is_eof():
             return None
-        # Every byte received so far is parsed (reading is not paused): the rest is to come.
         return self._capture(memoryview(into)[offset:size], size - offset, done)
+
+    def hold_body(self, payload: StreamReader) -> None:
+        """Read no more of the current request's body until it is captured: a body waiting
+        for a place stays in the socket (and the client), not in the front's memory, and
+        it is then read straight into its buffer rather than through the parser."""
+        if not payload.is_eof() and not self._reading_paused:
+            self.pause_reading()
+
+    def _parsed_body(self, payload: StreamReader) -> Iterator[bytes]:
+        """What the parser has of the current request's body, piece by piece, until every
+        byte received is taken and reading is on again (a paused parser keeps what came after
+        a full payload buffer in its own tail, and parses it when reading resumes)."""
+        while True:
+            while chunk := payload.read_nowait(-1):
+                yield chunk
+            if payload.is_eof() or not self._reading_paused:
+                return
+            self.resume_reading()
 
     def drop_body(
         self, payload: StreamReader, size: int, done: Callable[[], None]
@@ -255,7 +271,7 @@ class Connection(web_protocol.RequestHandler):
         ``done()``: a client still sending its body sees the answer given before it was read,
         rather than a reset when the connection closes on unread bytes. ``None`` when nothing
         was left to read (``done()`` was called)."""
-        while payload.read_nowait(-1):
+        for _ in self._parsed_body(payload):
             pass
         if payload.is_eof() or not self.can_capture():
             done()

@@ -89,6 +89,7 @@ class DirectBody:
             return
         self._turn = gate.wait()
         self._turn.add_done_callback(self._placed)
+        self._connection.hold_body(self._payload)
         self._timer = self._server.at_deadline(self._received, self._expired)
 
     def _placed(self, turn: asyncio.Future[None]) -> None:

@@ -44,9 +44,9 @@ from abeja_runtime.front.arms import (
     ResultSender,
     async_id_problem,
 )
-from abeja_runtime.front.body_gate import BodyGate
+from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.connection import Connection
-from abeja_runtime.front.pool import PIPELINE, HandlerPool, PendingCall
+from abeja_runtime.front.pool import HandlerPool, PendingCall
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
 from abeja_runtime.mapped import BodyBuffers
@@ -145,9 +145,7 @@ class HttpServer:
         )
         self._timeout = config.timeout or None
         self._buffers = BodyBuffers()
-        #: A body is read when the pool could send its call at once (every slot and the calls
-        #: a process may hold beyond them): bodies are never read only to wait in the queue.
-        self._gate = BodyGate(config.workers * (config.concurrency + PIPELINE), self.loop)
+        self._gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
         self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         #: Requests being answered (async ones until their result is sent): the drain waits.
         self.in_flight = 0
