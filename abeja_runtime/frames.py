@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import mmap
 import os
 import pickle
 import socket
@@ -255,8 +256,10 @@ class FrameDecoder:
 
 def read_buffer() -> memoryview:
     """The buffer :func:`receive` reads into, one per socket, reused for every read (a fresh
-    256 KiB object per read cost an mmap, an mremap and a munmap each time)."""
-    return memoryview(bytearray(READ_SIZE))
+    256 KiB object per read cost an mmap, an mremap and a munmap each time). Anonymous memory,
+    not a ``bytearray``: its pages are resident only once a frame reached them (a bytearray
+    is zeroed, all of it, when it is made), so small frames keep 4 KiB of it, not 256."""
+    return memoryview(mmap.mmap(-1, READ_SIZE))
 
 
 def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memoryview, list[int]]:

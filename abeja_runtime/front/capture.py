@@ -17,6 +17,7 @@ skip a body it did not see). A client that leaves mid-body reaches the connectio
 from __future__ import annotations
 
 import asyncio
+import mmap
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -27,8 +28,8 @@ __all__ = ["BodyCapture"]
 
 #: Where the bytes of a body that is not kept go: a body read only to be dropped, and the rest
 #: of a connection's bytes after a capture was given up (never into a buffer that may already
-#: hold another request's body).
-_DISCARDED: Final = memoryview(bytearray(256 * 1024))
+#: hold another request's body). Anonymous memory: resident only once something is dropped.
+_DISCARDED: Final = memoryview(mmap.mmap(-1, 256 * 1024))
 
 
 class BodyCapture(asyncio.BufferedProtocol):
