@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
+import http.client
+import json
+import os
 import select
 import socket
 import subprocess
@@ -178,6 +182,40 @@ def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), answers
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
+    assert answer.status == 200
+    assert base64.b64decode(answer.json()["contents"][0]["body"]) == body
+
+
+def test_a_big_body_sent_after_100_continue_is_read(make_server: ServerFactory):
+    """A client that waits for ``100 Continue`` before it sends its body gets it, then its
+    answer (such a body is left to aiohttp's request handling)."""
+    server = make_server("rq_echo")
+    body = bytes(range(256)) * 1024  # 256 KiB
+    sock = connect(server)
+    sock.sendall(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        + f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n".encode()
+    )
+    reader = sock.makefile("rb")
+    assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+    assert reader.readline() == b"\r\n"
+    sock.sendall(body)
+    answer = http.client.HTTPResponse(sock)
+    answer.fp = reader  # what is buffered already belongs to the answer
+    answer.begin()
+    echoed = json.loads(answer.read())["contents"][0]["body"]
+    sock.close()
+    assert answer.status == 200
+    assert base64.b64decode(echoed) == body
+
+
+def test_a_compressed_big_body_reaches_the_handler_decompressed(make_server: ServerFactory):
+    """``Content-Encoding: gzip`` is undone before the handler sees the body, whatever its
+    size (a body above 64 KiB is left to aiohttp's request handling, which decompresses)."""
+    server = make_server("rq_echo")
+    body = os.urandom(300 * 1024)  # does not compress: the request's body stays above 64 KiB
+    headers = {"Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}
+    answer = server.request("POST", "/", gzip.compress(body), headers)
     assert answer.status == 200
     assert base64.b64decode(answer.json()["contents"][0]["body"]) == body
 

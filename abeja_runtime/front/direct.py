@@ -1,14 +1,18 @@
-"""The direct path: a request that came whole with its head, served from callbacks.
+"""The direct path: the requests served from callbacks, without aiohttp's request handling.
 
 Nearly every model call is one HTTP/1.1 request whose body (JSON, a small image) arrives with
 its head. :class:`DirectRequests` takes such a request from the connection as soon as aiohttp's
 parser has it (``connection.py``), submits its call to the pool, and writes the answer from the
-answer's callback: no aiohttp request or response object, no task, no coroutine. It does what
-:meth:`HttpServer.service <abeja_runtime.front.server.HttpServer.service>` does for the same request
-(the same call frame, deadline, refusals, access record, metrics and answer headers), and
-leaves every other request to it: a body still arriving or above the inline limit, HTTP/1.0,
-an upgrade, a method the runtime refuses, the health check and the style's own front paths,
-an async (ARMS) request, and any request while no worker is ready or the front is draining.
+answer's callback: no aiohttp request or response object, no task, no coroutine. A body above
+the inline limit with a ``Content-Length``, up to the spool threshold, is taken too: its call
+reads it into a buffer of shared memory first (``direct_body.py``), straight from the socket
+(``capture.py``). It does what :meth:`HttpServer.service
+<abeja_runtime.front.server.HttpServer.service>` does for the same request (the same call
+frame, deadline, refusals, access record, metrics and answer headers), and leaves every other
+request to it: a chunked or compressed body, one above the spool threshold or awaiting ``100
+Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check and the
+style's own front paths, an async (ARMS) request, a body the queue could not take, and any
+request while no worker is ready or the front is draining.
 """
 
 from __future__ import annotations
@@ -147,7 +151,10 @@ class DirectRequests:
             payload=None if body is not None else payload,
         )
         server.begin()
-        direct.start()
+        if body is None:
+            direct.read_body()  # then submit
+        else:
+            direct.submit()
         return direct
 
 
@@ -201,12 +208,10 @@ class _DirectCall:
             )
             self.pending = PendingCall(call, server.loop, None, self._body.release)
 
-    def start(self) -> None:
-        """Submit the call, once its body is read when it is not in the frame."""
-        if self._body is None:
-            self.submit()
-        else:
-            self._body.start()
+    def read_body(self) -> None:
+        """Read the body that is not in the frame; the call is submitted once it is whole."""
+        assert self._body is not None
+        self._body.start()
 
     def _body_ready(self) -> None:
         assert self._body is not None
