@@ -96,10 +96,13 @@ class DirectBody:
         if turn is not self._turn or turn.cancelled():  # given up meanwhile
             return
         self._turn = None
+        self._stop_timer()
+        self._read()
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._read()
 
     def _expired(self) -> None:
         """The deadline passed in line: ``504``, the body unread."""
@@ -156,9 +159,7 @@ class DirectBody:
 
     def abandon(self) -> None:
         """The client left: nothing is read, nothing held."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop_timer()
         if self._turn is not None:
             self._server.body_gate.give_up(self._turn)
             self._turn = None
