@@ -125,6 +125,20 @@ class BodyTimeout(HttpError):
         )
 
 
+class BodyPastDeadline(HttpError):
+    """The request's body was still arriving when its deadline passed (a client trickling a
+    byte now and then keeps clear of :class:`BodyTimeout`, not of this)."""
+
+    status = 408
+    ends_connection = True
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"request body not received within the request's deadline of {seconds:g} s; the "
+            "limit is ABEJA_RUNTIME_TIMEOUT (--timeout)"
+        )
+
+
 class InsufficientStorage(HttpError):
     """The disk that holds large request bodies is full."""
 

@@ -167,6 +167,38 @@ def test_a_body_that_stops_arriving_gets_408_and_is_counted(
     assert server.wait_for_record(lambda r: r.get("http_status") == 408)
 
 
+@pytest.mark.parametrize("framing", ["1 MiB", "chunked"])
+def test_a_body_still_trickling_in_at_the_deadline_gets_408(
+    make_server: ServerFactory, framing: str
+):
+    """A client that sends a byte now and then keeps clear of the progress timeout, not of
+    the request's deadline: its body's reading ends there with a 408, and the connection is
+    closed (its place is then free for a body that may yet be answered in time)."""
+    server = make_server("rq_echo", "--timeout", "1", "--request-head-timeout", "5")
+    sock = connect(server)
+    if framing == "1 MiB":  # read from the socket into a shared buffer, past the parser
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        sock.sendall(b"x" * 100_000)
+        byte = b"x"
+    else:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        byte = b"1\r\nx\r\n"
+    began = time.monotonic()
+    for _ in range(30):  # a byte every 0.3 s until the answer comes (9 s at most)
+        if select.select([sock], [], [], 0.3)[0]:
+            break
+        sock.sendall(byte)
+    answer = read_until_closed(sock)
+    waited = time.monotonic() - began
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"not received within the request's deadline of 1 s" in answer
+    assert waited < 4, f"answered after {waited:.1f} s with a 1 s deadline"
+    body = bytes(range(256)) * 4096
+    answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
+    assert answer.status == 200
+
+
 def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
     """More stalled 1 MiB bodies than the front reads at a time (5 for one process): each gets
     its 408 (those that waited for a place once one is given back), and a big body is served

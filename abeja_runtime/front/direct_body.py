@@ -6,9 +6,10 @@ the direct path itself: it takes a place in the front's :class:`~abeja_runtime.f
 BodyGate` (waiting in line, unread, while all are held, until the request's deadline), then a
 shared buffer, into which the connection reads the body straight from the socket
 (:meth:`~abeja_runtime.front.connection.Connection.capture_body`). Then the call is submitted.
-A body that stops arriving fails with ``408``; a request whose deadline passes while it waits
-for a place gets its ``504``, and the body it still sends is read and dropped before the
-connection closes, so that the client sees the answer rather than a reset.
+A body that stops arriving, or is still arriving at the request's deadline, fails with
+``408``; a request whose deadline passes while it waits for a place gets its ``504``, and the
+body it still sends is read and dropped before the connection closes, so that the client sees
+the answer rather than a reset.
 """
 
 from __future__ import annotations
@@ -129,14 +130,27 @@ class DirectBody:
             return
         capture = self._capture
         connection.watch_body(lambda: capture.arriving, self._stalled)
+        self._timer = self._server.at_deadline(self._received, self._past_deadline)
 
     def _read_whole(self) -> None:
+        self._stop_timer()
         self._capture = None
         self._ready()
 
     def _stalled(self, exc: BaseException) -> None:
         """No byte for ``--request-head-timeout``: ``408`` (the connection closes)."""
-        assert self._capture is not None and isinstance(exc, HttpError)
+        assert isinstance(exc, HttpError)
+        self._stop_timer()
+        self._stop_reading(exc)
+
+    def _past_deadline(self) -> None:
+        """Still arriving at the request's deadline: ``408`` (the connection closes), and
+        the place goes to a body that may yet be answered in time."""
+        self._timer = None
+        self._stop_reading(self._server.body_past_deadline())
+
+    def _stop_reading(self, exc: HttpError) -> None:
+        assert self._capture is not None
         self._capture.give_up()
         self._capture = None
         self.release()

@@ -31,6 +31,7 @@ from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.errors import (
+    BodyPastDeadline,
     HandlerTimeout,
     HttpError,
     ServiceBusy,
@@ -201,6 +202,9 @@ class HttpServer:
     def timed_out(self) -> HandlerTimeout:
         return HandlerTimeout(self._config.timeout)
 
+    def body_past_deadline(self) -> BodyPastDeadline:
+        return BodyPastDeadline(self._config.timeout)
+
     def own_path(self, path: str) -> bool:
         """The front answers this path itself (the health check, a style's front paths)."""
         return path == HEALTH_PATH or path in self._pool.front_paths
@@ -253,7 +257,7 @@ class HttpServer:
                 raise ServiceUnavailable()
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)
-            body = await self._read_body(request)
+            body = await self._read_body(request, received)
         except HttpError as exc:
             reply = self.refusal(exc).with_headers((tag,))
             self._account(request, reply.status, received, request_id)
@@ -325,7 +329,7 @@ class HttpServer:
             pending.answer.set_exception(self.timed_out())
             self._pool.withdraw(pending)
 
-    async def _read_body(self, request: web.BaseRequest) -> Body:
+    async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
         """The whole body, counted against the limit: in the frame up to
         :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
         in a spool file above it."""
@@ -334,10 +338,10 @@ class HttpServer:
             return Body(b"")
         declared = request.content_length
         if declared is not None and declared <= INLINE_LIMIT:
-            return await self._read_whole(request)
+            return await self._read_in_time(request, received)
         await self._enter_gate(request)
         try:
-            body = await self._read_whole(request)
+            body = await self._read_in_time(request, received)
         except BaseException:
             self._gate.leave()
             raise
@@ -357,6 +361,17 @@ class HttpServer:
                 await gate.enter()
         except TimeoutError:
             raise self.timed_out() from None
+
+    async def _read_in_time(self, request: web.BaseRequest, received: float) -> Body:
+        """The body read whole, or ``408`` when it is still arriving at the request's deadline
+        (a client trickling a byte now and then would otherwise hold its place for ever)."""
+        if self._timeout is None or request.content.is_eof():
+            return await self._read_whole(request)
+        try:
+            async with asyncio.timeout(max(0.0, received + self._timeout - time.time())):
+                return await self._read_whole(request)
+        except TimeoutError:
+            raise self.body_past_deadline() from None
 
     async def _read_whole(self, request: web.BaseRequest) -> Body:
         content = request.content
