@@ -26,28 +26,20 @@ if TYPE_CHECKING:
 
 __all__ = ["BodyCapture"]
 
-#: Where the bytes of a body that is not kept go: a body read only to be dropped, and the rest
-#: of a connection's bytes after a capture was given up (never into a buffer that may already
-#: hold another request's body). Anonymous memory: resident only once something is dropped.
-_DISCARDED: Final = memoryview(mmap.mmap(-1, 256 * 1024))
+#: Where the rest of a connection's bytes go after a capture was given up (never into a buffer
+#: that may already hold another request's body). Anonymous memory: resident only once used.
+_DISCARDED: Final = memoryview(mmap.mmap(-1, 64 * 1024))
 
 
 class BodyCapture(asyncio.BufferedProtocol):
-    """Reads the next ``length`` bytes of the connection into ``into`` (or drops them, without
-    ``into``), then calls ``done`` (after giving the transport back to ``connection``)."""
+    """Reads ``into``'s length of body bytes into it, then calls ``done`` (after giving the
+    transport back to ``connection``)."""
 
-    __slots__ = ("_connection", "_done", "_into", "_left", "_offset", "_over")
+    __slots__ = ("_connection", "_done", "_into", "_offset", "_over")
 
-    def __init__(
-        self,
-        connection: Connection,
-        into: memoryview | None,
-        length: int,
-        done: Callable[[], None],
-    ) -> None:
+    def __init__(self, connection: Connection, into: memoryview, done: Callable[[], None]) -> None:
         self._connection = connection
         self._into = into
-        self._left = length
         self._offset = 0
         self._done = done
         self._over = False
@@ -61,23 +53,19 @@ class BodyCapture(asyncio.BufferedProtocol):
         """Stop writing into the buffer (the request failed, or its client left); the rest of
         the connection's bytes are dropped until it closes."""
         self._over = True
-        if self._into is not None:
-            self._into.release()
+        self._into.release()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._over:
             return _DISCARDED
-        if self._into is None:
-            return _DISCARDED[: self._left]
-        return self._into[self._offset : self._offset + self._left]
+        return self._into[self._offset :]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._over:
             return
         self._connection.body_progress()
         self._offset += nbytes
-        self._left -= nbytes
-        if not self._left:
+        if self._offset == len(self._into):
             self.give_up()
             self._connection.body_captured()
             self._done()

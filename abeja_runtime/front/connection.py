@@ -248,7 +248,11 @@ class Connection(web_protocol.RequestHandler):
             offset += len(chunk)
         if payload.is_eof():
             return None
-        return self._capture(memoryview(into)[offset:size], size - offset, done)
+        # Every byte received so far is parsed (reading is on): the rest is to come.
+        assert self.transport is not None and not self._reading_paused
+        capture = BodyCapture(self, memoryview(into)[offset:size], done)
+        self.transport.set_protocol(capture)
+        return capture
 
     def hold_body(self, payload: StreamReader) -> None:
         """Read no more of the current request's body until it is captured: a body waiting
@@ -267,29 +271,6 @@ class Connection(web_protocol.RequestHandler):
             if payload.is_eof() or not self._reading_paused:
                 return
             self.resume_reading()
-
-    def drop_body(
-        self, payload: StreamReader, size: int, done: Callable[[], None]
-    ) -> BodyCapture | None:
-        """Read the rest of the current request's ``size``-byte body and drop it, then
-        ``done()``: a client still sending its body sees the answer given before it was read,
-        rather than a reset when the connection closes on unread bytes. ``None`` when nothing
-        was left to read (``done()`` was called)."""
-        for _ in self._parsed_body(payload):
-            pass
-        if payload.is_eof() or not self.can_capture():
-            done()
-            return None
-        return self._capture(None, size - payload.total_bytes, done)
-
-    def _capture(
-        self, into: memoryview | None, length: int, done: Callable[[], None]
-    ) -> BodyCapture:
-        # Every byte received so far is parsed (reading is not paused): the rest is to come.
-        assert self.transport is not None and not self._reading_paused
-        capture = BodyCapture(self, into, length, done)
-        self.transport.set_protocol(capture)
-        return capture
 
     def can_capture(self) -> bool:
         """Whether a body still arriving can be captured: the connection is open and not held

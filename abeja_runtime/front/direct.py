@@ -219,8 +219,8 @@ class _DirectCall:
         self.submit()
 
     def _body_failed(self, exc: HttpError) -> None:
-        """The body was not read (it stalled, or the deadline passed while it waited for a
-        place): the answer ends the connection."""
+        """The body was not read whole (it stalled, or was still arriving at the deadline):
+        the answer ends the connection."""
         self._keep_alive = False
         self.refused(exc)
 
@@ -278,9 +278,6 @@ class _DirectCall:
         )
         self._connection.send_direct(head, body)
         server.end()
-        if close and self._body is not None and self._body.unread:
-            self._body.drop_rest(functools.partial(self._connection.direct_done, close=True))
-            return
         self._connection.direct_done(close=close)
 
     async def _stream(self, answer: Answer) -> None:

@@ -3,13 +3,17 @@ reading.
 
 A body between the inline limit and the spool threshold, with a ``Content-Length``, is read by
 the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body_gate.
-BodyGate` (waiting in line, unread, while all are held, until the request's deadline), then a
-shared buffer, into which the connection reads the body straight from the socket
+BodyGate` (waiting in line, unread in its connection, while all are held), then a shared
+buffer, into which the connection reads the body straight from the socket
 (:meth:`~abeja_runtime.front.connection.Connection.capture_body`). Then the call is submitted.
 A body that stops arriving, or is still arriving at the request's deadline, fails with
-``408``; a request whose deadline passes while it waits for a place gets its ``504``, and the
-body it still sends is read and dropped before the connection closes, so that the client sees
-the answer rather than a reset.
+``408``, and the connection closes.
+
+A body waiting in line needs no timer of its own: places are handed out in arrival order, and
+each one held ends by its holder's deadline, which is earlier than the waiting request's
+(the body read by then, the call answered or withdrawn), except under the calls that are
+running, which are fewer than the places. A request whose place comes after its deadline
+anyway gets its ``504`` when its call is submitted.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ class DirectBody:
         "_turn",
         "fd",
         "size",
-        "unread",
     )
 
     def __init__(
@@ -73,9 +76,6 @@ class DirectBody:
         self._body: Body | None = None
         #: The buffer holding the body, once it has one.
         self.fd: int | None = None
-        #: The request failed before its body was read, and the client may still be sending
-        #: it (see drop_rest).
-        self.unread = False
 
     @property
     def reading(self) -> bool:
@@ -83,7 +83,7 @@ class DirectBody:
         return self._turn is not None or self._capture is not None
 
     def start(self) -> None:
-        """Take a place now, or wait in line for one until the request's deadline."""
+        """Take a place now, or wait in line for one, the body left in the connection."""
         gate = self._server.body_gate
         if gate.try_enter():
             self._read()
@@ -91,28 +91,17 @@ class DirectBody:
         self._turn = gate.wait()
         self._turn.add_done_callback(self._placed)
         self._connection.hold_body(self._payload)
-        self._timer = self._server.at_deadline(self._received, self._expired)
 
     def _placed(self, turn: asyncio.Future[None]) -> None:
         if turn is not self._turn or turn.cancelled():  # given up meanwhile
             return
         self._turn = None
-        self._stop_timer()
         self._read()
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    def _expired(self) -> None:
-        """The deadline passed in line: ``504``, the body unread."""
-        self._timer = None
-        assert self._turn is not None
-        self._server.body_gate.give_up(self._turn)
-        self._turn = None
-        self.unread = True
-        self._failed(self._server.timed_out())
 
     def _read(self) -> None:
         """The place is held: into a buffer, from what the parser has of the body on."""
@@ -155,21 +144,6 @@ class DirectBody:
         self._capture = None
         self.release()
         self._failed(exc)
-
-    def drop_rest(self, done: Callable[[], None]) -> None:
-        """Read what the client still sends of the unread body and drop it, then ``done()``
-        (also when it stops arriving)."""
-        self.unread = False
-        connection = self._connection
-        capture = connection.drop_body(self._payload, self.size, done)
-        if capture is None:
-            return
-
-        def stalled(_: BaseException) -> None:
-            capture.give_up()
-            done()
-
-        connection.watch_body(lambda: capture.arriving, stalled)
 
     def abandon(self) -> None:
         """The client left: nothing is read, nothing held."""
