@@ -218,6 +218,28 @@ def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
     assert base64.b64decode(answer.json()["contents"][0]["body"]) == body
 
 
+def test_garbage_after_a_big_body_gets_400_after_the_body_s_answer(make_server: ServerFactory):
+    """The parser that starts afresh after a body read from the socket refuses what follows
+    it as any other: the request before is answered, then the garbage gets its 400 and the
+    connection is closed."""
+    server = make_server("rq_echo")
+    body = b"z" * (1024 * 1024)
+    sock = connect(server)
+    sock.sendall(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+        + b"NOT HTTP AT ALL\r\n\r\n"
+    )
+    answers = read_until_closed(sock, limit=4 * len(body))
+    sock.close()
+    first, _, rest = answers.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 "), answers[:200]
+    assert b" 400 Bad Request\r\n" in rest, rest[-400:]
+    assert b'"malformed HTTP request: ' in rest
+    assert server.request("GET", "/").status == 200
+
+
 def test_a_big_body_sent_after_100_continue_is_read(make_server: ServerFactory):
     """A client that waits for ``100 Continue`` before it sends its body gets it, then its
     answer (such a body is left to aiohttp's request handling)."""
