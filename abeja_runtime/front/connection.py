@@ -84,6 +84,7 @@ class Connection(web_protocol.RequestHandler):
         *,
         head_timeout: float,
         direct: DirectPath | None,
+        parser_options: dict[str, Any],
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
@@ -99,11 +100,7 @@ class Connection(web_protocol.RequestHandler):
         #: aiohttp's request loop (start) has begun.
         self._aiohttp_started = False
         #: What aiohttp made its parser with, for the fresh one after a captured body.
-        self._parser_options = {
-            name: kwargs[name]
-            for name in ("max_line_size", "max_headers", "max_field_size", "auto_decompress")
-            if name in kwargs
-        }
+        self._parser_options = parser_options
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -388,6 +385,12 @@ class _Server(web.Server):
         super().__init__(handler, **kwargs)
         self._head_timeout = head_timeout
         self._direct = direct
+        #: The parser's limits among the connections' options (aiohttp's defaults otherwise).
+        self._parser_options: dict[str, Any] = {
+            name: kwargs[name]
+            for name in ("max_line_size", "max_headers", "max_field_size", "auto_decompress")
+            if name in kwargs
+        }
 
     def __call__(self) -> web_protocol.RequestHandler:
         return Connection(
@@ -395,6 +398,7 @@ class _Server(web.Server):
             loop=self._loop,
             head_timeout=self._head_timeout,
             direct=self._direct,
+            parser_options=self._parser_options,
             **self._kwargs,
         )
 

@@ -194,13 +194,14 @@ class HttpServer:
     ) -> asyncio.TimerHandle | None:
         """``expired(*args)`` when the deadline of a request received at ``received`` passes
         (``None``: no deadline)."""
+        left = self._time_left(received)
+        return None if left is None else self.loop.call_later(left, expired, *args)
+
+    def _time_left(self, received: float) -> float | None:
+        """Seconds to the deadline of a request received at ``received`` (``None``: none)."""
         if self._timeout is None:
             return None
-        left = max(0.0, received + self._timeout - time.time())
-        return self.loop.call_later(left, expired, *args)
-
-    def timed_out(self) -> HandlerTimeout:
-        return HandlerTimeout(self._config.timeout)
+        return max(0.0, received + self._timeout - time.time())
 
     def body_past_deadline(self) -> BodyPastDeadline:
         return BodyPastDeadline(self._config.timeout)
@@ -326,7 +327,7 @@ class HttpServer:
 
     def _expire(self, pending: PendingCall) -> None:
         if not pending.answer.done():
-            pending.answer.set_exception(self.timed_out())
+            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
             self._pool.withdraw(pending)
 
     async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
@@ -360,15 +361,16 @@ class HttpServer:
             async with asyncio.timeout(self._timeout):
                 await gate.enter()
         except TimeoutError:
-            raise self.timed_out() from None
+            raise HandlerTimeout(self._config.timeout) from None
 
     async def _read_in_time(self, request: web.BaseRequest, received: float) -> Body:
         """The body read whole, or ``408`` when it is still arriving at the request's deadline
         (a client trickling a byte now and then would otherwise hold its place for ever)."""
-        if self._timeout is None or request.content.is_eof():
+        left = self._time_left(received)
+        if left is None or request.content.is_eof():
             return await self._read_whole(request)
         try:
-            async with asyncio.timeout(max(0.0, received + self._timeout - time.time())):
+            async with asyncio.timeout(left):
                 return await self._read_whole(request)
         except TimeoutError:
             raise self.body_past_deadline() from None
