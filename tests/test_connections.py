@@ -204,13 +204,12 @@ def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
     its 408 (those that waited for a place once one is given back), and a big body is served
     after them."""
     server = make_server("rq_echo", "--request-head-timeout", "1")
-    socks = [connect(server) for _ in range(8)]
-    for sock in socks:
-        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
-        sock.sendall(b"x" * 100_000)
-    answers = [read_until_closed(sock) for sock in socks]
-    for sock in socks:
-        sock.close()
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(connect(server)) for _ in range(8)]
+        for sock in socks:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+            sock.sendall(b"x" * 100_000)
+        answers = [read_until_closed(sock) for sock in socks]
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), answers
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})

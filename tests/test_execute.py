@@ -9,12 +9,13 @@ so overlap and ordering are checked on the handler's own timestamps, not on clie
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import itertools
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -163,31 +164,33 @@ def test_many_big_bodies_at_once_all_get_their_answer(start):
 PLACES = 5
 
 
-def hold_every_body_place(server: RunningServer) -> list[socket.socket]:
+@contextlib.contextmanager
+def every_body_place_held(server: RunningServer) -> Iterator[list[socket.socket]]:
     """A connection for each place each sends a part of a 1 MiB body, and stops: the front
-    holds a place for each, waiting for the rest."""
-    held = []
-    for _ in range(PLACES):
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
-        sock.sendall(b"x" * 100_000)
-        held.append(sock)
-    wait_until(lambda: server.in_flight() == PLACES, 10, "the bodies to hold every place")
-    return held
+    holds a place for each, waiting for the rest. The connections are closed on the way out,
+    whatever happened."""
+    with contextlib.ExitStack() as stack:
+        held = []
+        for _ in range(PLACES):
+            sock = stack.enter_context(socket.create_connection(("127.0.0.1", server.port), 10))
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+            sock.sendall(b"x" * 100_000)
+            held.append(sock)
+        wait_until(lambda: server.in_flight() == PLACES, 10, "the bodies to hold every place")
+        yield held
 
 
 def test_held_places_come_free_at_their_holders_deadline(start):
     """Bodies that trickle in hold their places until the request's deadline, not longer: they
-    get 408 then, and a body waiting in line is read and answered (200, or 504 when its own
-    deadline, a little later, passed too)."""
+    get 408 then, and a body waiting in line is read and answered: 200, or, when its own
+    deadline (a little later) passes too, 408 while its body is read or 504 once its call is."""
     server = start("rq_echo", "--timeout", "2", "--request-head-timeout", "30")
-    held = hold_every_body_place(server)
     body = b"y" * (1024 * 1024)
-    answer = server.request("POST", "/", body, timeout=10)
-    assert answer.status in (200, 504), answer
-    for sock in held:
-        reply = sock.makefile("rb").read()  # to the connection's end
-        sock.close()
+    with every_body_place_held(server) as held:
+        answer = server.request("POST", "/", body, timeout=10)
+        replies = [sock.makefile("rb").read() for sock in held]  # to each connection's end
+    assert answer.status in (200, 408, 504), answer
+    for reply in replies:
         assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
         assert b"not received within the request's deadline of 2 s" in reply
     assert server.request("POST", "/", body, timeout=10).status == 200
@@ -197,13 +200,13 @@ def test_a_client_that_leaves_while_its_body_waits_for_a_place_holds_nothing(sta
     """The front reads nothing of a waiting body (it stays in the socket): a client that
     leaves meanwhile is seen when its turn comes, and its request then ends at once."""
     server = start("rq_echo", "--request-head-timeout", "30")
-    held = hold_every_body_place(server)
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+    with (  # the client leaves (its connection closes) first, then the holders
+        every_body_place_held(server),
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as client,
+    ):
         client.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
         client.sendall(b"z" * 100_000)
         wait_until(lambda: server.in_flight() == PLACES + 1, 10, "the request to wait its turn")
-    for sock in held:
-        sock.close()
     wait_until(lambda: server.in_flight() == 0, 10, "every request to stop counting")
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, timeout=10)
