@@ -36,6 +36,9 @@ def _serve(**options: Any) -> None:
 
 
 def _run(config: Config) -> int:
+    from abeja_runtime.front import lean_aiohttp
+
+    lean_aiohttp.install()  # before the front's modules import aiohttp: its client stays out
     from abeja_runtime.front.supervisor import run
 
     return run(config)
