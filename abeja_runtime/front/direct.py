@@ -170,8 +170,8 @@ class _DirectCall:
         "_received",
         "_server",
         "_streaming",
+        "deadline",
         "pending",
-        "timer",
     )
 
     def __init__(
@@ -190,7 +190,8 @@ class _DirectCall:
         self._path = path
         self._received = received
         self._keep_alive = keep_alive
-        self.timer: asyncio.TimerHandle | None = None
+        #: The calls whose deadline is watched with this one's (server.submit).
+        self.deadline: set[PendingCall] | None = None
         self._over = False
         self._streaming: asyncio.Task[None] | None = None
         if payload is None:  # the body is in the frame
@@ -227,7 +228,7 @@ class _DirectCall:
     def submit(self) -> None:
         """Hand the call to the pool (answered at once when the pool is full)."""
         try:
-            self.timer = self._server.submit(self.pending, self._received)
+            self.deadline = self._server.submit(self.pending, self._received)
         except ServiceBusy as exc:
             self.refused(exc)
             return
@@ -237,8 +238,8 @@ class _DirectCall:
         """The answer's callback: an answer, or the front's 504 / 502 for this call."""
         if self._over:  # the client left
             return
-        if self.timer is not None:
-            self.timer.cancel()
+        if self.deadline is not None:
+            self.deadline.discard(self.pending)
         exc = future.exception()
         if exc is not None:  # the front's own: 504 (deadline) or 502 (the worker died)
             assert isinstance(exc, HttpError), exc
@@ -332,8 +333,8 @@ class _DirectCall:
             self._body.abandon()
             self._server.end()
             return
-        if self.timer is not None:
-            self.timer.cancel()
+        if self.deadline is not None:
+            self.deadline.discard(self.pending)
         self._server.withdraw(self.pending)
         self._server.end()
 

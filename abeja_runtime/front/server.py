@@ -47,6 +47,7 @@ from abeja_runtime.front.arms import (
 )
 from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.connection import Connection
+from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pool import HandlerPool, PendingCall
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
@@ -147,6 +148,7 @@ class HttpServer:
         self._timeout = config.timeout or None
         self._buffers = BodyBuffers()
         self._gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
+        self._deadlines = Deadlines(self.loop, self._expire)
         self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         #: Requests being answered (async ones until their result is sent): the drain waits.
         self.in_flight = 0
@@ -300,27 +302,30 @@ class HttpServer:
         )
         return PendingCall(call, self.loop, body.fd, body.close)
 
-    def submit(self, pending: PendingCall, received: float) -> asyncio.TimerHandle | None:
-        """Hand ``pending`` to the pool; its deadline's timer (a timer on the answer's future:
-        no task or timeout context per request). ``ServiceBusy`` when the pool is full."""
+    def submit(self, pending: PendingCall, received: float) -> set[PendingCall] | None:
+        """Hand ``pending`` to the pool, its deadline watched (no task or timeout context per
+        request): the calls it is watched with, which it leaves (``discard``) once answered
+        (``None``: no deadline). ``ServiceBusy`` when the pool is full."""
         try:
             self._pool.submit(pending)
         except ServiceBusy:
             pending.finish()
             raise
-        return self.at_deadline(received, self._expire, pending)
+        if self._timeout is None:
+            return None
+        return self._deadlines.watch(pending, received + self._timeout)
 
     async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
         """The call through the pool, answered within the deadline."""
-        timer = self.submit(pending, received)
+        watched = self.submit(pending, received)
         try:
             return await pending.answer
         except asyncio.CancelledError:  # the client left
             self._pool.withdraw(pending)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            if watched is not None:
+                watched.discard(pending)
 
     def withdraw(self, pending: PendingCall) -> None:
         self._pool.withdraw(pending)

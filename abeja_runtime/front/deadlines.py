@@ -1,0 +1,63 @@
+"""Calls' deadlines on a few timers rather than one per call.
+
+A timer per call (``loop.call_later`` when it is submitted, ``cancel`` when it is answered) cost
+the front 3 µs of its 34 per small request, a tenth of its rate (measured: the default
+``--timeout`` against ``--timeout 0``, which arms none). Calls are gathered by deadline into
+slots of :data:`RESOLUTION` seconds instead: a call joins the set of the slot its deadline falls
+in, and one timer per slot expires the calls still in it; an answered call leaves its slot's
+set (a ``discard``, so that the answer and the call's body are not kept until the slot's time).
+At 20,000 calls a second the front arms 100 timers a second instead of 20,000, and a call is
+expired within :data:`RESOLUTION` after its deadline, never before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from abeja_runtime.front.pool import PendingCall
+
+__all__ = ["RESOLUTION", "Deadlines"]
+
+#: Seconds a call may be expired after its deadline.
+RESOLUTION: Final = 0.01
+
+
+class Deadlines:
+    """The deadlines of the calls in flight; ``expire(call)`` for each one whose has passed."""
+
+    __slots__ = ("_expire", "_loop", "_slots")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, expire: Callable[[PendingCall], None]
+    ) -> None:
+        self._loop = loop
+        self._expire = expire
+        #: Slot number (its end, in units of RESOLUTION since the epoch) → its calls.
+        self._slots: dict[int, set[PendingCall]] = {}
+
+    def watch(self, call: PendingCall, deadline: float) -> set[PendingCall]:
+        """Expire ``call`` once ``deadline`` (a ``time.time()``) has passed. Returns the set it
+        joined: the caller takes it out (``discard``) once the call is answered."""
+        slot_end = int(deadline / RESOLUTION) + 1
+        calls = self._slots.get(slot_end)
+        if calls is None:
+            calls = self._slots[slot_end] = set()
+            self._arm(slot_end)
+        calls.add(call)
+        return calls
+
+    def _arm(self, slot_end: int) -> None:
+        delay = slot_end * RESOLUTION - time.time()
+        self._loop.call_later(max(0.0, delay), self._fire, slot_end)
+
+    def _fire(self, slot_end: int) -> None:
+        if time.time() < slot_end * RESOLUTION:  # the loop's clock ran ahead of the wall clock
+            self._arm(slot_end)
+            return
+        calls = self._slots.pop(slot_end)
+        while calls:  # an expired call's answer may take others out meanwhile
+            self._expire(calls.pop())
