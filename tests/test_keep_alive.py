@@ -204,3 +204,24 @@ def test_a_content_type_with_a_line_break_is_a_500_not_a_second_header(
     assert answer.status == 500
     assert "X-Injected" not in answer.headers
     assert json.loads(answer.body) == {"status": "unexpected error occurred"}
+
+
+def test_a_header_with_a_control_character_is_a_500_every_time_and_the_connection_serves_on(
+    make_server: ServerFactory,
+) -> None:
+    # The handler process lets it through (only line breaks and NUL are its to refuse); the
+    # front checks each answer's head before it writes it, also when it has written that
+    # head before.
+    server = make_server("rs_table", "--handler", "main:bad")
+    sock = connect(server)
+    try:
+        for case in ("metadata_control", "metadata_tab", "metadata_control", "metadata_tab"):
+            sock.sendall(request("GET", f"/?case={case}", b""))
+            [(status, headers, body)] = read_answers(sock, 1)
+            if case == "metadata_tab":
+                assert status == 200 and headers["x-a"] == "a\tb"
+            else:
+                assert status == 500 and "x-a" not in headers
+                assert json.loads(body) == {"status": "unexpected error occurred"}
+    finally:
+        sock.close()
