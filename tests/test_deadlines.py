@@ -80,3 +80,18 @@ def test_a_deadline_already_past_is_expired_on_the_next_turn_of_the_loop() -> No
         return True
 
     assert run(scenario)
+
+
+def test_slots_whose_calls_were_all_answered_are_not_kept_until_their_time() -> None:
+    async def scenario() -> tuple[int, int]:
+        deadlines = Deadlines(asyncio.get_running_loop(), lambda call: None)
+        slow = Call()
+        deadlines.watch(slow, time.time() + 60)  # waited for all along
+        start = time.time()
+        for index in range(500):  # a call per slot, each answered at once
+            call = Call()
+            deadlines.watch(call, start + 61 + index * RESOLUTION).discard(call)
+        return len(deadlines), 500
+
+    kept, made = run(scenario)
+    assert kept <= 8 < made

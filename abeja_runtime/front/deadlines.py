@@ -8,6 +8,11 @@ in, and one timer per slot expires the calls still in it; an answered call leave
 set (a ``discard``, so that the answer and the call's body are not kept until the slot's time).
 At 20,000 calls a second the front arms 100 timers a second instead of 20,000, and a call is
 expired within :data:`RESOLUTION` after its deadline, never before it.
+
+A slot whose calls were all answered is dropped, and its timer cancelled, when the next slot is
+made: each new slot looks at the :data:`_PURGED` oldest ones (those still waited for go to the
+back). Without it every slot of the last ``--timeout`` seconds was kept with its timer, 6,000 at
+the default 60 s (0.6 MiB more of the front in a 5-second benchmark run).
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ __all__ = ["RESOLUTION", "Deadlines"]
 
 #: Seconds a call may be expired after its deadline.
 RESOLUTION: Final = 0.01
+#: Oldest slots looked at when a slot is made (more than one: a slot is made at most once
+#: per RESOLUTION, and those still waited for are passed over).
+_PURGED: Final = 4
 
 
 class Deadlines:
@@ -36,28 +44,43 @@ class Deadlines:
     ) -> None:
         self._loop = loop
         self._expire = expire
-        #: Slot number (its end, in units of RESOLUTION since the epoch) → its calls.
-        self._slots: dict[int, set[PendingCall]] = {}
+        #: Slot number (its end, in units of RESOLUTION since the epoch) → its calls and the
+        #: timer that expires them; oldest first, but for those passed over by the purge.
+        self._slots: dict[int, tuple[set[PendingCall], asyncio.TimerHandle]] = {}
+
+    def __len__(self) -> int:
+        """The slots kept, each with its timer."""
+        return len(self._slots)
 
     def watch(self, call: PendingCall, deadline: float) -> set[PendingCall]:
         """Expire ``call`` once ``deadline`` (a ``time.time()``) has passed. Returns the set it
         joined: the caller takes it out (``discard``) once the call is answered."""
         slot_end = int(deadline / RESOLUTION) + 1
-        calls = self._slots.get(slot_end)
-        if calls is None:
-            calls = self._slots[slot_end] = set()
-            self._arm(slot_end)
-        calls.add(call)
-        return calls
+        slot = self._slots.get(slot_end)
+        if slot is None:
+            self._purge()
+            slot = self._slots[slot_end] = (set(), self._arm(slot_end))
+        slot[0].add(call)
+        return slot[0]
 
-    def _arm(self, slot_end: int) -> None:
+    def _purge(self) -> None:
+        slots = self._slots
+        for _ in range(min(_PURGED, len(slots))):
+            oldest = next(iter(slots))
+            slot = slots.pop(oldest)
+            if slot[0]:
+                slots[oldest] = slot  # still waited for: to the back
+            else:
+                slot[1].cancel()
+
+    def _arm(self, slot_end: int) -> asyncio.TimerHandle:
         delay = slot_end * RESOLUTION - time.time()
-        self._loop.call_later(max(0.0, delay), self._fire, slot_end)
+        return self._loop.call_later(max(0.0, delay), self._fire, slot_end)
 
     def _fire(self, slot_end: int) -> None:
+        calls, _ = self._slots.pop(slot_end)
         if time.time() < slot_end * RESOLUTION:  # the loop's clock ran ahead of the wall clock
-            self._arm(slot_end)
+            self._slots[slot_end] = (calls, self._arm(slot_end))
             return
-        calls = self._slots.pop(slot_end)
         while calls:  # an expired call's answer may take others out meanwhile
             self._expire(calls.pop())
