@@ -12,7 +12,7 @@ expired within :data:`RESOLUTION` after its deadline, never before it.
 A slot whose calls were all answered is dropped, and its timer cancelled, when the next slot is
 made: each new slot looks at the :data:`_PURGED` oldest ones (those still waited for go to the
 back). Without it every slot of the last ``--timeout`` seconds was kept with its timer, 6,000 at
-the default 60 s (0.6 MiB more of the front in a 5-second benchmark run).
+the default 60 s (0.8 MiB more of the front after a 5-second run at 1,400 calls a second).
 """
 
 from __future__ import annotations
