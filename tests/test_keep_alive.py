@@ -212,7 +212,7 @@ def test_a_header_with_a_control_character_is_a_500_every_time_and_the_connectio
     # The handler process lets it through (only line breaks and NUL are its to refuse); the
     # front checks each answer's head before it writes it, also when it has written that
     # head before.
-    server = make_server("rs_table", "--handler", "main:bad")
+    server = make_server("rs_table", "--handler", "main:odd_headers")
     sock = connect(server)
     try:
         for case in ("metadata_control", "metadata_tab", "metadata_control", "metadata_tab"):
