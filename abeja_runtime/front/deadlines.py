@@ -35,7 +35,7 @@ _PURGED: Final = 4
 
 
 class Deadlines:
-    """The deadlines of the calls in flight; ``expire(call)`` for each one whose has passed."""
+    """The deadlines of the calls in flight: ``expire(call)`` once a call's has passed."""
 
     __slots__ = ("_expire", "_loop", "_slots")
 
