@@ -23,11 +23,12 @@ import traceback
 import types
 from contextvars import ContextVar
 from pathlib import Path
-from typing import IO, Final, TextIO, cast
+from typing import IO, Final, TextIO, TypeGuard, cast
 
 from abeja_runtime import __version__
 
 __all__ = [
+    "MAX_REQUEST_ID",
     "REQUESTER_ID_HEADER",
     "REQUEST_ID_HEADER",
     "access_logger",
@@ -35,7 +36,10 @@ __all__ = [
     "configure_logging",
     "encode_record",
     "format_timestamp",
+    "new_request_id",
+    "request_id_from",
     "request_id_var",
+    "requester_id_from",
     "requester_id_var",
     "user_exc_info",
     "utc_seconds",
@@ -48,6 +52,38 @@ REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
 
 request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
 _ids: Final = random.Random()  # seeded from the system's randomness
+
+
+#: The longest request id taken from a client; a longer one is replaced
+#: (:func:`request_id_from`).
+MAX_REQUEST_ID: Final = 128
+
+
+def request_id_from(given: str | None) -> str:
+    """The id of a request: the client's ``x-abeja-request-id`` where it is one the runtime can
+    echo in the answer's head and write in every log line (1 to :data:`MAX_REQUEST_ID`
+    printable ASCII characters), else a new one (:func:`new_request_id`).
+
+    A byte outside ASCII reaches here as a lone surrogate (aiohttp decodes heads with
+    ``surrogateescape``), and an answer head holding it cannot be encoded: such an id once
+    left its connection with no answer at all.
+    """
+    return given if _echoable(given) else new_request_id()
+
+
+def requester_id_from(given: str | None) -> str | None:
+    """The client's ``x-abeja-requester-id`` for the logs, by :func:`request_id_from`'s rule
+    (``None`` for one that breaks it: nobody else makes one up)."""
+    return given if _echoable(given) else None
+
+
+def _echoable(given: str | None) -> TypeGuard[str]:
+    return (
+        given is not None
+        and 0 < len(given) <= MAX_REQUEST_ID
+        and given.isascii()
+        and given.isprintable()
+    )
 
 
 def new_request_id() -> str:

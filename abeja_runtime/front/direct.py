@@ -38,7 +38,12 @@ from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
 from abeja_runtime.front.pool import PendingCall
 from abeja_runtime.limits import ALLOWED_METHODS
-from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
+from abeja_runtime.logs import (
+    REQUEST_ID_HEADER,
+    REQUESTER_ID_HEADER,
+    request_id_from,
+    requester_id_from,
+)
 
 if TYPE_CHECKING:
     from abeja_runtime.front.server import HttpServer
@@ -52,8 +57,6 @@ _EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
 #: What a header must not hold besides its line's end (aiohttp refuses the same in names
 #: and values, and line breaks: header injection).
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-#: The same for the request id, which is one value: no line break either.
-_UNSAFE_IN_ID: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
 
 
@@ -121,7 +124,6 @@ class DirectRequests:
         server = self._server
         method = message.method
         url = message.url
-        request_id = headers.get(REQUEST_ID_HEADER) or new_request_id()
         if self._in_frame(payload):
             body: bytes | None = (
                 b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
@@ -137,8 +139,8 @@ class DirectRequests:
             url.raw_path,
             url.raw_query_string,
             plain_headers(headers),
-            request_id,
-            headers.get(REQUESTER_ID_HEADER),
+            request_id_from(headers.get(REQUEST_ID_HEADER)),
+            requester_id_from(headers.get(REQUESTER_ID_HEADER)),
             body,
             "",
             size,
@@ -266,22 +268,27 @@ class _DirectCall:
         call = self.pending.frame
         assert isinstance(call, Call)
         close = not self._keep_alive or server.draining
+        sent = False
         try:
-            head = _response_head(status, headers, call.request_id, body, close=close)
-        except ValueError as exc:  # a header that would split the answer
-            _log.error("the handler's answer cannot be sent: %s", exc)
-            status, body = UNEXPECTED_ERROR.status, UNEXPECTED_ERROR.body  # type: ignore[assignment]
-            head = _response_head(
-                status, UNEXPECTED_ERROR.headers, call.request_id, body, close=close
-            )
-        if status in _EMPTY_BODY_STATUSES:
-            body = b""
-        server.account(
-            call.method, self._path, status, self._received, call.request_id, call.requester_id
-        )
-        self._connection.send_direct(head, body)
-        server.end()
-        self._connection.direct_done(close=close)
+            try:
+                head = _response_head(status, headers, call.request_id, body, close=close)
+            except ValueError as exc:  # a header that would split the answer, or not encode
+                _log.error("the handler's answer cannot be sent: %s", exc)
+                status, body = UNEXPECTED_ERROR.status, UNEXPECTED_ERROR.body  # type: ignore[assignment]
+                head = _response_head(
+                    status, UNEXPECTED_ERROR.headers, call.request_id, body, close=close
+                )
+            if status in _EMPTY_BODY_STATUSES:
+                body = b""
+            server.account(
+                call.method, self._path, status, self._received, call.request_id,
+                call.requester_id,
+            )  # fmt: skip
+            self._connection.send_direct(head, body)
+            sent = True
+        finally:  # whatever failed above, the call ends (and a connection left unanswered)
+            server.end()
+            self._connection.direct_done(close=close or not sent)
 
     async def _stream(self, answer: Answer) -> None:
         """A streamed answer: chunked, each chunk written as the handler process sends it."""
@@ -351,9 +358,8 @@ def _response_head(
 ) -> bytes:
     """The status line and headers of an answer with a body of known length, as aiohttp
     writes them (the request id, Content-Length, Date, Server; Connection: close when the
-    connection ends). ``ValueError`` for a header that would split the answer."""
-    if _UNSAFE_IN_ID.search(request_id):
-        raise ValueError("the request id holds a line break or a control character")
+    connection ends). ``ValueError`` for a header that would split the answer or cannot be
+    encoded (the request id cannot: :func:`~abeja_runtime.logs.request_id_from` made sure)."""
     length = "" if status in _EMPTY_BODY_STATUSES else f"Content-Length: {len(body)}\r\n"
     date = f"Date: {_http_date(int(time.time()))}\r\n"
     end = "Connection: close\r\n\r\n" if close else "\r\n"

@@ -25,7 +25,7 @@ from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, Se
 from abeja_runtime.frames import RpcAnswer, RpcCall
 from abeja_runtime.front.pool import HandlerPool, PendingCall
 from abeja_runtime.front.server import HttpServer
-from abeja_runtime.logs import REQUEST_ID_HEADER, new_request_id
+from abeja_runtime.logs import REQUEST_ID_HEADER, request_id_from
 
 __all__ = ["RpcServer"]
 
@@ -99,7 +99,7 @@ class RpcServer:
             for key, value in (context.invocation_metadata() or ())
             if isinstance(value, str)
         )
-        request_id = dict(metadata).get(REQUEST_ID_HEADER) or new_request_id()
+        request_id = request_id_from(dict(metadata).get(REQUEST_ID_HEADER))
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         http = self._http
         http.begin()

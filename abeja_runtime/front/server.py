@@ -50,7 +50,12 @@ from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pool import HandlerPool, PendingCall
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
-from abeja_runtime.logs import REQUEST_ID_HEADER, REQUESTER_ID_HEADER, new_request_id
+from abeja_runtime.logs import (
+    REQUEST_ID_HEADER,
+    REQUESTER_ID_HEADER,
+    request_id_from,
+    requester_id_from,
+)
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
@@ -229,7 +234,7 @@ class HttpServer:
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
             return self.metrics_response()
         received = time.time()
-        request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
+        request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
         self.begin()
         try:
             return await self._serve(request, request_id, received)
@@ -295,7 +300,7 @@ class HttpServer:
             url.raw_query_string,
             plain_headers(request.headers),
             request_id,
-            request.headers.get(REQUESTER_ID_HEADER),
+            requester_id_from(request.headers.get(REQUESTER_ID_HEADER)),
             body.data,
             "" if body.file is None else body.file.name,
             body.size,
@@ -437,8 +442,8 @@ class HttpServer:
     def _account(
         self, request: web.BaseRequest, status: int, received: float, request_id: str
     ) -> None:
-        requester_id = request.headers.get(REQUESTER_ID_HEADER)
-        self.account(request.method, request.path, status, received, request_id, requester_id)
+        requester = requester_id_from(request.headers.get(REQUESTER_ID_HEADER))
+        self.account(request.method, request.path, status, received, request_id, requester)
 
     def account(
         self,

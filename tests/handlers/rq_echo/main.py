@@ -31,6 +31,7 @@ def handler(request, context):
             "missing_header": request["http_headers"]["x-not-sent"],
             "contents": contents,
             "path": request.path,
+            "request_id": request.request_id,
             "query": {key: request.query.getall(key) for key in request.query},
             "query_string": request.query_string,
         },
