@@ -60,6 +60,13 @@ class LoadClient:
             done, self._tally = self._tally, Tally()
         return done
 
+    def peek(self) -> Tally:
+        """The counts so far in this phase (a copy; the count goes on)."""
+        with self._lock:
+            return Tally(
+                self._tally.answered, list(self._tally.failures), list(self._tally.latencies)
+            )
+
     def stop(self) -> Tally:
         self._stop.set()
         for thread in self._threads:

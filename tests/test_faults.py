@@ -71,6 +71,27 @@ def test_a_handler_that_crashes_its_worker(loaded: tuple[RunningServer, LoadClie
     assert after.failures == [] and after.answered > 0
 
 
+def test_with_one_worker_a_crash_fails_only_its_own_request(make_server: ServerFactory) -> None:
+    """The default single worker: the requests that arrive while it is replaced wait in the
+    queue for the replacement (within the deadline) instead of getting 503 (issue 28 point 4:
+    3 of 60 failed before)."""
+    server = make_server("fi_sync")
+    (first,) = wait_for_ready_workers(server, 1)
+    load = LoadClient(server.port, connections=CONNECTIONS)
+    try:
+        wait_until(lambda: load.peek().answered >= 50, 30, "50 answers before the crash")
+        outcome = crash_a_worker(server)
+        wait_until(lambda: len(ready_workers(server)) >= 2, 15, "the replacement")
+        after_ready = load.peek().answered
+        wait_until(lambda: load.peek().answered >= after_ready + 50, 30, "50 answers after it")
+    finally:
+        during = load.stop()
+    report("crash of the only worker", during)
+    assert outcome == 502, outcome  # the culprit, answered for its dead worker
+    assert not alive(first)
+    assert during.failures == [], during.failures[:5]
+
+
 def test_kill_9_of_a_worker(loaded: tuple[RunningServer, LoadClient]) -> None:
     server, load = loaded
     victim = ready_workers(server)[0]

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from abeja_runtime.config import Config, MiB
-from abeja_runtime.errors import ServiceBusy, WorkerCrashed
+from abeja_runtime.errors import HttpError, ServiceBusy, ServiceUnavailable, WorkerCrashed
 from abeja_runtime.frames import (
     FDS_PER_WRITE,
     VERSION,
@@ -352,8 +352,30 @@ class HandlerPool:
 
     @property
     def serving(self) -> bool:
-        """A ready process takes calls (asked for every request: a count, not a search)."""
+        """A ready process takes calls (asked for every request: a count, not a search). This
+        is readiness; :attr:`admitting` is whether a new call is taken."""
         return self._ready_count > 0 and not self.stopping
+
+    @property
+    def admitting(self) -> bool:
+        """A new call is taken: a process is ready, or the pool was ready and is replacing a
+        process that died (its calls wait in the queue for the replacement, bounded by the
+        queue and the deadline, as the calls queued before the crash do). Not while
+        replacements keep dying before they are ready (:func:`_backoff`): that pool cannot
+        start a worker, and says ``503`` at once."""
+        if self.stopping:
+            return False
+        if self._ready_count > 0:
+            return True
+        return self._replacing()
+
+    def _replacing(self) -> bool:
+        """A replacement is loading, and the one before it (if any) did not die loading too."""
+        return (
+            self.ever_ready
+            and _backoff(self._deaths_before_ready) == 0.0
+            and any(process.state == "starting" for process in self.processes)
+        )
 
     def _set_state(self, process: _Process, state: str) -> None:
         """Counted while in the pool: one that exited left the count already (``_exited``)."""
@@ -678,8 +700,23 @@ class HandlerPool:
             self._count_restart("crashed")
         else:
             self._replace(process, how)
+        if not self.admitting:  # no process will take the queued calls soon
+            self._fail_queue(
+                ServiceUnavailable(
+                    "service unavailable: the handler's worker processes keep exiting while "
+                    "they load; the log says why"
+                )
+            )
         self._dispatch()
         self._on_change()
+
+    def _fail_queue(self, exc: HttpError) -> None:
+        queue, self._queue = self._queue, deque()
+        for pending in queue:
+            self.admitted -= 1
+            pending.finish()
+            if not pending.answer.done():
+                pending.answer.set_exception(exc)
 
     def _fail_or_requeue(self, process: _Process, how: str) -> None:
         """The calls that were running fail; the ones that had not started go to the queue."""

@@ -104,7 +104,7 @@ class RpcServer:
         http = self._http
         http.begin()
         try:
-            if not self._pool.serving:
+            if not self._pool.admitting:
                 code, message, status = grpc.StatusCode.UNAVAILABLE, "service unavailable", 503
             else:
                 call = RpcCall(self._pool.next_id(), method, payload, metadata, request_id)

@@ -176,7 +176,7 @@ class HttpServer:
     @property
     def serving(self) -> bool:
         """Whether a request can be handed to the pool now (else it is answered 503)."""
-        return self._pool.serving and not self.draining
+        return self._pool.admitting and not self.draining
 
     @property
     def body_gate(self) -> BodyGate:
@@ -261,7 +261,7 @@ class HttpServer:
     ) -> web.StreamResponse:
         tag = (REQUEST_ID_HEADER, request_id)
         try:
-            if not self._pool.serving and not self.draining:
+            if not self._pool.admitting and not self.draining:
                 raise ServiceUnavailable()
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)
