@@ -236,3 +236,34 @@ def test_a_worker_past_its_memory_limit_is_replaced_without_failing_a_request(
     wait_until(replaced, 20, "a fresh worker to serve")
     record = server.wait_for_record(lambda r: "--max-worker-memory" in r.get("message", ""))
     assert f"replacing worker {first}" in record["message"]
+
+
+# --- the handler's own processes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("how", "sig", "code"),
+    [
+        ("exec", "term", -signal.SIGTERM),
+        ("exec", "int", -signal.SIGINT),
+        ("fork", "term", -signal.SIGTERM),
+        ("fork", "int", 1),  # KeyboardInterrupt, as in any Python program
+    ],
+)
+def test_a_handler_s_children_stop_when_signalled(start, how: str, sig: str, code: int):
+    """The worker leaves SIGTERM and SIGINT to the front, but its children do not inherit
+    that: a handler's ``terminate()`` stops them (issue 28 point 5)."""
+    server = start("sv_children")
+    answer = server.request("GET", f"/?how={how}&sig={sig}", timeout=60)
+    assert answer.status == 200, answer.body
+    assert answer.json() == {"exit": code}
+
+
+def test_a_worker_still_ignores_sigterm_and_sigint(start):
+    """The front, not a signal, ends a worker: a Ctrl-C reaches the whole process group."""
+    server = start("sv_pid")
+    (worker,) = wait_for_ready_workers(server, 1)
+    os.kill(worker, signal.SIGTERM)
+    os.kill(worker, signal.SIGINT)
+    assert pid_of(server.request("GET", "/")) == worker  # served after both signals
+    assert alive(worker)

@@ -90,8 +90,7 @@ def main() -> None:
     """Process entry point; ``os._exit`` at the end, so that a handler thread cannot hold it."""
     fd, front = int(sys.argv[1]), int(sys.argv[2])
     os.set_inheritable(fd, False)  # the handler's own subprocesses do not get it
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
+    _leave_stopping_to_the_front()
     _die_with(front)
     run_as_batch()
     channel = BlockingChannel(socket.socket(fileno=fd))
@@ -109,6 +108,30 @@ def main() -> None:
         code = 1
     logging.shutdown()
     os._exit(code)
+
+
+def _leave_stopping_to_the_front() -> None:
+    """SIGTERM and SIGINT (a Ctrl-C reaches the whole process group) do nothing here: the front
+    drains, then closes this process's socket. A handler that does nothing rather than
+    ``SIG_IGN``, which the handler's own subprocesses would inherit through fork and exec
+    (their ``terminate()`` did nothing); a handler is reset to the default by exec, and by
+    the hook below in a child forked from Python (multiprocessing's)."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _do_nothing)
+    os.register_at_fork(after_in_child=_default_stop_signals)
+
+
+_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+def _do_nothing(signum: int, frame: object) -> None:
+    pass
+
+
+def _default_stop_signals() -> None:
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as usual
 
 
 def _die_with(front: int) -> None:
