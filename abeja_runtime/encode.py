@@ -172,9 +172,10 @@ def _describe(value: object) -> str:
 def _status(value: object) -> int:
     if value is None:  # ABEJA Platform sends JSON null and the proxy falls back to 200
         return 200
-    if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
+    if isinstance(value, bool) or not isinstance(value, int) or not 200 <= value <= 599:
+        # 1xx statuses are not answers: a client that gets one waits for the final one.
         raise HandlerResultError(
-            f"the handler returned status_code {value!r}; it must be an int from 100 to 599, "
+            f"the handler returned status_code {value!r}; it must be an int from 200 to 599, "
             "e.g. http.HTTPStatus.OK"
         )
     return int(value)

@@ -51,17 +51,22 @@ def test_malformed_percent_encoding_is_400(server):
     [
         ("raise", "unexpected error occurred in the handler"),
         ("bad_status", "status_code 1000"),
+        ("status&code=100", "status_code 100;"),
+        ("status&code=101", "status_code 101;"),
+        ("status&code=199", "status_code 199;"),
         ("not_dict", "the handler returned a str"),
     ],
 )
 def test_handler_mistakes_are_500_with_a_log_line_naming_them(server, mode, log_fragment):
-    answer = server.request("GET", f"/?mode={mode}", headers={"x-abeja-request-id": f"id-{mode}"})
+    request_id = f"id-{mode}".replace("&", "-")
+    answer = server.request("GET", f"/?mode={mode}", headers={"x-abeja-request-id": request_id})
     assert answer.status == 500
     assert answer.json() == {"status": "unexpected error occurred"}
     record = server.wait_for_record(
-        lambda r: r.get("request_id") == f"id-{mode}" and r.get("log_level") == "error"
+        lambda r: r.get("request_id") == request_id and r.get("log_level") == "error"
     )
     assert log_fragment in record["message"]
+    assert "main:handler" in record["message"]  # the handler it is about
     assert server.request("GET", "/").status == 200
 
 

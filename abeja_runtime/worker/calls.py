@@ -101,7 +101,11 @@ class HandlerCalls:
         if isinstance(exc, HttpError):
             return status_reply(exc.status, exc.message, exc.headers.items())
         if isinstance(exc, HandlerResultError):
-            _log.error("the handler's return value breaks the contract: %s", exc)
+            _log.error(
+                "the return value of the handler %s breaks the contract: %s",
+                self.handler.name,
+                exc,
+            )
         else:
             _log.error(
                 "unexpected error occurred in the handler %s",

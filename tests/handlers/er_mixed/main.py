@@ -11,6 +11,8 @@ def handler(request, context):
         raise RuntimeError("boom")
     if mode == "bad_status":
         return {"status_code": 1000}
+    if mode == "status":
+        return {"status_code": int(request.query["code"])}
     if mode == "not_dict":
         return "just a string"
     if mode == "stream_fails":
