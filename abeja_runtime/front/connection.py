@@ -406,11 +406,13 @@ class _Server(web.Server):
 def make_web_server(handler: Any, config: Config, direct: DirectPath | None = None) -> web.Server:
     """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors,
     the connection timeouts of ``config``, the direct path when given, no lingering read of a
-    body nobody will use (the 413 path reads a bounded amount itself), and a request whose
-    client left cancelled (its call is withdrawn), as the direct path does."""
+    body nobody will use (the 413 path reads a bounded amount itself), a request whose
+    client left cancelled (its call is withdrawn), as the direct path does, and bodies as
+    sent: the service decodes a ``Content-Encoding`` itself (``content_encoding.py``)."""
     return _Server(
         handler,
         access_log=None,
+        auto_decompress=False,
         keepalive_timeout=config.keepalive_timeout,
         head_timeout=config.request_head_timeout,
         direct=direct,

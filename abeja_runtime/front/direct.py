@@ -86,6 +86,9 @@ class DirectRequests:
             and server.serving
             and not server.own_path(message.url.path)
             and ASYNC_ID_HEADER not in message.headers
+            # A body with a Content-Encoding is decoded, and any wrong in it answered, on
+            # aiohttp's path (server.py with content_encoding.py).
+            and "Content-Encoding" not in message.headers
         )
 
     def _in_frame(self, payload: StreamReader) -> bool:
@@ -105,7 +108,7 @@ class DirectRequests:
         if payload.exception() is not None or message.method == "GET":
             return 0
         headers = message.headers
-        if message.chunked or message.compression or "Expect" in headers:
+        if message.chunked or "Expect" in headers:
             return 0
         size = int(headers.get("Content-Length", "0"))  # digits only: aiohttp checked it
         if not INLINE_LIMIT < size <= self._largest_captured:

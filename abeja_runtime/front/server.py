@@ -21,7 +21,7 @@ import contextlib
 import logging
 import mmap
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import IO, Any, Final
 
 from aiohttp import web, web_protocol
@@ -47,6 +47,7 @@ from abeja_runtime.front.arms import (
 )
 from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.connection import Connection
+from abeja_runtime.front.content_encoding import BodyDecoder, decoder_for
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pool import HandlerPool, PendingCall
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
@@ -347,12 +348,13 @@ class HttpServer:
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
             return Body(b"")
+        decoder = decoder_for(request.headers.get("Content-Encoding"))
         declared = request.content_length
-        if declared is not None and declared <= INLINE_LIMIT:
-            return await self._read_in_time(request, received)
-        await self._enter_gate(request)
+        if declared is not None and declared <= INLINE_LIMIT and decoder is None:
+            return await self._read_in_time(request, received, decoder)
+        await self._enter_gate(request)  # a compressed body may grow past the inline limit
         try:
-            body = await self._read_in_time(request, received)
+            body = await self._read_in_time(request, received, decoder)
         except BaseException:
             self._gate.leave()
             raise
@@ -373,19 +375,22 @@ class HttpServer:
         except TimeoutError:
             raise HandlerTimeout(self._config.timeout) from None
 
-    async def _read_in_time(self, request: web.BaseRequest, received: float) -> Body:
+    async def _read_in_time(
+        self, request: web.BaseRequest, received: float, decoder: BodyDecoder | None
+    ) -> Body:
         """The body read whole, or ``408`` when it is still arriving at the request's deadline
         (a client trickling a byte now and then would otherwise hold its place for ever)."""
         left = self._time_left(received)
         if left is None or request.content.is_eof():
-            return await self._read_whole(request)
+            return await self._read_whole(request, decoder)
         try:
             async with asyncio.timeout(left):
-                return await self._read_whole(request)
+                return await self._read_whole(request, decoder)
         except TimeoutError:
             raise self.body_past_deadline() from None
 
-    async def _read_whole(self, request: web.BaseRequest) -> Body:
+    async def _read_whole(self, request: web.BaseRequest, decoder: BodyDecoder | None) -> Body:
+        """The body, decoded (``decoder``), counted against the limit as it grows."""
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
         threshold = self._limits.spool_threshold
@@ -399,13 +404,14 @@ class HttpServer:
             )
             if request.headers.get("Expect", "").lower() == "100-continue":
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        pieces = _body_pieces(content, decoder)
         while counter.total <= threshold:
-            chunk = await _next_chunk(content)
+            chunk = await anext(pieces, b"")
             if not chunk:
                 return self._in_memory(chunks, counter.total)
             counter.add(chunk)
             chunks.append(chunk)
-        return await self._spool(request, chunks, counter)
+        return await self._spool(pieces, chunks, counter)
 
     def _in_memory(self, chunks: list[bytes], size: int) -> Body:
         if size <= INLINE_LIMIT:
@@ -413,7 +419,7 @@ class HttpServer:
         return Body(None, fd=self._buffers.fill(chunks, size), size=size, buffers=self._buffers)
 
     async def _spool(
-        self, request: web.BaseRequest, first: list[bytes], counter: BodyCounter
+        self, pieces: AsyncIterator[bytes], first: list[bytes], counter: BodyCounter
     ) -> Body:
         """A body above the spool threshold, in a file of its own request's scratch folder."""
         scratch = Scratch()
@@ -421,7 +427,7 @@ class HttpServer:
         try:
             for chunk in first:
                 spool.write(chunk)
-            while chunk := await _next_chunk(request.content):
+            async for chunk in pieces:
                 counter.add(chunk)
                 spool.write(chunk)
             file = spool.finish()
@@ -568,6 +574,18 @@ async def _next_chunk(content: StreamReader) -> bytes:
         chunk, end_of_http_chunk = await content.readchunk()
         if chunk or not end_of_http_chunk:  # (b"", False) is the end of the body
             return chunk
+
+
+async def _body_pieces(content: StreamReader, decoder: BodyDecoder | None) -> AsyncIterator[bytes]:
+    """The body's pieces as received, or as decoded (then ``400`` for a stream cut short)."""
+    while chunk := await _next_chunk(content):
+        if decoder is None:
+            yield chunk
+        else:
+            for piece in decoder.feed(chunk):
+                yield piece
+    if decoder is not None:
+        decoder.finish()
 
 
 async def _discard_rest(request: web.BaseRequest) -> None:
