@@ -23,6 +23,7 @@ from abeja_runtime.settings import setting
 from abeja_runtime.styles import Style, registered, style_named, style_names
 
 __all__ = [
+    "LOG_FORMATS",
     "LOG_LEVELS",
     "LOOPS",
     "Config",
@@ -37,6 +38,9 @@ __all__ = [
 LOOPS: Final = ("auto", "asyncio", "uvloop")
 MiB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+#: How log records are written (``--log-format``); ``auto`` is resolved by each process against
+#: the stream its records go to (:func:`abeja_runtime.logs.configure_logging`).
+LOG_FORMATS: Final = ("auto", "json", "text")
 
 
 def module_alone_allowed(style: str) -> bool:
@@ -234,6 +238,15 @@ class Config:
         help="the lowest level of log records written: `debug`, `info`, `warning`, `error`, "
         "`critical` (logrus names accepted)",
     )
+    log_format: str = setting(
+        "auto",
+        kind="choice",
+        envvar="ABEJA_RUNTIME_LOG_FORMAT",
+        choices=LOG_FORMATS,
+        help="how log records are written: `json` (one JSON object per line, ABEJA's fields), "
+        "`text` (one readable line per record, tracebacks on the lines after it), or `auto` "
+        "(text when the log goes to a terminal, JSON otherwise)",
+    )
     loop: str = setting(
         "auto",
         kind="choice",
@@ -355,6 +368,10 @@ class Config:
                 problems.append(f"{name} must not be negative, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:
             problems.append(f"log level must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            problems.append(
+                f"log format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}"
+            )
         if self.loop not in LOOPS:
             problems.append(f"loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
         elif self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:

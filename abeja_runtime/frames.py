@@ -4,7 +4,12 @@ The front (``supervisor.py``, ``server.py``) speaks HTTP and gRPC; a handler pro
 (``worker.py``) only runs the handler. They talk over one Unix stream socket pair per handler
 process, in frames::
 
-    length (4 bytes, big endian) | kind (1 byte) | has_fd (1 byte) | payload (length bytes)
+    mark (1 byte, 0xAB) | kind (1 byte) | has_fd (1 byte) | length (4 bytes, big endian)
+    | payload (length bytes)
+
+The mark makes bytes that are not a frame (a handler that writes to this socket's descriptor)
+a :class:`ProtocolError` at once, where a length read from them would have made the front
+wait for gigabytes that never come.
 
 The payload is the frame's fields as a pickled tuple (both ends are this package, over a
 private socket; a tuple pickles in well under a microsecond, a dataclass in several). A frame
@@ -37,8 +42,8 @@ import struct
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Mapping
-from typing import Any, Final, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NamedTuple, NoReturn
 
 __all__ = [
     "FDS_PER_WRITE",
@@ -55,6 +60,7 @@ __all__ = [
     "GiveBack",
     "GivenBack",
     "LoadFailed",
+    "ProtocolError",
     "Ready",
     "RpcAnswer",
     "RpcCall",
@@ -65,10 +71,11 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 2
+VERSION: Final = 3
 #: Bodies (of calls and of answers) above this many bytes travel as a file descriptor.
 INLINE_LIMIT: Final = 64 * 1024
-_HEAD: Final = struct.Struct("!IBB")
+_HEAD: Final = struct.Struct("!BBBI")
+_MARK: Final = 0xAB
 #: How much one read asks for: a few small requests at once, or a big piece of one.
 READ_SIZE: Final = 256 * 1024
 #: The most descriptors one write may carry (the frames of one loop iteration go in one write),
@@ -220,7 +227,14 @@ _KIND_OF: Final = {kind: index for index, kind in enumerate(_KINDS)}
 
 def encode_frame(frame: Frame, *, has_fd: bool = False) -> bytes:
     payload = pickle.dumps(tuple(frame), pickle.HIGHEST_PROTOCOL)
-    return _HEAD.pack(len(payload), _KIND_OF[type(frame)], has_fd) + payload
+    return _HEAD.pack(_MARK, _KIND_OF[type(frame)], has_fd, len(payload)) + payload
+
+
+class ProtocolError(Exception):
+    """What arrived on a channel is not this protocol's frames (bytes a handler wrote to the
+    channel's descriptor), or lost part of itself on the way (descriptors a process had no
+    room for): nothing read after it can be trusted, and the process at the other end is
+    replaced."""
 
 
 class FrameDecoder:
@@ -239,13 +253,26 @@ class FrameDecoder:
         start = 0
         end = len(buffer)
         while end - start >= _HEAD.size:
-            length, kind, has_fd = _HEAD.unpack_from(buffer, start)
+            mark, kind, has_fd, length = _HEAD.unpack_from(buffer, start)
+            if mark != _MARK or kind >= len(_KINDS) or has_fd > 1:
+                raise ProtocolError(
+                    f"bytes that are not a frame: {bytes(buffer[start : start + 24])!r}"
+                )
             stop = start + _HEAD.size + length
             if stop > end:
                 break
-            fields = pickle.loads(memoryview(buffer)[start + _HEAD.size : stop])
+            try:
+                frame = _KINDS[kind]._make(
+                    pickle.loads(memoryview(buffer)[start + _HEAD.size : stop])
+                )
+            except Exception as exc:
+                raise ProtocolError(
+                    f"a {_KINDS[kind].__name__} frame that cannot be read: {exc}"
+                ) from None
+            if has_fd and not self._fds:
+                raise ProtocolError(f"a {_KINDS[kind].__name__} frame came without its descriptor")
             fd = self._fds.popleft() if has_fd else None
-            frames.append((_KINDS[kind]._make(fields), fd))
+            frames.append((frame, fd))
             start = stop
         if start:
             del buffer[:start]
@@ -271,8 +298,12 @@ def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memo
     closed) and any descriptors that came with them. ``flags``: ``recvmsg``'s."""
     size, ancillary, flags, _ = sock.recvmsg_into([into], _FD_SPACE, flags)
     data = into[:size]
-    if flags & socket.MSG_CTRUNC:  # the other end broke FDS_PER_WRITE: frames would be lost
-        raise ConnectionError("more descriptors arrived in one read than frames.py allows")
+    if flags & socket.MSG_CTRUNC:  # descriptors were dropped: their frames are lost
+        raise ProtocolError(
+            "descriptors sent with frames were lost: this process has no room for more open "
+            f"files (ulimit -n is {_open_files_limit()}; a handler that opens files and never "
+            "closes them runs out)"
+        )
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -280,6 +311,15 @@ def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memo
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
     return data, fds
+
+
+def _open_files_limit() -> str:
+    try:
+        import resource  # not on every system
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
 
 
 def anonymous_file() -> int:
@@ -318,8 +358,12 @@ def read_fd(fd: int) -> bytes:
 class BlockingChannel:
     """The handler process's end: blocking reads of whole frames, writes with descriptors."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(
+        self, sock: socket.socket, broken: Callable[[ProtocolError], NoReturn] | None = None
+    ) -> None:
         self._sock = sock
+        #: Called with what broke the protocol, on whichever thread read it (else raised).
+        self._broken = broken
         self._decoder = FrameDecoder()
         self._into = read_buffer()
         self._ready: deque[tuple[Frame, int | None]] = deque()
@@ -337,11 +381,15 @@ class BlockingChannel:
         while not self._ready:
             try:
                 data, fds = receive(self._sock, self._into)
+                if not data:
+                    return None
+                self._ready.extend(self._decoder.feed(data, fds))
             except ConnectionError:
                 return None
-            if not data:
-                return None
-            self._ready.extend(self._decoder.feed(data, fds))
+            except ProtocolError as exc:
+                if self._broken is None:
+                    raise
+                self._broken(exc)
         return self._ready.popleft()
 
     def taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
@@ -357,8 +405,13 @@ class BlockingChannel:
 
     def _taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
         with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
-            data, fds = receive(self._sock, self._into, socket.MSG_DONTWAIT)
-            self._ready.extend(self._decoder.feed(data, fds))
+            try:
+                data, fds = receive(self._sock, self._into, socket.MSG_DONTWAIT)
+                self._ready.extend(self._decoder.feed(data, fds))
+            except ProtocolError as exc:
+                if self._broken is None:
+                    raise
+                self._broken(exc)
         wanted = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel | GiveBack)}
         if not wanted:
             return []

@@ -1,11 +1,15 @@
-"""JSON-lines logging: runtime messages, one access record per request, the handler's prints.
+"""Logging: runtime messages, one access record per request, the handler's prints.
 
-Field names follow ABEJA's proxy (contract Part B 6.1): ``log_level``, ``message``,
-``timestamp``, ``version``, ``request_id``/``requester_id`` while a request runs, and platform ids
-from the environment. Access records carry ``log_type: access_log`` and no ``message``. Lines the
-handler prints become ``info`` (stdout) or ``warning`` (stderr) records with the request id of the
-call that printed them, because the id lives in a ``ContextVar`` that follows the call into its
-handler thread.
+JSON lines by default. Field names follow ABEJA's proxy (contract Part B 6.1): ``log_level``,
+``message``, ``timestamp``, ``version``, ``request_id``/``requester_id`` while a request runs, and
+platform ids from the environment. Access records carry ``log_type: access_log`` and no
+``message``. Lines the handler prints become ``info`` (stdout) or ``warning`` (stderr) records
+with the request id of the call that printed them, because the id lives in a ``ContextVar`` that
+follows the call into its handler thread.
+
+For a person at a terminal (``--log-format text``, or ``auto`` on a TTY) the same records are
+readable lines instead (:class:`TextFormatter`): the platform's ids, the same on every line, are
+left out, and a traceback is printed as Python prints it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ __all__ = [
     "configure_logging",
     "encode_record",
     "format_timestamp",
+    "logs_text",
     "new_request_id",
     "request_id_from",
     "request_id_var",
@@ -189,18 +194,92 @@ def user_traceback(exc: BaseException) -> str:
     return "".join([*shown, *traceback.format_exception_only(type(exc), exc)])
 
 
+class TextFormatter(logging.Formatter):
+    """One readable line per record, for a person at a terminal.
+
+    ``2026-11-21 19:14:14.672 ERROR   message  request_id=...``: local time, level, message,
+    then the record's fields and the request's ids as ``key=value`` (quoted where a value has
+    spaces); a traceback follows on its own lines, as Python prints it, not escaped into one
+    string as in JSON. The platform's ids are left out: they are the same on every line.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "preformatted", False):
+            return record.getMessage()  # an access log made before logging was configured
+        fields = dict(getattr(record, "fields", None) or {})
+        details = fields.pop("traceback", None)  # a traceback sent by another process, as text
+        if (request_id := request_id_var.get()) is not None:
+            fields.setdefault("request_id", request_id)
+        if (requester_id := requester_id_var.get()) is not None:
+            fields.setdefault("requester_id", requester_id)
+        level = _LEVEL_NAMES.get(record.levelno, record.levelname.lower()).upper()
+        line = f"{_local_time(record.created)} {level:<7} {record.getMessage()}"
+        if fields:
+            line += "  " + " ".join(f"{key}={_text_value(value)}" for key, value in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        elif details:
+            line += "\n" + str(details).rstrip()
+        return line
+
+
+def _local_time(epoch: float) -> str:
+    """``2026-11-21 19:14:14.672``: the terminal's reader's own clock."""
+    milliseconds = min(int((epoch - int(epoch)) * 1_000), 999)
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(epoch))}.{milliseconds:03d}"
+
+
+def _text_value(value: object) -> str:
+    """A field's value on a text line: as is, or quoted where it would not read as one word."""
+    text = str(value)
+    if not text or any(char.isspace() or char in '"=' for char in text):
+        return encode_record(text)
+    return text
+
+
+def logs_text() -> bool:
+    """Whether this process writes its records as text (:func:`configure_logging`'s choice).
+
+    The access log asks: it writes JSON lines of its own, formatted ahead for speed, and takes a
+    plainer path for text."""
+    return any(
+        isinstance(handler.formatter, TextFormatter) for handler in logging.getLogger().handlers
+    )
+
+
 def configure_logging(
-    level: str, static_fields: dict[str, str] | None = None, *, stream: IO[str] | None = None
+    level: str,
+    static_fields: dict[str, str] | None = None,
+    *,
+    log_format: str,
+    stream: IO[str] | None = None,
 ) -> None:
-    """Send every log record of this process to stdout (or ``stream``) as JSON lines."""
+    """Send every log record of this process to stdout (or ``stream``): JSON lines, or text
+    lines (``log_format``: ``json``, ``text``, or ``auto``: text when the stream is a terminal).
+
+    Each process resolves ``auto`` itself: handler processes inherit the front's stdout, so they
+    come to the same answer."""
     logging.raiseExceptions = False  # a broken stdout must not loop through our own stderr
-    handler = logging.StreamHandler(stream or sys.__stdout__)
-    handler.setFormatter(JsonFormatter(static_fields))
+    target = stream or sys.__stdout__
+    handler = logging.StreamHandler(target)
+    if log_format == "auto":
+        log_format = "text" if target is not None and _is_terminal(target) else "json"
+    if log_format == "text":
+        handler.setFormatter(TextFormatter())
+    else:
+        handler.setFormatter(JsonFormatter(static_fields))
     # basicConfig, not logging.config: that module (and what it imports) is 1 MiB in every
     # process, for a dictionary that says the same.
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # aiohttp's own access log is replaced by ours; its errors still show.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (ValueError, OSError):  # closed, or not a file at all
+        return False
 
 
 class _LineLogger(io.TextIOBase):
@@ -249,7 +328,7 @@ class _LineLogger(io.TextIOBase):
 
 
 def capture_prints() -> None:
-    """Route ``print()`` and other writes to sys.stdout / sys.stderr into JSON records."""
+    """Route ``print()`` and other writes to sys.stdout / sys.stderr into log records."""
     # The original streams exist in a worker (stdout is the log pipe); None only without one.
     sys.stdout = _LineLogger(logging.INFO, cast(TextIO, sys.__stdout__))
     sys.stderr = _LineLogger(logging.WARNING, cast(TextIO, sys.__stderr__))

@@ -267,3 +267,38 @@ def test_a_worker_still_ignores_sigterm_and_sigint(start):
     os.kill(worker, signal.SIGINT)
     assert pid_of(server.request("GET", "/")) == worker  # served after both signals
     assert alive(worker)
+
+
+# --- a worker whose channel to the front breaks ------------------------------------------------
+
+
+def test_bytes_a_handler_writes_to_the_channel_replace_its_worker_at_once(start):
+    """Before, the front read a length from those bytes and waited for it until timeout +
+    grace (issue 28 point 8)."""
+    server = start("sv_channel")
+    first = pid_of(server.request("GET", "/"))
+    broken = server.request("GET", "/?write=1", timeout=30)
+    assert broken.status == 502, broken.body
+    record = server.wait_for_record(lambda r: "broke the protocol" in r.get("message", ""))
+    assert f"worker {first} broke the protocol" in record["message"]
+    assert "bytes that are not a frame" in record["message"]
+    server.wait_healthy(15)
+    assert pid_of(server.request("GET", "/")) != first
+    assert not alive(first)
+
+
+def test_a_worker_out_of_open_files_says_so_and_is_replaced(start):
+    """Before, it exited with code 0 and no word when a body's descriptor could not be
+    received."""
+    server = start("sv_channel")
+    first = pid_of(server.request("GET", "/?exhaust=1"))
+    big = server.request("POST", "/", b"x" * (200 * 1024), timeout=30)
+    assert big.status == 502, big.body
+    said = server.wait_for_record(lambda r: "the worker stops" in r.get("message", ""))
+    assert "descriptors sent with frames were lost" in said["message"]
+    assert "ulimit -n is 256" in said["message"]
+    exited = server.wait_for_record(lambda r: "exited unexpectedly" in r.get("message", ""))
+    assert exited["message"].startswith(f"worker {first} exited unexpectedly (exit code 76)")
+    server.wait_healthy(15)
+    answer = server.request("POST", "/", b"x" * (200 * 1024))
+    assert answer.json()["size"] == 200 * 1024 and pid_of(answer) != first

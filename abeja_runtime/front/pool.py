@@ -55,6 +55,7 @@ from abeja_runtime.frames import (
     GiveBack,
     GivenBack,
     LoadFailed,
+    ProtocolError,
     Ready,
     RpcAnswer,
     RpcCall,
@@ -258,14 +259,18 @@ class _Process:
         while True:
             try:
                 data, fds = receive(self._sock, self._into)
+                frames = self._decoder.feed(data, fds)
             except (BlockingIOError, InterruptedError):
                 return
+            except ProtocolError as exc:
+                self._pool.broken(self, exc)
+                return
             except OSError:
-                data, fds = self._into[:0], []
+                data, frames = self._into[:0], []
             if not data:
                 self.close_socket()
                 return
-            for frame, fd in self._decoder.feed(data, fds):
+            for frame, fd in frames:
                 self._pool.received(self, frame, fd)
             if len(data) < len(self._into):  # all there was: no read that says "nothing more"
                 return
@@ -564,6 +569,19 @@ class HandlerPool:
                 _log.error("worker %s could not load the handler: %s", process.pid, frame.text)
             else:
                 self._load_failed(frame.text, frame.details)
+
+    def broken(self, process: _Process, exc: ProtocolError) -> None:
+        """``process`` sent what is not a frame: nothing more it sends can be trusted. It is
+        killed at once; its exit fails the calls it was running (502) and starts a
+        replacement."""
+        _log.error(
+            "worker %s broke the protocol between it and the front (%s); a handler that writes "
+            "to a descriptor it did not open does this. The worker is killed and replaced",
+            process.pid,
+            exc,
+        )
+        process.close_socket()
+        process.kill()
 
     def _load_failed(self, text: str, details: str) -> None:
         """The first start failed: the service stops, as on ABEJA Platform (reported once)."""

@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -31,6 +33,7 @@ from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.project import install_dependencies, prepare_workdir
 from abeja_runtime.scheduling import run_as_batch
+from abeja_runtime.settings import settings_of
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -50,7 +53,7 @@ _FRESH_CONNECTION_POLL: Final = 0.02
 
 def run(config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
-    configure_logging(config.log_level, config.platform.log_fields())
+    configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     try:
         tempfile.gettempdir()  # metrics files and request bodies above the spool threshold
     except FileNotFoundError:
@@ -64,12 +67,21 @@ def run(config: Config) -> int:
     try:
         if config.install_requirements:
             install_dependencies(workdir)
-        sockets = (_listen(config.host, config.port), _listen(config.host, config.healthcheck_port))
-        if config.grpc_port is not None:
-            _check_free(config.host, config.grpc_port)
     except (HandlerLoadError, OSError) as exc:
         _log.error("failed to setup model: %s", exc)
         return 1
+    listening: list[socket.socket] = []
+    try:
+        listening.append(_listen(config.host, config.port, "port"))
+        listening.append(_listen(config.host, config.healthcheck_port, "healthcheck_port"))
+        if config.grpc_port is not None:
+            _check_free(config.host, config.grpc_port)
+    except OSError as exc:  # one sentence, naming the port and the setting that changes it
+        _log.error("%s", exc)
+        for sock in listening:
+            sock.close()
+        return 1
+    sockets = (listening[0], listening[1])
     port, healthcheck_port = (sock.getsockname()[1] for sock in sockets)
     _log.info(
         "abeja-runtime %s serving %s from %s on http://%s:%d (health check port %d); "
@@ -122,9 +134,27 @@ _KEPT_BLOCKS: Final = 4 * 1024 * 1024
 _KEPT_FREE: Final = 64 * 1024 * 1024
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, setting: str) -> socket.socket:
+    """A socket listening on ``host:port``; else ``OSError`` with one sentence for the log that
+    names the port and the flag and variable of ``setting`` (``grpc_port``) that change it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+    except OSError as exc:
+        declared = {declared.name: declared for declared in settings_of(Config)}
+        change = f"{declared[setting].flag} ({declared[setting].envvar})"
+        serving = {"port": "HTTP", "healthcheck_port": "health checks", "grpc_port": "gRPC"}
+        cannot = f"cannot listen for {serving[setting]} on {host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(
+                f"{cannot}: port {port} is in use by another program; stop it or choose "
+                f"another with {change}"
+            ) from None
+        # The system's words alone: create_server's own message repeats the address.
+        code = exc.errno or 0
+        reason = os.strerror(code) if code > 0 else exc.strerror or str(exc)
+        where = f"{declared['host'].flag} ({declared['host'].envvar})"
+        raise OSError(f"{cannot} ({reason}); check {where} and {change}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -140,15 +170,7 @@ def _run_loop(main: Any, loop: str) -> int:
 def _check_free(host: str, port: int) -> None:
     """The gRPC port is bound once the handler is loaded (its services are the style's): say
     now, not after the handler has loaded, that another program holds it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family) as probe:
-            probe.bind((host, port))
-    except OSError as exc:
-        raise OSError(
-            f"cannot listen for gRPC on {host}:{port} ({exc.strerror}); another program may "
-            "use the port: choose another with --grpc-port"
-        ) from None
+    _listen(host, port, "grpc_port").close()
 
 
 class _Front:

@@ -135,7 +135,12 @@ class _Tally:
 
 def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
     """The command's body: returns its exit code."""
-    configure_logging(config.log_level, config.platform.log_fields(), stream=sys.__stderr__)
+    configure_logging(
+        config.log_level,
+        config.platform.log_fields(),
+        log_format=config.log_format,
+        stream=sys.__stderr__,
+    )
     files = collect_files(inputs) if inputs else None
     output = output.resolve()
     workdir = prepare_workdir(config.user_model_root, config.training_result_dir)

@@ -38,7 +38,7 @@ import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NoReturn
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
@@ -54,6 +54,7 @@ from abeja_runtime.frames import (
     Frame,
     GivenBack,
     LoadFailed,
+    ProtocolError,
     Ready,
     RpcAnswer,
     RpcCall,
@@ -93,12 +94,12 @@ def main() -> None:
     _leave_stopping_to_the_front()
     _die_with(front)
     run_as_batch()
-    channel = BlockingChannel(socket.socket(fileno=fd))
+    channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken)
     first = channel.read()
     if first is None or not isinstance(first[0], Start) or first[0].version != VERSION:
         os._exit(2)  # not started by a front of this version
     config: Config = first[0].config
-    configure_logging(config.log_level, config.platform.log_fields())
+    configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     capture_prints()
     limit_image_pixels(config.max_image_pixels)
     try:
@@ -108,6 +109,20 @@ def main() -> None:
         code = 1
     logging.shutdown()
     os._exit(code)
+
+
+def _channel_broken(exc: ProtocolError) -> NoReturn:
+    """What arrives from the front cannot be read any more (most often: the handler has used
+    up this process's open files, so the descriptor of a request's body could not be
+    received). Said in the log, then the process ends, on whichever thread found it: the
+    front answers its calls 502 and starts a fresh process."""
+    _log.error("the worker stops: %s", exc)
+    logging.shutdown()
+    os._exit(_EXIT_CHANNEL_BROKEN)
+
+
+#: The exit code of a worker whose channel broke (EX_PROTOCOL of sysexits.h).
+_EXIT_CHANNEL_BROKEN: Final = 76
 
 
 def _leave_stopping_to_the_front() -> None:
