@@ -1,8 +1,10 @@
 """The handler's project folder, settled once at start-up (contract A4 / Part B 4).
 
 ``prepare_workdir`` runs in the front before any handler process starts: it changes into the
-code directory (the ``ABEJA_USER_MODEL_ROOT`` and ``.abeja`` rules) and exports
-``ABEJA_TRAINING_RESULT_DIR`` as an absolute path, which handler processes inherit.
+code directory (the ``ABEJA_USER_MODEL_ROOT`` and ``.abeja`` rules) and exports the variables
+ABEJA's handler page lists for handlers to read, which handler processes inherit:
+``ABEJA_TRAINING_RESULT_DIR`` as an absolute path, and ``HANDLER`` (also when it was given as
+``--handler``, not in the environment).
 ``install_dependencies`` installs what the project asks for, when asked to
 (``--install-requirements``).
 """
@@ -26,14 +28,15 @@ _MARKER: Final = ".abeja"
 _MARKER_MAX_DEPTH: Final = 3
 
 
-def prepare_workdir(user_model_root: str, training_result_dir: str) -> Path:
-    """Change into the user's code directory and export the absolute training-result dir."""
+def prepare_workdir(user_model_root: str, training_result_dir: str, handler: str) -> Path:
+    """Change into the user's code directory and export the handler's variables."""
     root = Path(user_model_root or ".").expanduser()
     workdir = _find_marker_parent(root.resolve())
     os.chdir(workdir)
     os.environ["ABEJA_TRAINING_RESULT_DIR"] = str(
         resolve_training_result_dir(workdir, training_result_dir)
     )
+    os.environ["HANDLER"] = handler
     return workdir
 
 

@@ -298,3 +298,23 @@ def test_dotenv_does_not_override_set_variables(make_server):
     env = {"HANDLER": "main:handler", "GREETING": "from-environment"}
     answer = make_server("ld_dotenv", env=env).request("GET", "/").json()
     assert answer == {"handler": "handler", "greeting": "from-environment"}
+
+
+# --- HANDLER in the handler's environment ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        (("--handler", "main:handler"), {}, "main:handler"),
+        ((), {"HANDLER": "main:handler"}, "main:handler"),
+        ((), {}, "main:handler"),  # the default
+    ],
+    ids=["flag", "variable", "default"],
+)
+def test_the_handler_finds_handler_in_its_environment(make_server, tmp_path, flags, env, expected):
+    """ABEJA's handler page lists HANDLER among the variables a handler may read: it is there
+    however the handler was named (issue 28 point 12)."""
+    code = copy_handler("ld_whoami", tmp_path / "code")
+    server = make_server(code, *flags, env=env)
+    assert server.request("GET", "/").json()["handler"] == expected

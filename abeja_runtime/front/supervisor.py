@@ -63,7 +63,7 @@ def run(config: Config) -> int:
             "emptyDir volume on /tmp in Kubernetes), or set TMPDIR to a writable folder"
         )
         return 1
-    workdir = prepare_workdir(config.user_model_root, config.training_result_dir)
+    workdir = prepare_workdir(config.user_model_root, config.training_result_dir, config.handler)
     try:
         if config.install_requirements:
             install_dependencies(workdir)

@@ -143,7 +143,7 @@ def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
     )
     files = collect_files(inputs) if inputs else None
     output = output.resolve()
-    workdir = prepare_workdir(config.user_model_root, config.training_result_dir)
+    workdir = prepare_workdir(config.user_model_root, config.training_result_dir, config.handler)
     try:
         if config.install_requirements:
             install_dependencies(workdir)

@@ -13,6 +13,7 @@ def handler(request, context):
             "cwd": os.getcwd(),
             "file": os.path.abspath(__file__),
             "training_result_dir": os.environ.get("ABEJA_TRAINING_RESULT_DIR"),
+            "handler": os.environ.get("HANDLER"),
             "context": context,
         },
     }
