@@ -24,6 +24,7 @@ Errors are what grpcio makes of an exception raised in a servicer, as seen in se
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -84,9 +85,11 @@ class SeldonGrpcService:
         for file in descriptor_pb2.FileDescriptorSet.FromString(_DESCRIPTORS.read_bytes()).file:
             pool.Add(file)
 
+        class_of = _class_maker(message_factory, pool)
+
         def message_class(name: str) -> Any:
             full_name = name if "." in name else f"{_PACKAGE}.{name}"
-            return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+            return class_of(pool.FindMessageTypeByName(full_name))
 
         self._methods = {
             method: (message_class(request), message_class(answer), action)
@@ -135,3 +138,17 @@ class SeldonGrpcService:
     def _to_json(self, message: Any) -> Any:
         """A message in its JSON form, as seldon-core's ``seldon_message_to_json``."""
         return self._json_format.MessageToDict(message, descriptor_pool=self._pool)
+
+
+def _class_maker(message_factory: Any, pool: Any) -> Callable[[Any], Any]:
+    """How this protobuf makes the message class of a descriptor in ``pool``.
+
+    No one call does it in every release Seldon users have: ``GetMessageClass`` came with
+    protobuf 4.22, and ``MessageFactory.GetPrototype``, the only way before it, warns from 5.26
+    and is gone from 6.30. seldon-core 1.18 pins protobuf 3.20 (``<4``), and a model's
+    environment keeps seldon-core (``SeldonResponse``, ``SeldonClient``): both are needed.
+    """
+    maker: Callable[[Any], Any] | None = getattr(message_factory, "GetMessageClass", None)
+    if maker is None:
+        maker = message_factory.MessageFactory(pool).GetPrototype
+    return maker
