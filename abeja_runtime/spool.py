@@ -2,7 +2,10 @@
 
 Each request gets at most one scratch directory, made only when a body first outgrows the
 threshold, and removed whole when the request ends, whatever path it ends on. Spooled files keep
-a real ``name`` so that handlers may pass a path to libraries that want one.
+a real ``name`` so that handlers may pass a path to libraries that want one. Scratch directories
+are made in the running front's own folder (:data:`SCRATCH_VARIABLE`,
+``front/run_folder.py``), which the next start sweeps if the front was killed, else under
+``TMPDIR``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +21,11 @@ from typing import IO, Final
 
 from abeja_runtime.errors import InsufficientStorage
 
-__all__ = ["Scratch", "Spool"]
+__all__ = ["SCRATCH_VARIABLE", "Scratch", "Spool"]
+
+#: The folder scratch directories are made in, set by the front for itself and its handler
+#: processes (unset: ``TMPDIR``, as for ``abeja-runtime batch``).
+SCRATCH_VARIABLE: Final = "ABEJA_RUNTIME_SCRATCH_DIR"
 
 #: A full disk, or a user's disk quota used up.
 _NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -33,7 +41,8 @@ class Scratch:
 
     def new_file(self) -> IO[bytes]:
         if self._path is None:
-            self._path = tempfile.mkdtemp(prefix="abeja-request-")
+            where = os.environ.get(SCRATCH_VARIABLE) or None
+            self._path = tempfile.mkdtemp(prefix="abeja-request-", dir=where)
         return tempfile.NamedTemporaryFile(dir=self._path, delete=False)
 
     def remove(self) -> None:

@@ -323,4 +323,6 @@ def test_a_full_disk_while_spooling_is_a_counted_507(make_server: ServerFactory,
     metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
     assert b'abeja_runtime_requests_total{code="507"} 1.0' in metrics
     assert server.wait_for_record(lambda r: r.get("http_status") == 507)
-    assert list(small_disk.iterdir()) and not list(small_disk.glob("abeja-request-*"))
+    assert list(small_disk.iterdir()) and not list(
+        small_disk.glob("abeja-runtime-*/abeja-request-*")
+    )

@@ -30,6 +30,7 @@ from abeja_runtime import __version__
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.front.pool import HandlerPool
+from abeja_runtime.front.run_folder import run_folder
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.project import install_dependencies, prepare_workdir
 from abeja_runtime.scheduling import run_as_batch
@@ -101,7 +102,8 @@ def run(config: Config) -> int:
     _keep_freed_memory()
     run_as_batch()
     try:
-        with tempfile.TemporaryDirectory(prefix="abeja-runtime-metrics-") as metrics_dir:
+        with run_folder() as folder:
+            metrics_dir = str(folder / "metrics")
             return _run_loop(_Front(config, sockets, metrics_dir).run(), config.event_loop)
     finally:
         for sock in sockets:
