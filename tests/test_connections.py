@@ -9,6 +9,7 @@ import gzip
 import http.client
 import json
 import os
+import resource
 import select
 import socket
 import subprocess
@@ -17,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from conftest import HANDLERS, RunningServer, ServerFactory, runtime_env, wait_until
+
+from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
 
 MiB = 1024 * 1024
 
@@ -326,3 +329,66 @@ def test_a_full_disk_while_spooling_is_a_counted_507(make_server: ServerFactory,
     assert list(small_disk.iterdir()) and not list(
         small_disk.glob("abeja-runtime-*/abeja-request-*")
     )
+
+
+def test_idle_connections_never_take_the_health_port_s_descriptors(tmp_path: Path):
+    """At ``ulimit -n 256``, 400 idle connections on the service port took every descriptor
+    and ``/livez`` failed (issue 28 point 10): past the cap they are answered 503 and closed."""
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    port, health = free_ports(2)
+    lines: list[str] = []
+    runtime = RuntimeProcess(
+        runtime_command(
+            "--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health)
+        ),
+        cwd=HANDLERS / "rq_echo",
+        env=runtime_env(TMPDIR=str(tmp_path)),
+        on_line=lines.append,
+        preexec_fn=low_limit,
+    )
+    runtime.port, runtime.healthcheck_port = port, health
+    held: list[socket.socket] = []
+    try:
+        runtime.wait_healthy(20)
+        refused = 0
+        for _ in range(400):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            held.append(sock)
+        for sock in held:  # those past the cap were answered and closed at once
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                if sock.recv(4096, socket.MSG_PEEK).startswith(b"HTTP/1.1 503 "):
+                    refused += 1
+        livez = http.client.HTTPConnection("127.0.0.1", health, timeout=10)
+        livez.request("GET", "/livez")
+        assert livez.getresponse().status == 200
+        livez.close()
+        assert 0 < refused < 400
+        for sock in held:
+            sock.close()
+        held.clear()
+        answer = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            wait_until(lambda: _served(answer), 10, "the service to take connections again")
+        finally:
+            answer.close()
+        assert any("connections open" in line for line in lines)
+    finally:
+        for sock in held:
+            sock.close()
+        runtime.popen.terminate()
+        runtime.popen.wait(20)
+
+
+def _served(connection: http.client.HTTPConnection) -> bool:
+    try:
+        connection.request("GET", "/")
+        response = connection.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException):
+        connection.close()
+        return False
+    return response.status == 200

@@ -9,6 +9,9 @@
 * A body being read must make progress: no byte for ``head_timeout`` seconds fails its reading
   with :class:`~abeja_runtime.errors.BodyTimeout` (``408``, the connection closed), where
   aiohttp would wait for ever.
+* The service port keeps at most :func:`connection_cap` connections open (what the open-files
+  limit leaves after the front's own needs); one more is answered ``503`` and closed, so that
+  idle clients can never take the descriptors the health port needs to answer its probes.
 * **The direct path.** A request that came whole with its head (nearly every model call: a
   JSON or an image body of up to 64 KiB, over HTTP/1.1) is handed to a :class:`DirectPath`
   as soon as aiohttp's parser has it, and answered from a callback when its handler process
@@ -26,7 +29,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import mmap
+import resource
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
 
@@ -37,9 +43,12 @@ from aiohttp.streams import StreamReader
 from abeja_runtime.config import Config
 from abeja_runtime.encode import status_body, status_reply
 from abeja_runtime.errors import BodyTimeout
+from abeja_runtime.front.body_gate import BODIES_AHEAD
 from abeja_runtime.front.capture import BodyCapture
 
-__all__ = ["Connection", "DirectCall", "DirectPath", "make_web_server"]
+__all__ = ["Connection", "DirectCall", "DirectPath", "connection_cap", "make_web_server"]
+
+_log = logging.getLogger("abeja_runtime")
 
 
 class DirectCall(Protocol):
@@ -85,9 +94,11 @@ class Connection(web_protocol.RequestHandler):
         head_timeout: float,
         direct: DirectPath | None,
         parser_options: dict[str, Any],
+        max_connections: int | None,
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
+        self._max_connections = max_connections
         self._head_timeout = head_timeout
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_started = False
@@ -104,6 +115,15 @@ class Connection(web_protocol.RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        most = self._max_connections
+        if most is not None and self._manager is not None and len(self._manager.connections) > most:
+            # Each connection holds a descriptor: past the cap, the health port could not
+            # accept its probes, nor the front open a body's buffer.
+            if self.transport is not None:
+                self.transport.write(_TOO_MANY_CONNECTIONS_RESPONSE)
+            self.force_close()
+            _warn_too_many_connections(most)
+            return
         self._arm_head_timer()
 
     async def start(self) -> None:
@@ -378,13 +398,61 @@ _HEAD_TIMEOUT_RESPONSE: Final = (
 )
 
 
+_TOO_MANY_CONNECTIONS_BODY: Final = status_body(
+    "too many connections are open; retry on a connection you keep open (keep-alive)"
+)
+_TOO_MANY_CONNECTIONS_RESPONSE: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    + f"Content-Length: {len(_TOO_MANY_CONNECTIONS_BODY)}\r\nConnection: close\r\n\r\n".encode()
+    + _TOO_MANY_CONNECTIONS_BODY
+)
+#: Descriptors kept free below the process's limit for everything but client connections: the
+#: health port's connections, the handler processes' sockets and pidfds, bodies' buffers and
+#: spool files, metrics files.
+_RESERVED_FDS: Final = 64
+#: ... and this many more for each place a body may hold at once.
+_RESERVED_PER_PLACE: Final = 2
+_warned_at = 0.0
+
+
+def _warn_too_many_connections(most: int) -> None:
+    """Said once a minute at most: a flood of refusals is one line, not thousands."""
+    global _warned_at
+    now = time.monotonic()
+    if now - _warned_at >= 60:
+        _warned_at = now
+        _log.warning(
+            "the service port has %d connections open, as many as this process's open-files "
+            "limit (ulimit -n) leaves room for; new ones get 503 until some close. Raise the "
+            "limit, or put a balancer that reuses connections in front",
+            most,
+        )
+
+
+def connection_cap(config: Config) -> int | None:
+    """The most client connections the service port keeps open: what the open-files limit
+    leaves after the front's own needs (``None``: no limit to keep below)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    places = config.workers * (config.concurrency + BODIES_AHEAD)
+    return max(16, soft - _RESERVED_FDS - _RESERVED_PER_PLACE * places)
+
+
 class _Server(web.Server):
     def __init__(
-        self, handler: Any, *, head_timeout: float, direct: DirectPath | None, **kwargs: Any
+        self,
+        handler: Any,
+        *,
+        head_timeout: float,
+        direct: DirectPath | None,
+        max_connections: int | None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
         self._head_timeout = head_timeout
         self._direct = direct
+        self._max_connections = max_connections
         #: The parser's limits among the connections' options (aiohttp's defaults otherwise).
         self._parser_options: dict[str, Any] = {
             name: kwargs[name]
@@ -399,6 +467,7 @@ class _Server(web.Server):
             head_timeout=self._head_timeout,
             direct=self._direct,
             parser_options=self._parser_options,
+            max_connections=self._max_connections,
             **self._kwargs,
         )
 
@@ -416,6 +485,8 @@ def make_web_server(handler: Any, config: Config, direct: DirectPath | None = No
         keepalive_timeout=config.keepalive_timeout,
         head_timeout=config.request_head_timeout,
         direct=direct,
+        # The service port only: the health port answers probes whatever clients hold open.
+        max_connections=connection_cap(config) if direct is not None else None,
         lingering_time=0,
         handler_cancellation=True,
     )
