@@ -302,3 +302,14 @@ def test_a_worker_out_of_open_files_says_so_and_is_replaced(start):
     server.wait_healthy(15)
     answer = server.request("POST", "/", b"x" * (200 * 1024))
     assert answer.json()["size"] == 200 * 1024 and pid_of(answer) != first
+
+
+def test_with_concurrency_a_crash_fails_the_calls_running_in_that_worker(start):
+    """What the README says holds: with ``--concurrency 4`` the four calls running in a worker
+    that dies get 502, and the next call is served by its replacement (issue 28 point 11)."""
+    server = start("sv_meet", "--concurrency", "4")
+    (first,) = wait_for_ready_workers(server, 1)
+    answers = call_all(server, ["/?meet=1"] * 3 + ["/?exit=1"], timeout=30)
+    assert [answer.status for answer in answers] == [502] * 4, [a.body for a in answers]
+    server.wait_healthy(15)
+    assert pid_of(server.request("GET", "/")) != first
