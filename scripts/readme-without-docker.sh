@@ -28,12 +28,10 @@ docker run --rm --network bridge -v "$SNAPSHOT":/snapshot:ro \
     bash -euo pipefail -c '
         cp -r /snapshot /repo && cd /repo
         test ! -S /var/run/docker.sock
-        echo "== the run command"
-        answer=$(bash -c "$RUN_COMMAND")
-        echo "$answer"
-        echo "$answer" | grep -q "\"total\": 108.0"
-        echo "== the test command"
-        cd /repo && bash -c "$TEST_COMMAND"
+        echo "== the two commands, typed one after the other in one shell"
+        printf "%s\n" "$RUN_COMMAND" "echo \"== the test command\"" "$TEST_COMMAND" > /tmp/typed.sh
+        bash -e /tmp/typed.sh 2>&1 | tee /tmp/typed.out
+        grep -q "\"total\": 108.0" /tmp/typed.out
         echo "== docs/first-model.md, step by step (curl as a user would have it)"
         apt-get update -qq && apt-get install -y -qq curl > /dev/null
         cd /repo && python scripts/first_model_walkthrough.py
