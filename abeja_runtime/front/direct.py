@@ -33,6 +33,7 @@ from multidict import CIMultiDict
 from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
+from abeja_runtime.front.accounting import CallEntry
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
@@ -122,11 +123,17 @@ class DirectRequests:
     def take(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
     ) -> _DirectCall:
-        received = time.time()
         headers = message.headers
         server = self._server
         method = message.method
         url = message.url
+        entry = server.accounting.open(
+            method,
+            url.path,
+            time.time(),
+            request_id_from(headers.get(REQUEST_ID_HEADER)),
+            requester_id_from(headers.get(REQUESTER_ID_HEADER)),
+        )
         if self._in_frame(payload):
             body: bytes | None = (
                 b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
@@ -142,8 +149,8 @@ class DirectRequests:
             url.raw_path,
             url.raw_query_string,
             plain_headers(headers),
-            request_id_from(headers.get(REQUEST_ID_HEADER)),
-            requester_id_from(headers.get(REQUESTER_ID_HEADER)),
+            entry.request_id,
+            entry.requester_id,
             body,
             "",
             size,
@@ -152,12 +159,10 @@ class DirectRequests:
             server,
             connection,
             call,
-            url.path,
-            received,
+            entry,
             keep_alive=not message.should_close,
             payload=None if body is not None else payload,
         )
-        server.begin()
         if body is None:
             direct.read_body()  # then submit
         else:
@@ -171,10 +176,9 @@ class _DirectCall:
     __slots__ = (
         "_body",
         "_connection",
+        "_entry",
         "_keep_alive",
         "_over",
-        "_path",
-        "_received",
         "_server",
         "_streaming",
         "deadline",
@@ -186,16 +190,15 @@ class _DirectCall:
         server: HttpServer,
         connection: Connection,
         call: Call,
-        path: str,
-        received: float,
+        entry: CallEntry,
         *,
         keep_alive: bool,
         payload: StreamReader | None,
     ) -> None:
         self._server = server
         self._connection = connection
-        self._path = path
-        self._received = received
+        #: Its counts: ended (499 if never counted) however the call ends.
+        self._entry = entry
         self._keep_alive = keep_alive
         #: The calls whose deadline is watched with this one's (server.submit).
         self.deadline: set[PendingCall] | None = None
@@ -210,7 +213,7 @@ class _DirectCall:
                 connection,
                 payload,
                 call.body_size,
-                received,
+                entry.received,
                 self._body_ready,
                 self._body_failed,
             )
@@ -235,7 +238,7 @@ class _DirectCall:
     def submit(self) -> None:
         """Hand the call to the pool (answered at once when the pool is full)."""
         try:
-            self.deadline = self._server.submit(self.pending, self._received)
+            self.deadline = self._server.submit(self.pending, self._entry.received)
         except ServiceBusy as exc:
             self.refused(exc)
             return
@@ -283,14 +286,11 @@ class _DirectCall:
                 )
             if status in _EMPTY_BODY_STATUSES:
                 body = b""
-            server.account(
-                call.method, self._path, status, self._received, call.request_id,
-                call.requester_id,
-            )  # fmt: skip
+            self._entry.count(status)
             self._connection.send_direct(head, body)
             sent = True
         finally:  # whatever failed above, the call ends (and a connection left unanswered)
-            server.end()
+            self._entry.end()
             self._connection.direct_done(close=close or not sent)
 
     async def _stream(self, answer: Answer) -> None:
@@ -300,10 +300,7 @@ class _DirectCall:
         call = self.pending.frame
         assert isinstance(call, Call)
         close = not self._keep_alive or server.draining
-        server.account(
-            call.method, self._path, answer.status, self._received, call.request_id,
-            call.requester_id,
-        )  # fmt: skip
+        self._entry.count(answer.status)
         headers = CIMultiDict(answer.headers)
         headers[REQUEST_ID_HEADER] = call.request_id
         headers["Transfer-Encoding"] = "chunked"
@@ -330,7 +327,7 @@ class _DirectCall:
             raise
         finally:
             self._over = True
-            server.end()
+            self._entry.end()
         connection.direct_done(close=close)
 
     def client_gone(self) -> None:
@@ -343,12 +340,12 @@ class _DirectCall:
         self._over = True
         if self._body is not None and self._body.reading:  # not submitted yet
             self._body.abandon()
-            self._server.end()
+            self._entry.end()
             return
         if self.deadline is not None:
             self.deadline.discard(self.pending)
         self._server.withdraw(self.pending)
-        self._server.end()
+        self._entry.end()
 
 
 def _response_head(

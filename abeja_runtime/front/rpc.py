@@ -14,7 +14,6 @@ corresponds to its gRPC status, and waited for at shutdown. The request id trave
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, Final
 
@@ -102,7 +101,9 @@ class RpcServer:
         request_id = request_id_from(dict(metadata).get(REQUEST_ID_HEADER))
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         http = self._http
-        http.begin()
+        # Ended however the call ends: a call the client cancels (or whose own deadline
+        # passes) is counted as 499 then.
+        entry = http.accounting.open("POST", method, received, request_id)
         try:
             if not self._pool.admitting:
                 code, message, status = grpc.StatusCode.UNAVAILABLE, "service unavailable", 503
@@ -113,17 +114,14 @@ class RpcServer:
                 except HttpError as exc:
                     http.refusal(exc)  # counted as on the HTTP port
                     code, message, status = _status_of(exc), exc.message, exc.status
-                except asyncio.CancelledError:  # the client left, or its own deadline passed
-                    http.account("POST", method, 499, received, request_id)
-                    raise
                 else:
                     assert isinstance(answer, RpcAnswer)
                     if answer.code == 0:
-                        http.account("POST", method, 200, received, request_id)
+                        entry.count(200)
                         return answer.payload
                     code, message, status = _CODES[answer.code], answer.message, answer.http_status
-            http.account("POST", method, status, received, request_id)
+            entry.count(status)
         finally:
-            http.end()
+            entry.end()
         await context.abort(code, message)
         raise AssertionError("abort raises")  # pragma: no cover

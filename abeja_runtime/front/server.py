@@ -38,6 +38,7 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
+from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.arms import (
     ASYNC_ID_HEADER,
     ASYNC_TOKEN_HEADER,
@@ -155,11 +156,10 @@ class HttpServer:
         self._buffers = BodyBuffers()
         self._gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
         self._deadlines = Deadlines(self.loop, self._expire)
-        self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
-        #: Requests being answered (async ones until their result is sent): the drain waits.
-        self.in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
+        #: Every call's counts, and the calls in flight (async ones until their result is
+        #: sent), which the drain waits for.
+        self.accounting = Accounting(access_log, metrics)
         self.draining = False
         missing = ResultSender.missing(config.platform)
         self._async_refusal = (
@@ -221,46 +221,36 @@ class HttpServer:
     def next_call_id(self) -> int:
         return self._pool.next_id()
 
-    def flush_log(self) -> None:
-        """Write the access records kept so far (before the event loop ends)."""
-        self._access_log.flush()
-
-    async def idle(self) -> None:
-        await self._idle.wait()
-
     async def service(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == HEALTH_PATH:
             return _health_response(self._pool.serving and not self.draining)
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
             return self.metrics_response()
-        received = time.time()
-        request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
-        self.begin()
+        headers = request.headers
+        entry = self.accounting.open(
+            request.method,
+            path,
+            time.time(),
+            request_id_from(headers.get(REQUEST_ID_HEADER)),
+            requester_id_from(headers.get(REQUESTER_ID_HEADER)),
+        )
         try:
-            return await self._serve(request, request_id, received)
+            return await self._serve(request, entry)
+        except Exception:  # aiohttp answers it 500
+            entry.count(500)
+            raise
         finally:
-            self.end()
+            entry.end()
 
     def metrics_response(self) -> web.Response:
         return web.Response(
             body=self._metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
         )
 
-    def begin(self) -> None:
-        """A request (or gRPC call) starts: the drain waits for it."""
-        self.in_flight += 1
-        self._idle.clear()
-
-    def end(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight:
-            self._idle.set()
-
-    async def _serve(
-        self, request: web.BaseRequest, request_id: str, received: float
-    ) -> web.StreamResponse:
-        tag = (REQUEST_ID_HEADER, request_id)
+    async def _serve(self, request: web.BaseRequest, entry: CallEntry) -> web.StreamResponse:
+        received = entry.received
+        tag = (REQUEST_ID_HEADER, entry.request_id)
         try:
             if not self._pool.admitting and not self.draining:
                 raise ServiceUnavailable()
@@ -269,30 +259,30 @@ class HttpServer:
             body = await self._read_body(request, received)
         except HttpError as exc:
             reply = self.refusal(exc).with_headers((tag,))
-            self._account(request, reply.status, received, request_id)
+            entry.count(reply.status)
             if exc.ends_connection:  # the body was not read whole
                 return await _refuse(request, reply)
             return await self._send_reply(request, reply)
         async_id = request.headers.get(ASYNC_ID_HEADER)
         if async_id:
-            return await self._accept_async(request, body, async_id, tag, received)
-        pending = self._pending(request, body, request_id)
+            return await self._accept_async(request, body, async_id, entry)
+        pending = self._pending(request, body, entry)
         try:
             answer = await self.call(pending, received)
         except HttpError as exc:
             reply = self.refusal(exc).with_headers((tag,))
-            self._account(request, reply.status, received, request_id)
+            entry.count(reply.status)
             return await self._send_reply(request, reply)
         assert isinstance(answer, Answer)
         headers = (*answer.headers, tag)
-        self._account(request, answer.status, received, request_id)
+        entry.count(answer.status)
         if not answer.streamed:
             assert answer.body is not None
             reply = EncodedResponse(answer.status, headers, answer.body)
             return await self._send_reply(request, reply)
         return await self._stream(request, pending, answer.status, headers)
 
-    def _pending(self, request: web.BaseRequest, body: Body, request_id: str) -> PendingCall:
+    def _pending(self, request: web.BaseRequest, body: Body, entry: CallEntry) -> PendingCall:
         url = request.rel_url
         call = Call(
             self._pool.next_id(),
@@ -300,8 +290,8 @@ class HttpServer:
             url.raw_path,
             url.raw_query_string,
             plain_headers(request.headers),
-            request_id,
-            requester_id_from(request.headers.get(REQUESTER_ID_HEADER)),
+            entry.request_id,
+            entry.requester_id,
             body.data,
             "" if body.file is None else body.file.name,
             body.size,
@@ -445,27 +435,6 @@ class HttpServer:
             self._metrics.rejected("unavailable")
         return status_reply(exc.status, exc.message, exc.headers.items())
 
-    def _account(
-        self, request: web.BaseRequest, status: int, received: float, request_id: str
-    ) -> None:
-        requester = requester_id_from(request.headers.get(REQUESTER_ID_HEADER))
-        self.account(request.method, request.path, status, received, request_id, requester)
-
-    def account(
-        self,
-        method: str,
-        path: str,
-        status: int,
-        received: float,
-        request_id: str,
-        requester_id: str | None = None,
-    ) -> None:
-        """Counted before the first byte leaves, so that a client never holds an answer that a
-        scrape does not count."""
-        responded = time.time()
-        self._access_log.record(method, path, status, received, responded, request_id, requester_id)
-        self._metrics.observe(status, responded - received)
-
     async def _send_reply(
         self, request: web.BaseRequest, reply: EncodedResponse
     ) -> web.StreamResponse:
@@ -512,25 +481,25 @@ class HttpServer:
         request: web.BaseRequest,
         body: Body,
         async_id: str,
-        tag: tuple[str, str],
-        received: float,
+        entry: CallEntry,
     ) -> web.StreamResponse:
         """Answer 202 now; the call runs in a task, and its answer goes to the platform."""
+        tag = (REQUEST_ID_HEADER, entry.request_id)
         problem = async_id_problem(async_id)
         refusal = status_reply(400, problem) if problem else self._async_refusal
         if refusal is None and len(self._async_jobs) >= MAX_PENDING:
             refusal = self.refusal(ServiceBusy())
         if refusal is not None:
             body.close()
-            self._account(request, refusal.status, received, tag[1])
+            entry.count(refusal.status)
             return await self._send_reply(request, refusal.with_headers((tag,)))
-        pending = self._pending(request, body, tag[1])
+        pending = self._pending(request, body, entry)
         token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
-        self.begin()  # until the result is sent: a graceful shutdown waits for it
-        job = asyncio.create_task(self._run_async(pending, async_id, token, tag, received))
+        self.accounting.hold()  # until the result is sent: a graceful shutdown waits for it
+        job = asyncio.create_task(self._run_async(pending, async_id, token, tag, entry.received))
         self._async_jobs.add(job)
         job.add_done_callback(self._async_jobs.discard)
-        self._account(request, 202, received, tag[1])
+        entry.count(202)
         response = web.Response(status=202, headers=(*_JSON, tag))
         response.force_close()
         return response
@@ -563,7 +532,7 @@ class HttpServer:
             _log.exception("async request %s failed", async_id)
             await self._results.send_failure(async_id, token, "response from runtime")
         finally:
-            self.end()
+            self.accounting.release()
 
 
 async def _next_chunk(content: StreamReader) -> bytes:

@@ -237,14 +237,14 @@ class _Front:
             pool.close()
             await service.cleanup()
             await health.cleanup()
-            http.flush_log()
+            http.accounting.flush()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
         return self._exit_code
 
     def _gauges(self) -> tuple[int, int]:
         """Requests in flight and calls queued, for a scrape."""
-        in_flight = self._http.in_flight if self._http is not None else 0
+        in_flight = self._http.accounting.in_flight if self._http is not None else 0
         return in_flight, self._pool.queued
 
     def _is_ready(self) -> bool:
@@ -290,30 +290,30 @@ class _Front:
     async def _drain(self, service: web.ServerRunner) -> None:
         """Requests on open connections are answered (with ``Connection: close``) within the
         grace period; then the handler processes finish their calls and exit."""
-        http = self._http
-        assert http is not None
+        assert self._http is not None
+        calls = self._http.accounting
         loop = asyncio.get_running_loop()
         grace = self._config.grace_period
         deadline = loop.time() + grace if grace else None
         rpc_stopped = asyncio.ensure_future(self._rpc.stop(grace)) if self._rpc else None
         server = service.server
-        while http.in_flight or (server is not None and _fresh(server)):
+        while calls.in_flight or (server is not None and _fresh(server)):
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 _log.warning(
                     "%d request(s) still running after the %g s grace period; stopping anyway",
-                    http.in_flight,
+                    calls.in_flight,
                     grace,
                 )
                 break
-            if http.in_flight:
+            if calls.in_flight:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(http.idle(), left)
+                    await asyncio.wait_for(calls.idle(), left)
             else:
                 await asyncio.sleep(_FRESH_CONNECTION_POLL)
         if rpc_stopped is not None:
             await rpc_stopped
-        http.flush_log()  # the answers' records before what the workers log as they stop
+        calls.flush()  # the answers' records before what the workers log as they stop
         self._pool.stop()
         try:
             await asyncio.wait_for(self._pool.all_gone.wait(), (grace or 0) + _KILL_MARGIN)

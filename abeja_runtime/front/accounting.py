@@ -1,0 +1,129 @@
+"""What the front counts of each call, in one place: its access record, its metrics, and the
+calls in flight that a drain waits for.
+
+Every call that enters the front, by any way in (aiohttp's request handling, the direct path,
+gRPC), opens a :class:`CallEntry` and ends it, on every path it can take (``finally``). Its
+status is counted once, before the answer's first byte leaves (so that a client never holds an
+answer a scrape does not count); a call that ends without one, because its client left before
+it was answered (or an error escaped), is counted as ``499`` (nginx's "client closed request"),
+by the stage it reached. Before, such calls left no access record and no metric at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Final
+
+from abeja_runtime.access_log import AccessLog
+from abeja_runtime.metrics import FrontMetrics
+
+__all__ = ["CLIENT_CLOSED", "Accounting", "CallEntry"]
+
+#: The status a call whose client left before its answer is counted with.
+CLIENT_CLOSED: Final = 499
+
+
+class Accounting:
+    """The access log, the metrics, and the calls in flight."""
+
+    __slots__ = ("_access_log", "_idle", "_metrics", "in_flight")
+
+    def __init__(self, access_log: AccessLog, metrics: FrontMetrics) -> None:
+        self._access_log = access_log
+        self._metrics = metrics
+        #: Calls open (and async requests until their result is sent): the drain waits.
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def open(
+        self,
+        method: str,
+        path: str,
+        received: float,
+        request_id: str,
+        requester_id: str | None = None,
+    ) -> CallEntry:
+        """A call starts: counted in flight until :meth:`CallEntry.end`."""
+        self.hold()
+        return CallEntry(self, method, path, received, request_id, requester_id)
+
+    def hold(self) -> None:
+        """Something the drain waits for starts (a call, an async request's result)."""
+        self.in_flight += 1
+        self._idle.clear()
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()
+
+    def flush(self) -> None:
+        """Write the access records kept so far (before the event loop ends)."""
+        self._access_log.flush()
+
+    def record(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        received: float,
+        request_id: str,
+        requester_id: str | None,
+    ) -> None:
+        responded = time.time()
+        self._access_log.record(method, path, status, received, responded, request_id, requester_id)
+        self._metrics.observe(status, responded - received)
+
+
+class CallEntry:
+    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over."""
+
+    __slots__ = (
+        "_accounting", "method", "path", "received", "request_id", "requester_id", "status",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        accounting: Accounting,
+        method: str,
+        path: str,
+        received: float,
+        request_id: str,
+        requester_id: str | None,
+    ) -> None:
+        self._accounting: Accounting | None = accounting
+        self.method = method
+        self.path = path
+        self.received = received
+        self.request_id = request_id
+        self.requester_id = requester_id
+        #: The status counted (0: none yet).
+        self.status = 0
+
+    def count(self, status: int) -> None:
+        """The call's status, counted now (before its answer leaves); once: a later status is
+        not counted again."""
+        if self.status:
+            return
+        self.status = status
+        accounting = self._accounting
+        if accounting is not None:
+            accounting.record(
+                self.method, self.path, status, self.received, self.request_id, self.requester_id
+            )
+
+    def end(self) -> None:
+        """The call is over, however it ended: one that was never counted is counted as
+        :data:`CLIENT_CLOSED`. Once: a second call does nothing."""
+        accounting = self._accounting
+        if accounting is None:
+            return
+        if not self.status:
+            self.count(CLIENT_CLOSED)
+        self._accounting = None
+        accounting.release()

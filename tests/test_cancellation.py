@@ -1,0 +1,74 @@
+"""Calls whose client leaves before the answer: each is counted once, as ``499``, in the access
+log and the metrics, whichever way it came in and whatever stage it reached (issue 29)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Any
+
+import pytest
+from conftest import RunningServer, ServerFactory, wait_until
+
+
+@pytest.fixture
+def sleeper(make_server: ServerFactory) -> RunningServer:
+    return make_server("ex_sleep")
+
+
+def send_and_leave(server: RunningServer, request: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.sendall(request)
+    return sock
+
+
+def get(path: str, request_id: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\nx-abeja-request-id: {request_id}\r\n\r\n".encode()
+
+
+def chunked_post(path: str, request_id: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nx-abeja-request-id: {request_id}\r\n"
+        "Transfer-Encoding: chunked\r\nContent-Type: text/plain\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+    ).encode()
+
+
+def records_of(server: RunningServer, request_id: str) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in server.records()
+        if r.get("log_type") == "access_log" and r.get("request_id") == request_id
+    ]
+
+
+def started(server: RunningServer, tag: str) -> bool:
+    return any(
+        r.get("message", "").startswith(f'{{"event": "start", "tag": "{tag}"')
+        for r in server.records()
+    )
+
+
+def counted_499(server: RunningServer) -> float:
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+    found = re.search(r'^abeja_runtime_requests_total\{code="499"\} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_a_running_and_a_queued_call_whose_clients_leave_are_counted_499(
+    sleeper: RunningServer, way: str
+):
+    request = get if way == "direct" else chunked_post
+    running = send_and_leave(sleeper, request("/?sleep=3&tag=running", "left-running"))
+    wait_until(lambda: started(sleeper, "running"), 10, "the first call to start")
+    queued = send_and_leave(sleeper, request("/?sleep=0&tag=queued", "left-queued"))
+    queued.close()
+    running.close()
+    for request_id in ("left-running", "left-queued"):
+        (record,) = wait_until(lambda r=request_id: records_of(sleeper, r), 10, request_id)
+        assert record["http_status"] == 499
+    assert counted_499(sleeper) == 2.0
+    answer = sleeper.request("GET", "/?tag=after", headers={"x-abeja-request-id": "after"})
+    assert answer.status == 200
+    (record,) = wait_until(lambda: records_of(sleeper, "after"), 10, "the next call's record")
+    assert record["http_status"] == 200
