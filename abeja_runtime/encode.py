@@ -18,7 +18,15 @@ import json
 import logging
 import re
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sized,
+)
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -336,6 +344,8 @@ def _render(content: object, writer: _ElementWriter) -> Body:
             return writer.encode(content)
     if callable(getattr(content, "read", None)):
         return _stream_file(content, writer)
+    if isinstance(content, AsyncIterable):  # an async generator: streamed as it yields
+        return _stream_async_elements(content, writer)
     if isinstance(content, Iterable):
         if isinstance(content, Sized):  # list, tuple, set...: in memory, render now
             return b"".join(writer.encode(element) for element in content)
@@ -354,6 +364,21 @@ def _stream_elements(elements: Iterable[object], writer: _ElementWriter) -> Iter
         close = getattr(iterator, "close", None)
         if callable(close):
             close()
+
+
+async def _stream_async_elements(
+    elements: AsyncIterable[object], writer: _ElementWriter
+) -> AsyncIterator[bytes]:
+    iterator = aiter(elements)
+    try:
+        async for element in iterator:
+            chunk = writer.encode(element)
+            if chunk:
+                yield chunk
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if callable(aclose):
+            await aclose()
 
 
 def _stream_file(file: Any, writer: _ElementWriter) -> Iterator[bytes]:

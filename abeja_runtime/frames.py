@@ -359,11 +359,17 @@ class BlockingChannel:
     """The handler process's end: blocking reads of whole frames, writes with descriptors."""
 
     def __init__(
-        self, sock: socket.socket, broken: Callable[[ProtocolError], NoReturn] | None = None
+        self,
+        sock: socket.socket,
+        broken: Callable[[ProtocolError], NoReturn] | None = None,
+        cancelled: Callable[[int], None] | None = None,
     ) -> None:
         self._sock = sock
         #: Called with what broke the protocol, on whichever thread read it (else raised).
         self._broken = broken
+        #: Called by :meth:`taken_back` with the id of a call the front cancelled that is not
+        #: waiting here (it runs, or ran).
+        self._cancelled = cancelled
         self._decoder = FrameDecoder()
         self._into = read_buffer()
         self._ready: deque[tuple[Frame, int | None]] = deque()
@@ -394,8 +400,9 @@ class BlockingChannel:
 
     def taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
         """The calls read and not started that the front took back since (a :class:`Cancel`
-        or :class:`GiveBack` came behind them): :meth:`read` will not return them. Reads what
-        the socket holds now, without waiting; nothing while another thread reads."""
+        or :class:`GiveBack` came behind them): :meth:`read` will not return them. A
+        :class:`Cancel` of a call not waiting here goes to ``cancelled``. Reads what the socket
+        holds now, without waiting; nothing while another thread reads."""
         if not self._read_lock.acquire(blocking=False):
             return []
         try:
@@ -415,6 +422,7 @@ class BlockingChannel:
         wanted = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel | GiveBack)}
         if not wanted:
             return []
+        cancels = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel)}
         taken: list[tuple[Call | RpcCall, int | None]] = []
         kept: deque[tuple[Frame, int | None]] = deque()
         for item in self._ready:
@@ -424,6 +432,9 @@ class BlockingChannel:
             elif not isinstance(frame, Cancel | GiveBack):  # those of calls run already: spent
                 kept.append(item)
         self._ready = kept
+        if self._cancelled is not None:
+            for call_id in cancels.difference(frame.id for frame, _ in taken):
+                self._cancelled(call_id)
         return taken
 
     def write(self, frame: Frame, fd: int | None = None) -> None:

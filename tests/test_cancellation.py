@@ -3,6 +3,7 @@ log and the metrics, whichever way it came in and whatever stage it reached (iss
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from typing import Any
@@ -72,3 +73,72 @@ def test_a_running_and_a_queued_call_whose_clients_leave_are_counted_499(
     assert answer.status == 200
     (record,) = wait_until(lambda: records_of(sleeper, "after"), 10, "the next call's record")
     assert record["http_status"] == 200
+
+
+# --- work stopped when the client leaves ---------------------------------------------------------
+
+
+def events(server: RunningServer, event: str, tag: str) -> list[dict[str, Any]]:
+    found = []
+    for record in server.records():
+        try:
+            printed = json.loads(record.get("message", ""))
+        except ValueError:
+            continue
+        if (
+            isinstance(printed, dict)
+            and printed.get("event") == event
+            and printed.get("tag") == tag
+        ):
+            found.append(printed)
+    return found
+
+
+def read_until(sock: socket.socket, marker: bytes) -> bytes:
+    """What arrives until ``marker`` has (bounded by the socket's timeout, and by its end)."""
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize(
+    "handler",
+    ["main:handler", "main:async_handler", "main:def_async_gen"],
+    ids=["def generator", "async generator", "def handler's async generator"],
+)
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_a_stream_whose_client_leaves_stops_and_closes_its_generator(
+    make_server: ServerFactory, handler: str, way: str
+):
+    server = make_server("cn_stream", "--handler", handler)
+    request = get if way == "direct" else chunked_post
+    sock = send_and_leave(server, request("/?tag=left", "stream-left"))
+    assert b"left 2\n" in read_until(sock, b"left 2\n")
+    sock.close()
+    (closed,) = wait_until(lambda: events(server, "closed", "left"), 20, "the generator closed")
+    assert closed["sent"] < 3000  # stopped, not run to its end
+    # The worker is free: the next stream starts.
+    sock = send_and_leave(server, request("/?tag=next", "stream-next"))
+    assert b"next 0\n" in read_until(sock, b"next 0\n")
+    sock.close()
+
+
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_a_def_handler_sees_request_cancelled_when_its_client_leaves(
+    make_server: ServerFactory, way: str
+):
+    server = make_server("cn_stream", "--handler", "main:watching")
+    request = get if way == "direct" else chunked_post
+    sock = send_and_leave(server, request("/?tag=w", "watched"))
+    wait_until(lambda: events(server, "watching", "w"), 10, "the call to start")
+    sock.close()
+    wait_until(lambda: events(server, "noticed", "w"), 20, "request.cancelled to be set")
+    (record,) = wait_until(lambda: records_of(server, "watched"), 10, "its access record")
+    assert record["http_status"] == 499
+    # The worker is free: the next call starts.
+    with send_and_leave(server, request("/?tag=next", "watched-next")):
+        wait_until(lambda: events(server, "watching", "next"), 10, "the next call to start")

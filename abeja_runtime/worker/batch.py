@@ -33,7 +33,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,7 +272,14 @@ def _collected(calls: HandlerCalls, request: Request) -> EncodedResponse:
 
 
 async def _collected_async(calls: HandlerCalls, request: Request) -> EncodedResponse:
-    return _gathered(calls, await calls.answer_async(request))
+    reply = await calls.answer_async(request)
+    if isinstance(reply.body, AsyncIterator):  # an async generator's chunks, gathered here
+        try:
+            body = b"".join([chunk async for chunk in reply.body])
+        except Exception as exc:
+            return calls.error_reply(exc)
+        return EncodedResponse(reply.status, reply.headers, body)
+    return _gathered(calls, reply)
 
 
 def _gathered(calls: HandlerCalls, reply: EncodedResponse) -> EncodedResponse:

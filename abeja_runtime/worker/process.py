@@ -36,7 +36,7 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any, Final, NoReturn
 
@@ -49,6 +49,7 @@ from abeja_runtime.frames import (
     Answer,
     BlockingChannel,
     Call,
+    Cancel,
     Chunk,
     End,
     Frame,
@@ -72,6 +73,7 @@ from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.scheduling import run_as_batch
 from abeja_runtime.worker.calls import HandlerCalls
+from abeja_runtime.worker.cancellation import Cancellations
 from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.request import Request
@@ -94,7 +96,8 @@ def main() -> None:
     _leave_stopping_to_the_front()
     _die_with(front)
     run_as_batch()
-    channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken)
+    cancellations = Cancellations()
+    channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken, cancellations.cancel)
     first = channel.read()
     if first is None or not isinstance(first[0], Start) or first[0].version != VERSION:
         os._exit(2)  # not started by a front of this version
@@ -103,7 +106,7 @@ def main() -> None:
     capture_prints()
     limit_image_pixels(config.max_image_pixels)
     try:
-        code = _serve(config, channel)
+        code = _serve(config, channel, cancellations)
     except Exception:
         _log.exception("the worker failed")
         code = 1
@@ -158,7 +161,7 @@ def _die_with(front: int) -> None:
         os._exit(1)
 
 
-def _serve(config: Config, channel: BlockingChannel) -> int:
+def _serve(config: Config, channel: BlockingChannel, cancellations: Cancellations) -> int:
     try:
         handler = load_handler(config.handler, Path.cwd(), config)
     except Exception as exc:
@@ -172,7 +175,7 @@ def _serve(config: Config, channel: BlockingChannel) -> int:
     # handler's teardown still runs.
     with contextlib.suppress(OSError):
         channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
-    calls = _Calls(config, HandlerCalls(config, handler), channel)
+    calls = _Calls(config, HandlerCalls(config, handler), channel, cancellations)
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         from abeja_runtime.worker.handler_loop import serve_on_loop  # asyncio only when needed
 
@@ -230,6 +233,12 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
     for thread in pool:
         thread.start()
     while (item := calls.channel.read()) is not None:
+        frame = item[0]
+        if isinstance(frame, Cancel):  # a call handed to a thread: it stops if it can
+            calls.cancellations.cancel(frame.id)
+            continue
+        if isinstance(frame, Call | RpcCall):
+            calls.cancellations.started(frame.id)
         jobs.put(item)
     for _ in pool:
         jobs.put(None)
@@ -254,8 +263,15 @@ def _stop_handler(handler: LoadedHandler, config: Config) -> None:
 class _Calls:
     """Frames in, the handler's answers out."""
 
-    def __init__(self, config: Config, calls: HandlerCalls, channel: BlockingChannel) -> None:
+    def __init__(
+        self,
+        config: Config,
+        calls: HandlerCalls,
+        channel: BlockingChannel,
+        cancellations: Cancellations,
+    ) -> None:
         self.channel = channel
+        self.cancellations = cancellations
         self._calls = calls
         self._handler = calls.handler
         self._shared = SharedBodies()
@@ -268,9 +284,13 @@ class _Calls:
                 if isinstance(request, EncodedResponse):  # none could be built from the call
                     self._send(frame.id, request)
                     return
+                cancellations = self.cancellations
+                cancellations.started(frame.id)
+                request.watch_cancellation(cancellations, frame.id)
                 try:
                     self._send(frame.id, self._calls.answer(request))
                 finally:
+                    cancellations.finished(frame.id)
                     request.close()
         elif isinstance(frame, RpcCall):
             with _RequestIds(frame.request_id, None):
@@ -286,13 +306,20 @@ class _Calls:
                 if isinstance(request, EncodedResponse):
                     self._send(frame.id, request)
                     return
+                cancellations = self.cancellations
+                cancellations.started(frame.id)
+                request.watch_cancellation(cancellations, frame.id)
                 try:
                     if self._handler.is_async:
                         reply = await self._calls.answer_async(request)
                     else:
                         reply = self._calls.answer(request)
-                    self._send(frame.id, reply)
+                    if isinstance(reply.body, AsyncIterator):
+                        await self._send_async(frame.id, reply)
+                    else:
+                        self._send(frame.id, reply)
                 finally:
+                    cancellations.finished(frame.id)
                     request.close()
         elif isinstance(frame, RpcCall):
             with _RequestIds(frame.request_id, None):
@@ -358,11 +385,18 @@ class _Calls:
             finally:
                 os.close(fd)
             return
-        assert isinstance(body, Iterator), "the handler side streams from an iterator"
+        if isinstance(body, AsyncIterator):  # a def handler's async generator: on a loop here
+            from abeja_runtime.worker.handler_loop import run_until_done  # asyncio only then
+
+            run_until_done(self._send_async(call_id, reply))
+            return
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
         failed = False
+        cancellations = self.cancellations
         try:
             for chunk in body:
+                if cancellations.is_cancelled(call_id):  # nobody reads on: stop producing
+                    break
                 if chunk:
                     self.channel.write(Chunk(call_id, bytes(chunk)))
         except Exception as exc:
@@ -372,8 +406,35 @@ class _Calls:
         finally:
             close = getattr(body, "close", None)
             if callable(close):
-                close()
+                close()  # the generator's finally runs now, also when it was stopped early
         self.channel.write(End(call_id, failed))
+
+    async def _send_async(self, call_id: int, reply: EncodedResponse) -> None:
+        """A streamed answer whose chunks come from an async iterator (an ``async def``
+        generator), written as they come. Its task cancelled (the front's :class:`Cancel`),
+        the iterator is closed and the stream ended."""
+        body = reply.body
+        assert isinstance(body, AsyncIterator)
+        self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
+        failed = False
+        cancellations = self.cancellations
+        try:
+            async for chunk in body:
+                if cancellations.is_cancelled(call_id):
+                    break
+                if chunk:
+                    self.channel.write(Chunk(call_id, bytes(chunk)))
+        except Exception as exc:
+            _log.error("the handler's streamed content failed after the response began: %s", exc)
+            failed = True
+        except BaseException:  # its task cancelled (not imported: asyncio only when needed)
+            failed = True
+            raise
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if callable(aclose):
+                await aclose()
+            self.channel.write(End(call_id, failed))
 
 
 class _RequestIds:

@@ -12,12 +12,16 @@ after the response has been sent; each can be read once from the start, like ABE
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from multidict import MultiDict, MultiDictProxy
 
 from abeja_runtime.spool import Scratch
+
+if TYPE_CHECKING:
+    from abeja_runtime.worker.cancellation import Cancellations
 
 __all__ = ["REQUEST_KEYS", "Content", "HttpHeaders", "Request"]
 
@@ -142,11 +146,12 @@ class Request(Mapping[str, Any]):
     Keys: ``http_method``, ``content_type``, ``headers`` (ABEJA's list of
     ``{'key': name, 'values': [...]}``, sorted by name), ``http_headers`` (:class:`HttpHeaders`) and
     ``contents`` (list of :class:`Content`). Attributes beyond ABEJA Platform: ``path`` (the decoded
-    URL path), ``query`` (the decoded query as a read-only multi-dict), ``query_string`` (raw) and
-    ``request_id``.
+    URL path), ``query`` (the decoded query as a read-only multi-dict), ``query_string`` (raw),
+    ``request_id`` and ``cancelled``.
     """
 
     __slots__ = (
+        "_cancellation",
         "_raw_headers",
         "_scratch",
         "_values",
@@ -181,6 +186,21 @@ class Request(Mapping[str, Any]):
         self.query_string = query_string
         self.request_id = request_id
         self._scratch = scratch
+        self._cancellation: tuple[Cancellations, int] | None = None
+
+    def watch_cancellation(self, cancellations: Cancellations, call_id: int) -> None:
+        """Where :attr:`cancelled` looks (the worker's call ``call_id``)."""
+        self._cancellation = (cancellations, call_id)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set once nobody waits for this call's answer any more (its client left, or its
+        deadline passed): a long ``def`` handler may look now and then, and stop. Never set
+        for a request that is not a call from the front (a batch run's)."""
+        if self._cancellation is None:
+            return threading.Event()
+        cancellations, call_id = self._cancellation
+        return cancellations.event(call_id)
 
     def __getitem__(self, key: str) -> Any:
         try:

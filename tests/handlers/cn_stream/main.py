@@ -1,0 +1,64 @@
+"""Streams for as long as anyone reads, and says when its generator is closed.
+
+``handler`` returns a sync generator, ``async_handler`` an async one, ``def_async_gen`` is a
+``def`` handler that returns an async generator; each yields ``<tag> <i>\\n`` every 20 ms, up to
+3,000 lines (a minute), and prints ``{"event": "closed", "tag": ..., "sent": n}`` from its
+``finally``. ``watching`` is a ``def`` handler that loops until ``request.cancelled`` is set
+(a minute at most) and prints ``{"event": "noticed", ...}``.
+"""
+
+import asyncio
+import json
+import time
+
+LINES = 3000
+PAUSE = 0.02
+
+
+def _closed(tag: str, sent: int, event: str = "closed") -> None:
+    print(json.dumps({"event": event, "tag": tag, "sent": sent}))
+
+
+def _lines(tag: str):
+    sent = 0
+    try:
+        for index in range(LINES):
+            yield f"{tag} {index}\n"
+            sent += 1
+            time.sleep(PAUSE)
+    finally:
+        _closed(tag, sent)
+
+
+async def _async_lines(tag: str):
+    sent = 0
+    try:
+        for index in range(LINES):
+            yield f"{tag} {index}\n"
+            sent += 1
+            await asyncio.sleep(PAUSE)
+    finally:
+        _closed(tag, sent)
+
+
+def handler(request, context):
+    return {"content_type": "text/plain", "content": _lines(request.query.get("tag", ""))}
+
+
+async def async_handler(request, context):
+    return {"content_type": "text/plain", "content": _async_lines(request.query.get("tag", ""))}
+
+
+def def_async_gen(request, context):
+    return {"content_type": "text/plain", "content": _async_lines(request.query.get("tag", ""))}
+
+
+def watching(request, context):
+    tag = request.query.get("tag", "")
+    _closed(tag, 0, "watching")
+    start = time.monotonic()
+    while not request.cancelled.wait(0.02):
+        if time.monotonic() - start > 60:
+            return {"content": {"noticed": False}}
+    _closed(tag, 0, "noticed")
+    return {"content": {"noticed": True}}
