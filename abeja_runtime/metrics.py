@@ -10,6 +10,11 @@ memory-mapped files in one directory that the front creates, and a scrape sums t
 what a replaced process counted. The mode is chosen by an environment variable that
 prometheus_client reads when first imported; the front sets it for its children only
 (:func:`handler_environment`), never for itself.
+
+prometheus_client from 0.8 is served: seldon-core 1.18, which Seldon users keep installed beside
+their model, pins ``prometheus-client<0.9`` (``tests/test_styles_seldon_core_env.py`` serves from
+there, the rest of the suite with the newest release). 0.8 reads the directory only from the
+lower-case variable and has no gauge mode that keeps the most recent value; both are handled here.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ __all__ = [
 _log = logging.getLogger("abeja_runtime")
 
 METRICS_DIR_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
+#: The same as older prometheus_client releases spell it (0.8, under seldon-core's pin, reads
+#: only this one). Newer releases read the upper-case one first and warn only when it is unset.
+_LEGACY_METRICS_DIR_VARIABLE: Final = "prometheus_multiproc_dir"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _PREFIX: Final = "abeja_runtime"
 #: Seconds; from a cache hit (5 ms) to the default 60 s timeout, so that a timeout shows as
@@ -45,8 +53,9 @@ _DURATION_BUCKETS: Final = (
 
 
 def handler_environment(directory: str) -> dict[str, str]:
-    """The environment of a handler process: this one's, with the metrics directory."""
-    return {**os.environ, METRICS_DIR_VARIABLE: directory}
+    """The environment of a handler process: this one's, with the metrics directory under both
+    of its names, so that any prometheus_client the handler's environment holds finds it."""
+    return {**os.environ, METRICS_DIR_VARIABLE: directory, _LEGACY_METRICS_DIR_VARIABLE: directory}
 
 
 class FrontMetrics:
@@ -199,7 +208,8 @@ class ReportedMetrics:
     """Metrics a handler reports as values (Seldon's ``COUNTER``, ``GAUGE`` and ``TIMER``).
 
     Each key becomes a metric on first use, with the report's tags as labels: a counter adds
-    the value, a gauge is set to it (the most recent report of a live worker wins), a timer
+    the value, a gauge is set to it (the most recent report of a live worker wins; with a
+    prometheus_client that lacks that mode, each live worker's, labelled by pid), a timer
     observes it (milliseconds, as Seldon's) in a histogram with Seldon's buckets. Counters and
     timers are summed over workers rather than labelled by worker as seldon-core does. A
     report that cannot become a metric (an invalid name, a key reused with another type or
@@ -250,7 +260,13 @@ def _new_metric(kind: str, key: str, labels: tuple[str, ...]) -> Any:
     if kind == "COUNTER":
         return Counter(key, text, labels, registry=None)
     if kind == "GAUGE":
-        return Gauge(key, text, labels, multiprocess_mode="livemostrecent", registry=None)
+        try:
+            return Gauge(key, text, labels, multiprocess_mode="livemostrecent", registry=None)
+        except ValueError:
+            # An older release has no such mode (0.8 has not; an invalid name raises again
+            # below). Then each live worker's latest value, labelled by its pid, as
+            # seldon-core labels every reported metric by its worker.
+            return Gauge(key, text, labels, multiprocess_mode="liveall", registry=None)
     return Histogram(key, text, labels, buckets=_TIMER_BUCKETS, registry=None)
 
 

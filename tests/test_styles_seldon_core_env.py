@@ -2,14 +2,18 @@
 
 Seldon users keep seldon-core installed next to their model (``SeldonResponse``,
 ``SeldonClient``), and seldon-core 1.18 pins protobuf below 4 (issue 28: ``--grpc-port`` died
-there on a protobuf API of 4.22). A fresh virtual environment gets seldon-core 1.18.2, then this
-checkout with its ``grpc`` extra, as pip resolves it there; the runtime is started from that
-environment with ``--grpc-port``, and answers REST and gRPC with a component that answers with
-seldon-core's own ``SeldonResponse``. The gRPC client is seldon-core's messages, stubs and
-``SeldonClient`` (``clients/seldon_grpc.py``), from the same environment.
-
-pip then moves click and prometheus_client past seldon-core's pins (``<8.1``, ``<0.9``), which
-the runtime's own requirements exceed; seldon-core's library, used here, still works.
+there on a protobuf API of 4.22), click below 8.1 and prometheus-client below 0.9. A fresh
+virtual environment is made as a project's image is (``images/project.Dockerfile``) and as the
+CLI's local engine makes one: this checkout first (with its ``grpc`` extra), then a project's
+``requirements.txt`` holding seldon-core 1.18.2, which takes protobuf, click and
+prometheus_client down to 3.20.3, 8.0.4 and 0.8.0. pip must find nothing broken there (so the
+runtime's ranges also let one ``pip install seldon-core==1.18.2 'abeja-runtime[grpc]'``
+resolve). The runtime is started from that environment with ``--grpc-port`` and answers REST
+and gRPC with a component that answers with seldon-core's own ``SeldonResponse`` and reports
+Seldon metrics, which the health-check port's ``/metrics`` serves (prometheus_client 0.8 reads
+another variable than the newest, and has no gauge mode that keeps the latest value). The gRPC
+client is seldon-core's messages, stubs and ``SeldonClient`` (``clients/seldon_grpc.py``), and
+``abeja model run-local`` the environment's own CLI (click 8.0.4).
 
 The rest of the suite runs the runtime with the newest protobuf (this Python's), and
 ``test_styles_seldon_control.py`` puts seldon-core in a venv *beside* the runtime.
@@ -29,15 +33,22 @@ from typing import Any
 
 import pytest
 from conftest import HANDLERS, RunningServer, runtime_env
+from test_metrics import scrape, total
 
 from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
 
 SELDON_CORE = "1.18.2"
-#: What pip gives under seldon-core's ``protobuf<4``: the last 3.x release.
-PROTOBUF = "3.20.3"
+#: What pip gives under seldon-core's pins (``protobuf<4``, ``click<8.1``,
+#: ``prometheus-client<0.9``): the last release below each; the component reports them.
+RELEASES = {
+    "seldon_core": SELDON_CORE,
+    "protobuf": "3.20.3",
+    "click": "8.0.4",
+    "prometheus_client": "0.8.0",
+}
 REPO = Path(__file__).resolve().parents[1]
-#: One install step: creating the venv, seldon-core and its pins, the checkout and the rest
-#: (about 3, 14 and 8 s with pip's cache warm; tens of MB to download when it is cold).
+#: One install step: creating the venv, the checkout and its requirements, then seldon-core and
+#: its pins (about 3, 9 and 9 s with pip's cache warm; tens of MB to download when it is cold).
 _INSTALL_TIMEOUT = 240.0
 #: A fresh venv's first start: seldon-core, numpy and grpcio imported for the first time.
 _START_TIMEOUT = 60.0
@@ -47,17 +58,20 @@ pytestmark = pytest.mark.timeout(3 * _INSTALL_TIMEOUT + 180)
 
 @pytest.fixture(scope="module")
 def seldon_core_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Python of a fresh venv with seldon-core installed and then this checkout (its grpc
-    extra as pip resolves it beside seldon-core): a Seldon user's environment with the runtime
-    added. Not editable: the runtime's files are in the venv, with the venv's protobuf."""
+    """The Python of a fresh venv with this checkout (its grpc extra) and then a project's
+    requirements.txt of seldon-core installed on top, in the order of a project's image
+    (the runtime's image, then ``pip install -r requirements.txt``) and of the local engine.
+    Not editable: the runtime's files are in the venv, with the venv's releases."""
     root = tmp_path_factory.mktemp("seldon-core-env")
     venv = root / "venv"
     python = venv / "bin" / "python"
+    requirements = root / "requirements.txt"
+    requirements.write_text(f"seldon-core=={SELDON_CORE}\n")
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q"]
     for step in (
         [sys.executable, "-m", "venv", str(venv)],
-        [*pip, f"seldon-core=={SELDON_CORE}"],
         [*pip, f"{_stage_checkout(root / 'source')}[grpc]"],
+        [*pip, "-r", str(requirements)],
     ):
         _install_step(step, root / "probe")
     return python
@@ -155,19 +169,59 @@ def ask_grpc(python: Path, port: int, calls: list[tuple[str, Any]]) -> list[Any]
     return answers
 
 
-def test_seldon_grpc_and_rest_are_served_inside_seldon_core_s_environment(
-    seldon_core_python: Path, serve_from: Any
+def pip_check(python: Path) -> str:
+    """What ``pip check`` says of the environment (its own line when nothing is broken)."""
+    done = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "check"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout + done.stderr
+
+
+def run_local(python: Path, project: Path, body: Any, tmp_path: Path) -> Any:
+    """The answer of ``abeja model run-local --engine local`` (the environment's own CLI) to
+    ``body`` sent as JSON: the local engine serves the project with that same Python, as it
+    does from the venv it makes for a project whose requirements.txt holds seldon-core."""
+    done = subprocess.run(
+        [str(python.parent / "abeja"), "model", "run-local", "--engine", "local",
+         "-h", "Identity:Identity", "--input", "-", "--content-type", "application/json", "-q"],
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=runtime_env(TMPDIR=str(tmp_path)),
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_inside_seldon_core_s_environment_rest_grpc_metrics_and_run_local_are_served(
+    seldon_core_python: Path, serve_from: Any, tmp_path: Path
 ) -> None:
+    """One test, so that the environment is made once per run (xdist spreads a module's tests
+    over its workers, each of which would make its own)."""
+    # The requirements.txt step took click and prometheus_client down to seldon-core's pins:
+    # the runtime's own ranges take them (else pip warns at that step, and one
+    # `pip install seldon-core==1.18.2 'abeja-runtime[grpc]'` is ResolutionImpossible).
+    assert pip_check(seldon_core_python) == "No broken requirements found.\n"
+
     grpc_port = free_port()
     server = serve_from(
         seldon_core_python,
         "st_seldon_core_env",
         "--style", "seldon",
         "--grpc-port", str(grpc_port),
-        env={"HANDLER": "Identity"},
+        # The metrics are only exported: the answers stay SeldonMessages with tags alone.
+        env={"HANDLER": "Identity", "INCLUDE_METRICS_IN_CLIENT_RESPONSE": "false"},
     )  # fmt: skip
-    # The component's own report of where it runs: seldon-core's release and its protobuf.
-    tags = {"seldon_core": SELDON_CORE, "protobuf": PROTOBUF}
+    # The component's own report of where it runs: seldon-core's release and those it pins.
+    tags = RELEASES
 
     answer = server.post_json({"data": {"ndarray": [[1, 2]]}}, path="/api/v1.0/predictions")
     assert (answer.status, answer.json()) == (
@@ -201,3 +255,28 @@ def test_seldon_grpc_and_rest_are_served_inside_seldon_core_s_environment(
         ["OK", "", {"versions": [""]}],
         ["OK", "", {**meta, "data": {"names": names, "ndarray": [[1.0, 2.0]]}}],
     ]  # fmt: skip
+
+    # Eight predictions (one REST, seven gRPC), each reporting its three metrics from the
+    # handler process; the health-check port's /metrics sums them from the workers' files.
+    samples = scrape(server)
+    assert total(samples, "predictions_total") == 8  # metrics()'s COUNTER
+    assert total(samples, "inference_count") == 8  # the response's TIMER, in seconds
+    assert total(samples, "inference_sum") == pytest.approx(8 * 0.0015)
+    # The GAUGE: prometheus_client 0.8 keeps each live worker's latest value, labelled by its
+    # pid (as seldon-core labels by worker); the newest releases keep the latest of all.
+    gauges = [(sorted(dict(labels)), v) for (n, labels), v in samples.items() if n == "temperature"]
+    assert gauges == [(["pid", "room"], 21.5)]
+    assert total(samples, "abeja_runtime_requests_total", code="200") == 9  # and the Metadata
+
+    project = shutil.copytree(HANDLERS / "st_seldon_core_env", tmp_path / "project")
+    assert run_local(seldon_core_python, project, {"data": {"ndarray": [[1, 2]]}}, tmp_path) == {
+        "data": {"names": ["t:0", "t:1"], "ndarray": [[1, 2]]},
+        "meta": {
+            "tags": tags,
+            "metrics": [
+                {"type": "COUNTER", "key": "predictions", "value": 1},
+                {"type": "GAUGE", "key": "temperature", "value": 21.5, "tags": {"room": "a"}},
+                {"type": "TIMER", "key": "inference", "value": 1.5},
+            ],
+        },
+    }

@@ -226,13 +226,7 @@ class _Batch:
     async def _files(self, files: list[tuple[Path, Path]], output: Path, tally: _Tally) -> None:
         pending: Iterator[tuple[Path, Path]] = iter(files)
         terminal = _terminal()
-        with click.progressbar(
-            length=len(files),
-            label="batch",
-            file=terminal,
-            hidden=not terminal.isatty(),
-            show_pos=True,
-        ) as bar:
+        with _progress(terminal, len(files)) as bar:
 
             async def work() -> None:
                 for source, name in pending:  # shared: each input is taken once
@@ -290,6 +284,27 @@ def _gathered(calls: HandlerCalls, reply: EncodedResponse) -> EncodedResponse:
     except Exception as exc:
         return calls.error_reply(exc)
     return EncodedResponse(reply.status, reply.headers, body)
+
+
+class _NoProgress:
+    """The progress bar where nobody watches (no terminal): says nothing."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def update(self, steps: int) -> None:
+        pass
+
+
+def _progress(terminal: TextIO, length: int) -> Any:
+    """A progress bar on a terminal; elsewhere one that says nothing (click's ``hidden=``
+    would do it, but only from click 8.2: seldon-core's environments have 8.0)."""
+    if not terminal.isatty():
+        return _NoProgress()
+    return click.progressbar(length=length, label="batch", file=terminal, show_pos=True)
 
 
 def _terminal() -> TextIO:

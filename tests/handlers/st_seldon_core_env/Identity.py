@@ -1,12 +1,27 @@
 """The identity model, answering with seldon-core's own ``SeldonResponse``, tagged with the
-releases of seldon-core and protobuf it runs with: it loads only where seldon-core is installed."""
+releases it runs with, and reporting one Seldon metric of each kind (``metrics()``'s COUNTER,
+the response's GAUGE and TIMER): it loads only where seldon-core is installed."""
 
-import google.protobuf
+from importlib.metadata import version
+
 from seldon_core.user_model import SeldonResponse
-from seldon_core.version import __version__ as seldon_core_version
+
+#: What pip installed where this model runs.
+RELEASES = {
+    "seldon_core": version("seldon-core"),
+    "protobuf": version("protobuf"),
+    "click": version("click"),
+    "prometheus_client": version("prometheus-client"),
+}
 
 
 class Identity:
     def predict(self, X, features_names=None):
-        tags = {"seldon_core": seldon_core_version, "protobuf": google.protobuf.__version__}
-        return SeldonResponse(X, tags=tags)
+        metrics = [
+            {"type": "GAUGE", "key": "temperature", "value": 21.5, "tags": {"room": "a"}},
+            {"type": "TIMER", "key": "inference", "value": 1.5},
+        ]
+        return SeldonResponse(X, tags=RELEASES, metrics=metrics)
+
+    def metrics(self):
+        return [{"type": "COUNTER", "key": "predictions", "value": 1}]
