@@ -9,7 +9,6 @@ again in seconds.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -20,7 +19,7 @@ from abeja_cli.errors import InputError
 from abeja_cli.session import ModelCommand, ModelOptions, model_options, reported
 from abeja_runtime.config import Config
 
-__all__ = ["build", "check_handler_file", "check_image_tag"]
+__all__ = ["build", "check_image_tag"]
 
 # Docker's image reference grammar (distribution/reference): lower-case path components
 # separated by '/', an optional registry host[:port] first, and an optional :tag.
@@ -42,18 +41,6 @@ def check_image_tag(tag: str) -> str:
             "registry.example.com/team/mymodel:1.0)"
         )
     return tag
-
-
-def check_handler_file(handler: str, project: Path) -> None:
-    """The module that HANDLER names must be in the project, or the image could never start."""
-    module = handler.partition(":")[0]
-    relative = Path(*module.split("."))
-    candidates = (project / relative.with_suffix(".py"), project / relative / "__init__.py")
-    if not any(path.is_file() for path in candidates):
-        raise InputError(
-            f"-h {handler}: {relative.with_suffix('.py')} is not in {project}; run the command "
-            "in the folder of your handler, or fix -h"
-        )
 
 
 @click.command("build", cls=ModelCommand)
@@ -80,8 +67,11 @@ def build(**params: Any) -> None:
     """Build a production image of the model in the current folder.
 
     \b
-    abeja model build -h main:handler -i python:3.11-slim -t mymodel:1
+    abeja model build -h main:handler -t mymodel:1
     docker run --read-only --tmpfs /tmp -p 5000:5000 -p 5001:5001 mymodel:1
+
+    The base image is -i, else ABEJA_IMAGE (in the environment, else in ./.env), else
+    python:3.11-slim.
     """
     console = Console(quiet=params["quiet"], verbose=params["verbose"])
     reported(console, lambda: _build(params, console))
@@ -98,16 +88,29 @@ def _build(params: dict[str, Any], console: Console) -> int:
             "add --allow-secrets if it is no secret"
         )
     tag = check_image_tag(params["tag"].strip())
-    check_handler_file(options.handler, options.project)
     from abeja_cli.docker_build import ImageBuilder
     from abeja_cli.docker_engine import DockerEngine
 
     engine = DockerEngine.connect(console)
     assert engine.source is not None
-    console.info(f"preparing image : {options.image}")
-    builder = ImageBuilder(engine.client, engine.source, info=console.info, log=console.detail)
+    origin = options.image_origin
+    console.info(f"preparing image : {options.image}" + (f" (from {origin})" if origin else ""))
+    builder = ImageBuilder(
+        engine.client,
+        engine.source,
+        info=console.info,
+        log=console.detail,
+        warn=console.warning,
+        without_docker="try the model without Docker meanwhile with abeja model run-local "
+        "--engine local (build itself needs Docker)",
+    )
     image = builder.production_image(
-        options.project, options.image, tag=tag, env=options.env, no_cache=options.no_cache
+        options.project,
+        options.image,
+        tag=tag,
+        env=options.env,
+        no_cache=options.no_cache,
+        origin=origin,
     )
     size = int(image.attrs.get("Size", 0))
     console.notice(f"built {tag} ({size / 1e6:.0f} MB, {str(image.id)[7:19]})")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import re
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from abeja_cli import images
 from abeja_cli.errors import BuildError
 from abeja_cli.images import LABEL_PREFIX, ProjectKey, RuntimeKey, RuntimeSource
+from abeja_cli.progress import Phases
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,8 +28,6 @@ __all__ = ["ImageBuilder"]
 
 #: The classic builder's line naming the image a step produced (`` ---> 1a2b3c4d5e6f``).
 _LAYER_RE: Final = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
-#: While a build phase goes on, a line says so this often.
-_PROGRESS_EVERY: Final = 10.0
 _INSTALLED_REQUIREMENTS: Final = (
     "installed the project's requirements",
     "installing the project's requirements",
@@ -38,69 +35,20 @@ _INSTALLED_REQUIREMENTS: Final = (
 _ADDED_PROJECT: Final = ("added the project", "adding the project")
 #: The classic builder's step header (``Step 3/5 : RUN ...``).
 _STEP_RE: Final = re.compile(r"^Step \d+/\d+ : (\S+) ?(.*)$")
-
-
-class _Phases:
-    """One ``[info]`` line per build phase, with how long it took, as each phase ends, and a
-    line every :data:`_PROGRESS_EVERY` seconds while a phase goes on (a first build spends a
-    minute on the runtime wheels, which must not look like a hang).
-
-    The full output goes to the builder's ``log`` (shown with ``-v``); these lines are what a
-    user sees of a build otherwise: base image, runtime wheels, runtime image, requirements,
-    project.
-    """
-
-    def __init__(self, info: Callable[[str], None]) -> None:
-        self._info = info
-        self._lock = threading.Lock()
-        self._current: tuple[str, str] | None = None  # (what it did, what it is doing)
-        self._started = 0.0
-        self._ticker: threading.Thread | None = None
-        self._phase_changed = threading.Event()
-
-    def start(self, done: str, doing: str) -> None:
-        """A phase begins: ``doing`` names it while it runs, ``done`` once it has ended."""
-        self.end()
-        with self._lock:
-            self._current, self._started = (done, doing), time.monotonic()
-            self._phase_changed.clear()
-        self._ticker = threading.Thread(target=self._tick, name="build-progress", daemon=True)
-        self._ticker.start()
-
-    def abandon(self) -> None:
-        """The phase failed: its error says so, not a time."""
-        self._stop(report=False)
-
-    def end(self) -> None:
-        self._stop(report=True)
-
-    def step(self, instruction: str, argument: str) -> None:
-        """A Dockerfile step began: copying the project ends the requirements' phase."""
-        if instruction == "COPY" and argument.startswith("project/"):
-            current = self._current
-            if current is None or current[0] != _ADDED_PROJECT[0]:
-                self.start(*_ADDED_PROJECT)
-
-    def _stop(self, *, report: bool) -> None:
-        with self._lock:
-            current, self._current = self._current, None
-            self._phase_changed.set()
-        if self._ticker is not None:
-            self._ticker.join()
-            self._ticker = None
-        if current is not None and report:
-            self._info(f"{current[0]} ({time.monotonic() - self._started:.1f} s)")
-
-    def _tick(self) -> None:
-        while not self._phase_changed.wait(_PROGRESS_EVERY):
-            with self._lock:
-                if self._current is None:
-                    return
-                self._info(f"{self._current[1]}... ({time.monotonic() - self._started:.0f} s)")
+#: A project whose files in the image add up to more than this gets a warning naming the
+#: largest: a data set or a video left in the folder is copied into every image, silently.
+LARGE_CONTEXT: Final = 50 * 1000 * 1000
+#: How many of the largest files the warning names.
+_LARGEST_NAMED: Final = 3
 
 
 class ImageBuilder:
-    """Finds or builds the runtime image and a project's image."""
+    """Finds or builds the runtime image and a project's image.
+
+    ``info`` gets progress lines, ``warn`` what works but may not be what the user wants,
+    ``log`` the build's whole output; ``without_docker`` is what the command's user can do
+    without Docker, said when the base image is missing.
+    """
 
     def __init__(
         self,
@@ -109,17 +57,25 @@ class ImageBuilder:
         *,
         info: Callable[[str], None],
         log: Callable[[str], None],
+        warn: Callable[[str], None] | None = None,
+        without_docker: str = "run the model without Docker with --engine local",
     ) -> None:
         self._client = client
         self._source = source
         self._info = info
+        self._warn = warn or info
         self._log = log
-        self._phases = _Phases(info)
+        self._without_docker = without_docker
+        self._phases = Phases(info)
 
     # -- base image ----------------------------------------------------------------------
 
-    def base_image_id(self, base_image: str) -> str:
-        """Id of the base image; pulled (saying so) only when it is not present locally."""
+    def base_image_id(self, base_image: str, origin: str = "") -> str:
+        """Id of the base image; pulled (saying so) only when it is not present locally.
+
+        ``origin`` names the variable that chose it (``ABEJA_IMAGE in /path/.env``), for the
+        error.
+        """
         from docker.errors import APIError, ImageNotFound
         from docker.utils import parse_repository_tag
 
@@ -136,24 +92,28 @@ class ImageBuilder:
             return pulled
         except APIError as exc:
             self._phases.abandon()
+            named = f" (from {origin})" if origin else ""
             raise BuildError(
-                f"base image {base_image} is not present locally and could not be pulled "
-                f"({_explain(exc)}); pull or build it first, choose another with -i, or run "
-                "without Docker with --engine local"
+                f"base image {base_image}{named} is not present locally and could not be pulled "
+                f"({_explain(exc)}); choose an image you have (docker images lists them) with "
+                f"-i, or once for every command with ABEJA_IMAGE (in the environment or the "
+                f"project's .env), or {self._without_docker}"
             ) from None
 
     # -- the two images ------------------------------------------------------------------
 
-    def runtime_image(self, base_image: str, *, no_cache: bool = False) -> tuple[Image, RuntimeKey]:
+    def runtime_image(
+        self, base_image: str, *, no_cache: bool = False, origin: str = ""
+    ) -> tuple[Image, RuntimeKey]:
         """The base image with abeja-runtime installed, shared by all projects."""
         key = RuntimeKey(
             base_image=base_image,
-            base_image_id=self.base_image_id(base_image),
+            base_image_id=self.base_image_id(base_image, origin),
             runtime_version=self._source.version,
             recipe=images.recipe_digest(self._source.runtime_dockerfile),
         )
         with self._building(key.digest):
-            found = None if no_cache else self._find(key.digest)
+            found = None if no_cache else self._find(key.digest, "runtime")
             if found is not None:
                 return found, key
             self._phases.start("runtime wheels ready", "building the runtime's wheels")
@@ -174,9 +134,11 @@ class ImageBuilder:
         self._remove_others(f"{LABEL_PREFIX}.base-image={base_image}", "runtime", keep=image)
         return image, key
 
-    def project_image(self, project: Path, base_image: str, *, no_cache: bool = False) -> Image:
+    def project_image(
+        self, project: Path, base_image: str, *, no_cache: bool = False, origin: str = ""
+    ) -> Image:
         """The image for ``project``: reused while its cache key matches, else built."""
-        runtime, runtime_key = self.runtime_image(base_image, no_cache=no_cache)
+        runtime, runtime_key = self.runtime_image(base_image, no_cache=no_cache, origin=origin)
         key = ProjectKey(
             runtime=runtime_key,
             project=project,
@@ -184,11 +146,12 @@ class ImageBuilder:
             recipe=images.recipe_digest(self._source.project_dockerfile),
         )
         with self._building(key.digest):
-            found = None if no_cache else self._find(key.digest)
+            found = None if no_cache else self._find(key.digest, "project")
             if found is not None:
                 self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
                 return found
             self._info(f"building the image {key.tag} for {project}")
+            self._warn_of_large_files(project)
             requirements = key.requirements != "none"
             self._phases.start(*(_INSTALLED_REQUIREMENTS if requirements else _ADDED_PROJECT))
             with images.project_context(self._source, project, key.labels()) as context:
@@ -211,12 +174,13 @@ class ImageBuilder:
         tag: str,
         env: Mapping[str, str],
         no_cache: bool = False,
+        origin: str = "",
     ) -> Image:
         """The project image made production-ready (images/production.Dockerfile), as ``tag``.
 
         ``env`` holds HANDLER and the model's variables; they are baked in as ``ENV``.
         """
-        base = self.project_image(project, base_image, no_cache=no_cache)
+        base = self.project_image(project, base_image, no_cache=no_cache, origin=origin)
         labels = {
             f"{LABEL_PREFIX}.kind": "production",
             # The folder's name, not its path: the image is shipped, the builder's home is not.
@@ -252,13 +216,32 @@ class ImageBuilder:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             yield  # the lock goes with the file
 
+    def _warn_of_large_files(self, project: Path) -> None:
+        """Say so when the project's files that go into the image are large (a data set, a
+        video left in the folder), naming the largest and ``.dockerignore``."""
+        total, largest = images.largest_files(project, _LARGEST_NAMED)
+        if total <= LARGE_CONTEXT:
+            return
+        # Files of a megabyte or more: a list of 0 MB files would hide the point.
+        shown = [(path, size) for path, size in largest if size >= 1e6] or largest[:1]
+        named = ", ".join(
+            f"{path.relative_to(project).as_posix()} ({_megabytes(size)})" for path, size in shown
+        )
+        self._warn(
+            f"{_megabytes(total)} of the project's files are copied into the image; the "
+            f"largest: {named}. List the ones the model does not need in "
+            f"{project / '.dockerignore'} (a path or pattern a line) to leave them out"
+        )
+
     # Listings go through the low-level API: the high-level one inspects each image again, and
     # fails on one that another command (another terminal, a parallel test) removed meanwhile.
 
-    def _find(self, digest: str) -> Image | None:
+    def _find(self, digest: str, kind: str) -> Image | None:
+        """Our image of ``kind`` with that cache key (a production image inherits the key of
+        the project image it is built on: it is not a project image)."""
         from docker.errors import NotFound
 
-        filters = {"label": f"{LABEL_PREFIX}.cache-key={digest}"}
+        filters = {"label": [f"{LABEL_PREFIX}.cache-key={digest}", f"{LABEL_PREFIX}.kind={kind}"]}
         for found in self._client.api.images(filters=filters, quiet=True):
             with contextlib.suppress(NotFound):
                 return self._client.images.get(found)
@@ -283,6 +266,12 @@ class ImageBuilder:
             with contextlib.suppress(APIError):
                 if not self._client.images.get(layer).tags:
                     self._client.images.remove(layer, noprune=False)
+
+    def _dockerfile_step(self, instruction: str, argument: str) -> None:
+        """A Dockerfile step began: copying the project ends the requirements' phase."""
+        copying = instruction == "COPY" and argument.startswith("project/")
+        if copying and self._phases.current != _ADDED_PROJECT[0]:
+            self._phases.start(*_ADDED_PROJECT)
 
     def _build(
         self,
@@ -334,9 +323,10 @@ class ImageBuilder:
                 for line in lines:
                     log.append(line + "\n")
                     self._log(line)
+                    self._phases.output(line)
                     step = _STEP_RE.match(line)
                     if step:
-                        self._phases.step(step.group(1).upper(), step.group(2))
+                        self._dockerfile_step(step.group(1).upper(), step.group(2))
                     layer = _LAYER_RE.match(line)
                     if layer:
                         layers.append(layer.group(1))
@@ -362,6 +352,10 @@ class ImageBuilder:
             log.append(pending)
             self._log(pending)
         return image_id
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.0f} MB"
 
 
 def _first_line(text: str) -> str:

@@ -140,15 +140,19 @@ class DockerEngine:
                 "--inherit-env applies to the local engine only; the container gets only the "
                 "model's variables (-e, --env-file)"
             )
-        self._console.info(f"preparing image : {spec.image}")
+        origin = f" (from {spec.image_origin})" if spec.image_origin else ""
+        self._console.info(f"preparing image : {spec.image}{origin}")
         self._console.info("building image")
         builder = ImageBuilder(
             self.client,
             self.source or find_runtime_source(),
             info=self._console.info,
             log=self._console.detail,
+            warn=self._console.warning,
         )
-        self._image = builder.project_image(spec.project, spec.image, no_cache=spec.no_cache)
+        self._image = builder.project_image(
+            spec.project, spec.image, no_cache=spec.no_cache, origin=spec.image_origin
+        )
 
     @contextmanager
     def serve(self, spec: RunSpec, sink: LogSink) -> Iterator[Server]:

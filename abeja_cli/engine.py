@@ -42,6 +42,9 @@ class RunSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Local engine: pass the user's whole shell environment, not only a minimal part of it.
     inherit_env: bool = False
+    #: The variable that chose ``image`` (ABEJA_IMAGE, or that of .env; "" for -i and the
+    #: default), named in messages about it.
+    image_origin: str = ""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ __all__ = [
     "env_instruction",
     "find_runtime_source",
     "label_instruction",
+    "largest_files",
     "production_context",
     "project_context",
     "requirements_digest",
@@ -381,6 +382,18 @@ def project_files(project: Path) -> Iterator[Path]:
                 continue
             if included is None or path.relative_to(project).as_posix() in included:
                 yield path
+
+
+def largest_files(project: Path, count: int) -> tuple[int, list[tuple[Path, int]]]:
+    """The size of the project's files that go into its image, and the ``count`` largest."""
+    sizes = []
+    for path in project_files(project):
+        try:
+            sizes.append((path, path.stat().st_size))
+        except OSError:  # removed meanwhile, or a dangling link: tar skips it too
+            continue
+    sizes.sort(key=lambda item: item[1], reverse=True)
+    return sum(size for _, size in sizes), sizes[:count]
 
 
 def project_context(

@@ -7,15 +7,18 @@ run-local-server, curl) and a ``.dockerignore``. Existing files are never overwr
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import click
 
+from abeja_cli.base_image import DEFAULT_IMAGE, DOTENV, IMAGE_VARIABLE
 from abeja_cli.console import Console
 from abeja_cli.errors import InputError
-from abeja_cli.session import DEFAULT_IMAGE, reported
+from abeja_cli.session import reported
 
 __all__ = ["README_CURL", "TEMPLATES", "init"]
 
@@ -39,13 +42,13 @@ class Template:
 Send it one request:
 
 ```sh
-abeja model run-local -h main:handler -i {DEFAULT_IMAGE} {self.run_input}
+abeja model run-local -h main:handler {self.run_input}
 ```
 
 Serve it until Ctrl+C, and send requests with curl:
 
 ```sh
-abeja model run-local-server -h main:handler -i {DEFAULT_IMAGE} -p 8080
+abeja model run-local-server -h main:handler -p 8080
 {README_CURL} {self.curl_body}
 ```
 
@@ -53,8 +56,22 @@ Packages the model needs go in `requirements.txt`; trained files in
 `abejainc_training_result/` (read through `ABEJA_TRAINING_RESULT_DIR`). Without Docker, add
 `--engine local`: the model runs in this Python, with `requirements.txt` installed in an
 environment of its own (once, then reused). For production:
-`abeja model build -h main:handler -t {name}:1`.
+
+```sh
+abeja model build -h main:handler -t {_image_name(name)}:1
+```
+
+With Docker, the model's image is built on `{DEFAULT_IMAGE}`, pulled the first time. Where
+that cannot be pulled (no registry access), set `{IMAGE_VARIABLE}` to a Python 3.10+ image you
+have (`docker images` lists them), once, and every command above works as written: in the
+environment (`export {IMAGE_VARIABLE}=my-python:3.11`) or in this folder's `{DOTENV}`
+(`echo {IMAGE_VARIABLE}=my-python:3.11 >> {DOTENV}`). `-i IMAGE` on a command wins over both.
 """
+
+
+def _image_name(folder: str) -> str:
+    """The folder's name as Docker takes an image name: lower case, no spaces."""
+    return re.sub(r"[^a-z0-9]+", "-", folder.lower()).strip("-") or "model"
 
 
 TEMPLATES: Final = {
@@ -105,6 +122,8 @@ __pycache__
 *.pyc
 .pytest_cache
 answer.*
+# The CLI's settings (ABEJA_IMAGE), and maybe secrets: never baked into an image.
+.env
 """
 
 
@@ -123,7 +142,7 @@ def init(directory: str, template: str) -> None:
 
     \b
     abeja model init my-model --template image && cd my-model
-    abeja model run-local -h main:handler -i python:3.11-slim --input request.jpg
+    abeja model run-local -h main:handler --input request.jpg
     """
     console = Console()
     reported(console, lambda: _init(console, Path(directory), template))
@@ -149,9 +168,7 @@ def _init(console: Console, target: Path, name: str) -> int:
         f"created a project from the {name} template in {target.resolve()}: "
         f"{', '.join(sorted(files))}"
     )
-    where = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
-    console.notice(
-        f"try it: {where}abeja model run-local -h main:handler -i {DEFAULT_IMAGE} "
-        f"{template.run_input}"
-    )
+    here = target.resolve() == Path.cwd().resolve()
+    where = "" if here else f"cd {shlex.quote(str(target))} && "
+    console.notice(f"try it: {where}abeja model run-local -h main:handler {template.run_input}")
     return 0

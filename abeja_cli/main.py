@@ -18,7 +18,9 @@ from abeja_cli.run_local_server import run_local_server
 __all__ = ["abeja", "model"]
 
 
-@click.group(context_settings={"help_option_names": ["--help"]})
+# -h is help wherever it means nothing else; the model commands (session.ModelCommand) keep it
+# for the handler, as ABEJA's CLI does, and say so when it is given alone.
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="abeja-runtime", prog_name="abeja")
 def abeja() -> None:
     """Run ABEJA Platform model handlers locally, with abeja-runtime."""

@@ -348,6 +348,19 @@ def manifests(**params: Any) -> None:
 manifests.params[6:6] = [click_option(setting_named(name), envvar=False) for name in _PASSED_ON]
 
 
+def _plain_dumper() -> type[Any]:
+    """PyYAML's safe dumper without anchors and aliases: the documents share dicts (the labels,
+    the selector), which it would write once as ``&id001`` and then as ``*id001``, valid YAML
+    that people and some tools (kustomize patches, a reviewer's eye) read badly."""
+    import yaml
+
+    class PlainDumper(yaml.SafeDumper):  # type: ignore[misc,unused-ignore]  # no stubs
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return PlainDumper
+
+
 def _manifests(params: dict[str, Any]) -> int:
     import yaml
 
@@ -374,7 +387,7 @@ def _manifests(params: dict[str, Any]) -> int:
         memory=params["memory"],
     )
     deployment.check()
-    text = yaml.safe_dump_all(render(target, deployment), sort_keys=False)
+    text = yaml.dump_all(render(target, deployment), Dumper=_plain_dumper(), sort_keys=False)
     if params["output"]:
         Path(params["output"]).write_text(text, encoding="utf-8")
     else:

@@ -7,6 +7,7 @@ built, and the server started and awaited.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from typing import Any, Final, NoReturn
 
 import click
 
+from abeja_cli.base_image import DEFAULT_IMAGE, DOTENV, IMAGE_VARIABLE, default_image, image_origin
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, RunSpec, Server
 from abeja_cli.environment import model_environment
@@ -31,6 +33,7 @@ __all__ = [
     "STOP_SIGNALS",
     "ModelCommand",
     "ModelOptions",
+    "check_handler_file",
     "model_options",
     "prepare_engine",
     "reported",
@@ -40,7 +43,6 @@ __all__ = [
 ]
 
 DEVICE_TYPES: Final = ("x86_cpu", "x86_gpu", "jetson_tx2", "raspberry3")
-DEFAULT_IMAGE: Final = "python:3.11-slim"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class ModelOptions:
     inherit_env: bool = False
     #: -i was given on the command line (the local engine says that it does not use it).
     image_given: bool = False
+    #: The variable that chose the base image (ABEJA_IMAGE, or that of .env; "" for -i and
+    #: the default), named in messages about the image.
+    image_origin: str = ""
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ModelOptions:
@@ -66,6 +71,8 @@ class ModelOptions:
         module, sep, function = handler.partition(":")
         if not sep or not module or not function or ":" in function:
             raise InputError(f"-h {handler!r} is not MODULE:FUNCTION; write it like main:handler")
+        project = Path.cwd().resolve()
+        check_handler_file(handler, project)
         _check_organization_id(params["organization_id"])
         env_file = params["env_file"]
         env = model_environment(
@@ -83,7 +90,7 @@ class ModelOptions:
         if params["v1"]:
             # abeja-sdk's --v1 ran the 18.10 runtime; ours serves that handler style itself.
             env.setdefault(str(setting_named("style").envvar), "abeja-v1")
-        image = params["image"]
+        image = params["image"].strip()
         if image.startswith("abeja-inc/"):  # abeja-sdk's rewrite of its own images' names
             image = "abeja/" + image.removeprefix("abeja-inc/")
         return cls(
@@ -95,8 +102,9 @@ class ModelOptions:
             no_cache=params["no_cache"],
             startup_timeout=params.get("startup_timeout", 120.0),
             inherit_env=params.get("inherit_env", False),
-            image_given=_given_on_command_line("image"),
-            project=Path.cwd().resolve(),
+            image_given=_source("image") is click.core.ParameterSource.COMMANDLINE,
+            image_origin=image_origin(_source("image"), project),
+            project=project,
         )
 
     def spec(self, *, host_port: int | None = None) -> RunSpec:
@@ -109,7 +117,35 @@ class ModelOptions:
             host_port=host_port,
             no_cache=self.no_cache,
             inherit_env=self.inherit_env,
+            image_origin=self.image_origin,
         )
+
+
+def check_handler_file(handler: str, project: Path) -> None:
+    """The module that HANDLER names must be in the project (or importable here: a package
+    installed in this Python), or the model could never start; the runtime's own words for
+    that case speak of ABEJA Platform's zip/tar packaging, which is no help here."""
+    module = handler.partition(":")[0]
+    relative = Path(*module.split("."))
+    top = project / relative.parts[0]
+    if top.with_suffix(".py").is_file() or top.is_dir():
+        candidates = (project / relative.with_suffix(".py"), project / relative / "__init__.py")
+        if len(relative.parts) == 1 or any(path.is_file() for path in candidates):
+            return
+    elif _importable(relative.parts[0]):
+        return
+    file = relative.with_suffix(".py")
+    raise InputError(
+        f"there is no {file} in {project} (-h {handler}); run the command in the folder of "
+        "your handler, fix -h, or start a project with: abeja model init"
+    )
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _check_organization_id(value: str | None) -> None:
@@ -123,8 +159,13 @@ def _check_organization_id(value: str | None) -> None:
 
 
 class ModelCommand(click.Command):
-    """A model command: ``-h`` is the handler, as on ABEJA's CLI, so ``-h`` alone gets a
-    pointer to ``--help`` instead of click's bare "requires an argument"."""
+    """A model command: ``-h`` is the handler, as on ABEJA's CLI (elsewhere it is help), so
+    ``-h`` alone gets a pointer to ``--help`` instead of click's bare "requires an argument"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        settings = kwargs.setdefault("context_settings", {})
+        settings.setdefault("help_option_names", ["--help"])
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -152,9 +193,12 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
     "image": click.option(
         "-i",
         "--image",
-        default=DEFAULT_IMAGE,
-        show_default=True,
-        help="Base image with Python 3.10+ that the model's image is built on.",
+        default=default_image,
+        show_default=f"{IMAGE_VARIABLE} in ./{DOTENV}, else {DEFAULT_IMAGE}",
+        envvar=IMAGE_VARIABLE,
+        show_envvar=True,
+        help="Base image with Python 3.10+ that the model's image is built on (Docker engine); "
+        f"set it once with {IMAGE_VARIABLE}, in the environment or in the project's {DOTENV}.",
     ),
     "device_type": click.option(
         "-d",
@@ -252,10 +296,9 @@ def model_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., A
     return decorate
 
 
-def _given_on_command_line(name: str) -> bool:
+def _source(name: str) -> click.core.ParameterSource | None:
     context = click.get_current_context(silent=True)
-    source = context.get_parameter_source(name) if context is not None else None
-    return source is click.core.ParameterSource.COMMANDLINE
+    return context.get_parameter_source(name) if context is not None else None
 
 
 def select_engine(choice: str | None, console: Console) -> Engine:

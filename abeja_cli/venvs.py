@@ -16,23 +16,26 @@ pip 4.5-5.2 s and uv 0.6-0.9 s (3 runs each). pip otherwise.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import site
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Final
 
 from abeja_cli.console import Console
 from abeja_cli.errors import BuildError
 from abeja_cli.images import cache_dir
+from abeja_cli.progress import Phases
 from abeja_cli.requirements import requirements_of
 
-__all__ = ["project_python"]
+__all__ = ["environments", "project_python", "running_from", "size_of"]
 
 _READY: Final = ".abeja-ready"
+#: The project folder an environment was made for (``abeja model clean`` finds it by that).
+_PROJECT: Final = ".abeja-project"
 #: In the venv's site-packages: puts this Python's site directories after the venv's own.
 _INHERIT_PTH: Final = "_abeja_cli_site.pth"
 #: Environments kept: one per project and requirements, the newest few.
@@ -54,26 +57,81 @@ def project_python(project: Path, console: Console) -> str:
         console.info(f"using the environment with the project's requirements: {venv}")
         return str(python)
     root.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     console.info(f"installing the project's requirements into {venv} (once per change)")
-    with tempfile.TemporaryDirectory(dir=root, prefix=".new-") as tmp:
-        staging = Path(tmp) / "venv"
-        # No pip of its own (ensurepip takes seconds): this Python's pip installs into it.
-        _run(
-            [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(staging)],
-            console,
-        )
-        _inherit_site_packages(staging)
-        _install(staging / "bin" / "python", requirements, console)
-        (staging / _READY).write_text("\n".join(requirements) + "\n")
-        try:
-            staging.rename(venv)
-        except OSError:  # another run finished first: use its environment
-            if not (venv / _READY).is_file():
-                raise
-    console.info(f"installed the project's requirements ({time.monotonic() - started:.1f} s)")
+    phases = Phases(console.info)
+    phases.start("installed the project's requirements", "installing the project's requirements")
+    try:
+        with tempfile.TemporaryDirectory(dir=root, prefix=".new-") as tmp:
+            staging = Path(tmp) / "venv"
+            # No pip of its own (ensurepip takes seconds): this Python's pip installs into it.
+            venv_command = [sys.executable, "-m", "venv", "--system-site-packages"]
+            _run([*venv_command, "--without-pip", str(staging)], console, phases)
+            _inherit_site_packages(staging)
+            _install(staging / "bin" / "python", requirements, console, phases)
+            (staging / _PROJECT).write_text(str(project))
+            (staging / _READY).write_text("\n".join(requirements) + "\n")
+            try:
+                staging.rename(venv)
+            except OSError:  # another run finished first: use its environment
+                if not (venv / _READY).is_file():
+                    raise
+    except BaseException:
+        phases.abandon()
+        raise
+    phases.end()
     _prune(root, keep=venv)
     return str(python)
+
+
+def environments(project: Path | None) -> list[Path]:
+    """The local engine's environments made for ``project``, or all of them (None)."""
+    root = cache_dir() / "venvs"
+    if not root.is_dir():
+        return []
+    found = []
+    for venv in sorted(root.iterdir()):
+        if venv.name.startswith(".") or not venv.is_dir():
+            continue  # an install under way
+        if project is not None:
+            try:
+                made_for = (venv / _PROJECT).read_text()
+            except OSError:  # made before the marker existed: only --all takes it
+                continue
+            if made_for != str(project):
+                continue
+        found.append(venv)
+    return found
+
+
+def running_from(venv: Path) -> int | None:
+    """The id of a process that runs this environment's Python (a model served from it right
+    now), where the system says (Linux's /proc); None otherwise."""
+    python = str(venv / "bin" / "python")
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+        except OSError:  # ended meanwhile, or another user's
+            continue
+        if argv0 == python.encode():
+            return int(entry.name)
+    return None
+
+
+def size_of(folder: Path) -> int:
+    """The bytes of the files in ``folder`` (links not followed)."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(folder):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def _inherit_site_packages(venv: Path) -> None:
@@ -99,29 +157,49 @@ def _uv() -> str | None:
         return shutil.which("uv")
 
 
-def _install(python: Path, requirements: list[str], console: Console) -> None:
+def _install(python: Path, requirements: list[str], console: Console, phases: Phases) -> None:
     uv = _uv()
     if uv is not None:
         command = [uv, "pip", "install", "--python", str(python), *requirements]
     else:
         command = [sys.executable, "-m", "pip", "--python", str(python), "install",
                    "--disable-pip-version-check", *requirements]  # fmt: skip
-    _run(command, console)
+    _run(command, console, phases)
 
 
-def _run(command: list[str], console: Console) -> None:
-    """Run an install step; its output is shown with -v, and after the error if it fails."""
-    proc = subprocess.run(
-        command, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+def _run(command: list[str], console: Console, phases: Phases) -> None:
+    """Run an install step, its output read as it comes: shown with -v, its install steps
+    named in the progress lines, and all of it shown after the error if it fails."""
+    # Unbuffered: pip writes through Python's stdout, which holds a pipe's lines until exit.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        env=env,
     )
-    output = proc.stdout + proc.stderr
-    for line in output.splitlines():
-        console.detail(line)
-    if proc.returncode != 0:
+    assert proc.stdout is not None
+    lines = []
+    try:
+        with proc.stdout:
+            for line in proc.stdout:
+                lines.append(line)
+                console.detail(line.rstrip("\n"))
+                phases.output(line)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: the install does not go on without us
+            proc.kill()
+            proc.wait()
+    if code != 0:
         raise BuildError(
             "installing the project's requirements failed (see the log below); fix "
             "requirements.txt (or the Pipfile) and run again",
-            log=output,
+            log="".join(lines),
         )
 
 

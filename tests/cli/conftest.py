@@ -28,6 +28,7 @@ from .helpers import (
     BASE_IMAGE,
     REQUIRE_DOCKER,
     CliProcess,
+    HeldIndex,
     Result,
     cli_env,
     copy_project,
@@ -75,6 +76,21 @@ def start_abeja() -> Iterator[Callable[..., CliProcess]]:
 def project(tmp_path: Path) -> Callable[[str], Path]:
     """``project("tax")``: a fresh copy of a sample (or of tests/cli/projects/<name>)."""
     return lambda name: copy_project(name, tmp_path)
+
+
+@pytest.fixture
+def held_index() -> Iterator[Callable[..., HeldIndex]]:
+    """``held_index(bind)``: a package index whose download waits for ``release()``; closed
+    (released first) after the test."""
+    made: list[HeldIndex] = []
+
+    def make(bind: str = "127.0.0.1") -> HeldIndex:
+        made.append(HeldIndex(bind))
+        return made[-1]
+
+    yield make
+    for index in made:
+        index.close()
 
 
 # -- Docker -------------------------------------------------------------------------------

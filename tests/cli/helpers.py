@@ -34,7 +34,8 @@ CLI_TIMEOUT = 240.0
 
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for a CLI run: ours, minus variables that would change its behaviour."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ABEJA_ENGINE", "HANDLER", "PORT")}
+    unset = ("ABEJA_ENGINE", "ABEJA_IMAGE", "HANDLER", "PORT")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
@@ -202,3 +203,99 @@ def assert_flipped(original: Path, answer: bytes) -> None:
     near = max(ImageStat.Stat(ImageChops.difference(flipped.convert("RGB"), mirrored)).mean)
     far = max(ImageStat.Stat(ImageChops.difference(flipped.convert("RGB"), source)).mean)
     assert near < 3 < far, (near, far)  # JPEG is lossy: close to the mirror, far from the input
+
+
+HELD_WHEEL = "abeja_test_held-1.0-py3-none-any.whl"
+
+
+def _wheel() -> bytes:
+    """A minimal pure-Python wheel of ``abeja-test-held`` 1.0 (an empty package)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = "abeja_test_held-1.0.dist-info"
+    files = {
+        "abeja_test_held/__init__.py": b"",
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: abeja-test-held\nVersion: 1.0\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: abeja-tests\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+class HeldIndex:
+    """A package index on this machine whose one package downloads only once released: an
+    install that takes as long as the test wants, with pip on the step it is at.
+
+    ``requirements(host)`` are the lines of a requirements.txt that installs it from ``host``
+    (where the installing process reaches this machine: 127.0.0.1, or a Docker bridge's
+    gateway for a build).
+    """
+
+    def __init__(self, bind: str = "127.0.0.1", *, hold: float = CLI_TIMEOUT) -> None:
+        import hashlib
+        import http.server
+        import threading
+
+        wheel = _wheel()
+        self.released = threading.Event()
+        self.downloads = 0
+        page = (
+            f'<a href="/files/{HELD_WHEEL}#sha256={hashlib.sha256(wheel).hexdigest()}">'
+            f"{HELD_WHEEL}</a>"
+        ).encode()
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") == "/simple/abeja-test-held":
+                    body, kind = page, "text/html"
+                elif self.path == f"/files/{HELD_WHEEL}":
+                    body, kind = wheel, "application/octet-stream"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if kind != "text/html":
+                    index.downloads += 1
+                    self.wfile.flush()  # pip has the headers: it says "Downloading ..."
+                    index.released.wait(hold)
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((bind, 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def requirements(self, host: str) -> str:
+        return (
+            f"--index-url=http://{host}:{self.port}/simple/\n"
+            f"--trusted-host={host}\n"
+            "abeja-test-held==1.0\n"
+        )
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.released.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)

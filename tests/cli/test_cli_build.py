@@ -6,15 +6,22 @@ project is run read-only, as a non-root user, without the CLI, and stopped with 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import shlex
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from docker.errors import NotFound
 from waiting import wait_until
 
-from .helpers import Result, http_request, run_abeja
+from abeja_runtime.launch import free_ports
+
+from .helpers import REPO, Result, http_request, run_abeja
 
 TIMEOUT = 60.0
 
@@ -25,7 +32,7 @@ TIMEOUT = 60.0
         (["-t", "My Model:1"], "-t 'My Model:1' is not an image name Docker accepts"),
         (["-t", "mymodel:1:2"], "is not an image name Docker accepts"),
         (["-t", "ok:1", "-e", "NOVALUE"], "-e 'NOVALUE' has no value"),
-        (["-t", "ok:1", "-h", "missing:handler"], "-h missing:handler: missing.py is not in"),
+        (["-t", "ok:1", "-h", "missing:handler"], "there is no missing.py in "),
         (["-t", "ok:1", "-e", "API_TOKEN:abc"], "API_TOKEN would be baked into the image"),
         (["-t", "ok:1", "-e", "db_password=x"], "db_password would be baked into the image"),
     ],
@@ -171,3 +178,64 @@ def test_build_help_names_the_run_command(project: Callable[[str], Path]) -> Non
     result: Result = run_abeja("model", "build", "--help", cwd=project("tax"))
     assert result.returncode == 0
     assert "docker run --read-only --tmpfs /tmp" in result.text
+
+
+def documented_step_6() -> list[list[str]]:
+    """The commands of docs/first-model.md's step 6, in order, as argv."""
+    text = (REPO / "docs" / "first-model.md").read_text("utf-8")
+    step = text[text.index("## 6. ") :]
+    commands = []
+    for block in re.findall(r"^```sh\n(.*?)^```$", step, re.DOTALL | re.MULTILINE):
+        commands += [shlex.split(line) for line in block.splitlines() if line.strip()]
+    return commands
+
+
+@pytest.mark.docker
+def test_first_model_step_6_waits_for_the_container_as_written(
+    production_image: tuple[str, Path], docker_client: Any, tmp_path: Path
+) -> None:
+    """The document's `docker run`, then at once its curl commands: they wait for the model to
+    be ready (no request lands in the second the container takes to start). Run with this
+    test's image and free host ports instead of the document's."""
+    tag, _project = production_image
+    commands = documented_step_6()
+    (run,) = [argv for argv in commands if argv[:2] == ["docker", "run"]]
+    curls = [argv for argv in commands if argv[0] == "curl"]
+    assert curls, "step 6 gives no command that waits for the container and sends a request"
+    documented_image = run[-1]
+    ports = dict(zip(("5000", "5001"), map(str, free_ports(2)), strict=True))
+
+    def here(word: str) -> str:
+        if word == documented_image:
+            return tag
+        for port, free in ports.items():
+            word = word.replace(f"{port}:{port}", f"{free}:{port}")
+            word = word.replace(f"localhost:{port}", f"localhost:{free}")
+        return word
+
+    cidfile, log = tmp_path / "container.id", tmp_path / "docker-run.log"
+    with log.open("wb") as output:
+        server = subprocess.Popen(
+            ["docker", "run", "--cidfile", str(cidfile), *map(here, run[2:])],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        (tmp_path / "request.json").write_text('{"x": 1}')
+        answers = []
+        for curl in curls:
+            done = subprocess.run(
+                [*map(here, curl)], cwd=tmp_path, capture_output=True, timeout=TIMEOUT
+            )
+            assert done.returncode == 0, (curl, done, log.read_text())
+            answers.append(done.stdout)
+        assert json.loads(answers[-1])["echo"] == {"x": 1}, answers
+    finally:
+        server.terminate()  # the docker CLI passes it on: the model stops gracefully
+        try:
+            server.wait(TIMEOUT)
+        finally:
+            if cidfile.exists():
+                with contextlib.suppress(NotFound):
+                    docker_client.containers.get(cidfile.read_text().strip()).remove(force=True)

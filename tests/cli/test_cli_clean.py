@@ -1,19 +1,22 @@
-"""``abeja model clean``: the project's run-local images and stopped containers go, what runs
-stays, and ``--dry-run`` removes nothing."""
+"""``abeja model clean``: the project's run-local images, stopped containers and local-engine
+environments go, what runs stays (and is said to), and ``--dry-run`` removes nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import secrets
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .helpers import LABEL, Result, ours
-
-pytestmark = pytest.mark.docker
+from .helpers import LABEL, CliProcess, Result, cli_env, ours
 
 
+@pytest.mark.docker
 def test_clean_removes_the_projects_images_and_stopped_containers(
     abeja: Callable[..., Result],
     base_image: str,
@@ -53,6 +56,7 @@ def test_clean_removes_the_projects_images_and_stopped_containers(
     assert f"nothing to remove for {cwd}" in last.stderr
 
 
+@pytest.mark.docker
 def test_clean_all_dry_run_removes_nothing(
     abeja: Callable[..., Result],
     base_image: str,
@@ -69,3 +73,94 @@ def test_clean_all_dry_run_removes_nothing(
     assert result.returncode == 0, str(result)
     assert f"would remove image {image.tags[0]}" in result.stderr, result
     assert [found.id for found in ours(docker_client, cwd, "images")] == [image.id]
+
+
+@pytest.mark.docker
+def test_an_image_a_built_image_uses_is_kept_and_clean_says_why(
+    abeja: Callable[..., Result],
+    base_image: str,
+    docker_client: Any,
+    docker_tmp_projects: Callable[[str], Path],
+) -> None:
+    cwd = docker_tmp_projects("tax")
+    tag = f"abeja-test/clean-{secrets.token_hex(4)}:1"
+    built = abeja("model", "build", "-h", "main:handler", "-i", base_image, "-t", tag, "-q",
+                  cwd=cwd)  # fmt: skip
+    assert built.returncode == 0, str(built)
+    try:
+        (image,) = ours(docker_client, cwd, "images")  # the run-local image it is built on
+        kept = abeja("model", "clean", cwd=cwd)
+        assert kept.returncode == 0, str(kept)
+        assert re.search(
+            rf"^\[info\] keeping image {re.escape(image.tags[0])} \(\d+ MB\): {re.escape(tag)}, "
+            "made with abeja model build, is built on it; to free it too, remove that image "
+            rf"first \(docker rmi {re.escape(tag)}\) and run clean again$",
+            kept.stderr,
+            re.MULTILINE,
+        ), kept.stderr
+        assert kept.stderr.splitlines()[-1] == (
+            f"[info] removed nothing for {cwd}; kept 1 image, for the reasons above"
+        )
+        assert [found.id for found in ours(docker_client, cwd, "images")] == [image.id]
+    finally:
+        docker_client.images.remove(tag, force=True)
+    freed = abeja("model", "clean", cwd=cwd)
+    assert f"[info] removed image {image.tags[0]} (" in freed.stderr, freed
+    assert ours(docker_client, cwd, "images") == []
+
+
+def test_clean_removes_the_local_engines_environments(
+    abeja: Callable[..., Result],
+    start_abeja: Callable[..., CliProcess],
+    project: Callable[[str], Path],
+    tmp_path: Path,
+) -> None:
+    """Without Docker too: the environments that hold a project's requirements go, this
+    project's by default, every project's with --all; one a model runs from stays."""
+    cache = tmp_path / "cache"
+    env = cli_env(ABEJA_RUNTIME_CACHE=str(cache), DOCKER_HOST=f"unix://{tmp_path}/no.sock")
+    mine, other = project("responder"), project("responder")
+    for cwd in (mine, other):
+        (cwd / "requirements.txt").write_text("click\n")  # installed here: nothing to download
+        ran = abeja("model", "run-local", "-h", "main:echo", "--input", "request.json",
+                    cwd=cwd, env=env)  # fmt: skip
+        assert ran.returncode == 0, str(ran)
+    venvs = sorted(cache.glob("venvs/[!.]*"))
+    assert len(venvs) == 2, venvs
+
+    waiting = start_abeja("model", "run-local", "-h", "slow:handler", "--input", "request.json",
+                          cwd=mine, env=env)  # fmt: skip
+    waiting.wait_for(r"^\[info\] sending request to model")
+    busy = abeja("model", "clean", cwd=mine, env=env)
+    assert busy.returncode == 0, str(busy)
+    assert re.search(
+        r"^\[info\] keeping the local engine's environment .+: a model runs from it "
+        r"\(process \d+\)$",
+        busy.stderr,
+        re.MULTILINE,
+    ), busy.stderr
+    assert sorted(cache.glob("venvs/[!.]*")) == venvs
+    waiting.send(signal.SIGINT)
+    assert waiting.wait(60) == 130, waiting.output()
+
+    dry = abeja("model", "clean", "--dry-run", cwd=mine, env=env)
+    assert "[info] would remove the local engine's environment " in dry.stderr, dry
+    assert sorted(cache.glob("venvs/[!.]*")) == venvs
+    cleaned = abeja("model", "clean", cwd=mine, env=env)
+    assert cleaned.returncode == 0, str(cleaned)
+    assert f"[info] Docker is not reachable at unix://{tmp_path}/no.sock" in cleaned.stderr
+    (left,) = cache.glob("venvs/[!.]*")
+    (gone,) = set(venvs) - {left}
+    assert f"[info] removed the local engine's environment {gone} (" in cleaned.stderr, cleaned
+    assert re.search(
+        rf"^\[info\] freed up to \d+ MB \(1 environment\) for {re.escape(str(mine))}; ",
+        cleaned.stderr,
+        re.MULTILINE,
+    ), cleaned.stderr
+
+    everything = abeja("model", "clean", "--all", "--yes", cwd=mine, env=env)
+    assert everything.returncode == 0, str(everything)
+    assert f"[info] removed the local engine's environment {left} (" in everything.stderr
+    assert not any(cache.glob("venvs/[!.]*"))
+    with contextlib.suppress(FileNotFoundError):
+        assert not any((cache / "venvs").iterdir())

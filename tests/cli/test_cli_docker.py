@@ -6,6 +6,7 @@ image is built once per session. After every test no container of ours may be le
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import signal
@@ -19,7 +20,17 @@ import pytest
 
 from abeja_runtime.launch import free_port
 
-from .helpers import LABEL, CliProcess, Result, assert_flipped, http_request, ours
+from .helpers import (
+    CLI_TIMEOUT,
+    HELD_WHEEL,
+    LABEL,
+    CliProcess,
+    HeldIndex,
+    Result,
+    assert_flipped,
+    http_request,
+    ours,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -345,6 +356,57 @@ def test_image_cache(
     assert project_image(docker_client, other) != project_image(docker_client, cwd)
 
 
+def test_a_long_install_says_what_pip_is_doing(
+    start_abeja: Callable[..., CliProcess],
+    held_index: Callable[..., HeldIndex],
+    docker_tmp_projects: Projects,
+    docker_client: Any,
+    base_image: str,
+) -> None:
+    """pip in the build (here held on a download from an index on this machine, reached
+    through the bridge's gateway) is named in the progress lines, not only the time."""
+    config = docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]
+    gateway = config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+    index = held_index(gateway)
+    cwd = docker_tmp_projects("tax")
+    (cwd / "requirements.txt").write_text(index.requirements(gateway))
+    cli = start_abeja(
+        "model", "run-local", "-i", base_image, "--engine", "docker", "-h", "main:handler",
+        "--input", "request.json", cwd=cwd,
+    )  # fmt: skip
+    line = cli.wait_for(r"^\[info\] installing the project's requirements\.\.\. \(")
+    index.release()
+    assert re.fullmatch(
+        r"\[info\] installing the project's requirements\.\.\. \(\d+ s; pip: Downloading "
+        rf"{re.escape(HELD_WHEEL)} \(.+\)\)",
+        line,
+    ), line
+    assert cli.wait(CLI_TIMEOUT) == 0, cli.output()
+    assert json.loads("".join(cli.stdout)) == {"total": 108.0}
+    assert ours(docker_client, cwd) == []
+
+
+def test_large_files_going_into_the_image_are_named(
+    run: Callable[..., Result], docker_tmp_projects: Projects
+) -> None:
+    """A large file left in the project is copied into the image: said, with the largest
+    files and .dockerignore; what .dockerignore leaves out is not counted."""
+    cwd = docker_tmp_projects("tax")
+    for name, size in (("weights.bin", 55), ("data/video.mp4", 60), ("notes.bin", 2)):
+        (cwd / name).parent.mkdir(exist_ok=True)
+        with (cwd / name).open("wb") as sparse:  # zeros, without writing them
+            sparse.truncate(size * 1000 * 1000)
+    (cwd / ".dockerignore").write_text("data/\n")
+    result = run(cwd, "-h", "main:handler", "--input", "request.json")
+    assert result.returncode == 0, str(result)
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("[warning]")]
+    assert warnings == [
+        "[warning] 57 MB of the project's files are copied into the image; the largest: "
+        "weights.bin (55 MB), notes.bin (2 MB). List the ones the model does not need in "
+        f"{cwd}/.dockerignore (a path or pattern a line) to leave them out"
+    ], result.stderr
+
+
 def test_failing_build_shows_pip_error(
     run: Callable[..., Result], docker_tmp_projects: Projects, docker_client: Any
 ) -> None:
@@ -392,7 +454,9 @@ def test_missing_base_image_is_one_error(
     (line,) = result.error_lines()
     assert line.startswith(f"[error] base image {image} is not present locally and could not be")
     assert line.endswith(
-        "pull or build it first, choose another with -i, or run without Docker with --engine local"
+        "choose an image you have (docker images lists them) with -i, or once for every command "
+        "with ABEJA_IMAGE (in the environment or the project's .env), or run the model without "
+        "Docker with --engine local"
     )
     assert f"[info] base image {image} is not present locally; pulling it" in result.stderr
     assert ours(docker_client, cwd) == []

@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import SAMPLES, CliProcess, Result, assert_flipped, cli_env
+from .helpers import (
+    CLI_TIMEOUT,
+    HELD_WHEEL,
+    SAMPLES,
+    CliProcess,
+    HeldIndex,
+    Result,
+    assert_flipped,
+    cli_env,
+)
 
 LOCAL = ("--engine", "local")
 
@@ -153,18 +163,15 @@ def test_binary_round_trip_is_byte_exact(abeja: Abeja, project: Project) -> None
     assert result.stdout == blob
 
 
-def test_binary_is_not_dumped_on_a_terminal(project: Project) -> None:
-    """On a terminal (a pty here) a JPEG answer is described, not printed."""
+def on_terminal(cwd: Path, *args: str) -> tuple[int, bytes, str]:
+    """``abeja ARGS`` with stdout on a terminal (a pty): exit code, what the terminal showed,
+    stderr."""
     import pty
-    import subprocess
-    import sys
 
-    cwd = project("image_flip")
     leader, follower = pty.openpty()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "abeja_cli", "model", "run-local", *LOCAL,
-             "-h", "main:handler", "--input", "cat.jpg", "-q"],
+            [sys.executable, "-m", "abeja_cli", *args],
             cwd=cwd, env=cli_env(), stdin=subprocess.DEVNULL, stdout=follower,
             stderr=subprocess.PIPE, timeout=120,
         )  # fmt: skip
@@ -178,13 +185,43 @@ def test_binary_is_not_dumped_on_a_terminal(project: Project) -> None:
         os.close(leader)
         if follower != -1:
             os.close(follower)
-    assert proc.returncode == 0, proc.stderr
+    return proc.returncode, shown, proc.stderr.decode()
+
+
+def test_binary_is_not_dumped_on_a_terminal(project: Project) -> None:
+    """On a terminal (a pty here) a JPEG answer is described, not printed."""
+    code, shown, stderr = on_terminal(
+        project("image_flip"), "model", "run-local", *LOCAL,
+        "-h", "main:handler", "--input", "cat.jpg", "-q",
+    )  # fmt: skip
+    assert code == 0, stderr
     assert shown == b""
-    assert proc.stderr.decode().startswith("[info] the answer is ")
-    assert (
-        "bytes of image/jpeg; not printed to the terminal: use --output FILE"
-        in proc.stderr.decode()
+    assert stderr.startswith("[info] the answer is ")
+    assert "bytes of image/jpeg; not printed to the terminal: use --output FILE" in stderr
+
+
+MISLABELLED = "the answer is labelled application/json but is not JSON (256 bytes of binary data)"
+
+
+def test_bytes_labelled_json_are_said_not_to_be_json(abeja: Abeja, project: Project) -> None:
+    """A handler that returns bytes under application/json: on a terminal nothing is dumped,
+    and either way the CLI says that the answer is not JSON and how to keep it."""
+    cwd = project("responder")
+    args = ("-h", "main:mislabelled", "--input", "request.json")
+    code, shown, stderr = on_terminal(cwd, "model", "run-local", *LOCAL, *args, "-q")
+    assert (code, shown) == (0, b""), stderr
+    assert stderr == (
+        f"[info] {MISLABELLED}; not printed to the terminal: save it with --output FILE, and "
+        "check the content_type that the handler returns\n"
     )
+
+    piped = run_local(abeja, cwd, *args)
+    assert piped.returncode == 0, str(piped)
+    assert piped.stdout == bytes(range(256))  # byte-exact, as the platform would send it
+    assert (
+        f"[warning] {MISLABELLED}; written as it came: save it with --output FILE, and check "
+        "the content_type that the handler returns\n"
+    ) in piped.stderr
 
 
 def test_text_gets_no_newline_and_json_lines_stay_raw(abeja: Abeja, project: Project) -> None:
@@ -313,14 +350,35 @@ def test_the_shell_environment_stays_out_unless_inherited(
 
 
 def test_runtime_limits_as_options(abeja: Abeja, project: Project) -> None:
-    cwd = project("tax")
-    refused = run_local(abeja, cwd, "-h", "main:handler", "--input", "request.json",
-                        "--max-body-size", "10", "-q")  # fmt: skip
-    assert refused.returncode == 1, str(refused)
-    assert json.loads(refused.stdout)["status"] == "request body too large (limit 10 bytes)"
     seen = run_local(abeja, project("responder"), "-h", "main:environ", "-q",
-                     "--input", "request.json", "--timeout", "5")  # fmt: skip
-    assert "ABEJA_RUNTIME_TIMEOUT" in seen.text.split(), str(seen)
+                     "--input", "request.json", "--timeout", "5",
+                     "--max-body-size", "1MiB")  # fmt: skip
+    assert {"ABEJA_RUNTIME_TIMEOUT", "ABEJA_RUNTIME_MAX_BODY_SIZE"} <= set(seen.text.split()), seen
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [("--max-body-size", "1MiB"), ("-e", "ABEJA_RUNTIME_MAX_BODY_SIZE=1048576")],
+    ids=["option", "variable"],
+)
+def test_a_body_over_the_limit_is_refused_before_it_is_sent(
+    abeja: Abeja, project: Project, limit: tuple[str, str]
+) -> None:
+    """The server would answer 413 and close the connection while the body is still being
+    sent, which the sender sees only as "Connection reset by peer": said before, in one line."""
+    cwd = project("responder")
+    (cwd / "big.bin").write_bytes(b"\0" * (3 * 1024 * 1024 + 1))
+    result = run_local(abeja, cwd, "-h", "main:echo", "--input", "big.bin", *limit)
+    assert result.returncode == 2, str(result)
+    assert result.stderr == (
+        "[error] --input big.bin: the request body is 3.0 MiB, over the model server's limit "
+        "of 1.0 MiB, so it would be refused (413) before it is sent whole; raise the limit "
+        "with --max-body-size 4MiB (0: no limit)\n"
+    )
+    raised = run_local(abeja, cwd, "-h", "main:echo", "--input", "big.bin", "-q", *limit,
+                       "--max-body-size", "4MiB")  # fmt: skip
+    assert raised.returncode == 0, str(raised)
+    assert len(raised.stdout) == 3 * 1024 * 1024 + 1
 
 
 def test_a_base_image_the_local_engine_ignores_is_named(abeja: Abeja, project: Project) -> None:
@@ -388,7 +446,45 @@ def test_requirements_that_cannot_be_installed_are_one_error(abeja: Abeja, tmp_p
     assert not any((tmp_path / "cache" / "venvs").glob("[!.]*")), "a broken environment was kept"
 
 
+def test_a_long_install_says_what_pip_is_doing(
+    start_abeja: Callable[..., CliProcess],
+    held_index: Callable[..., HeldIndex],
+    project: Project,
+    tmp_path: Path,
+) -> None:
+    """An install that takes long (here a download that the index holds until the progress
+    line is seen) names pip's current step, not only the time it has taken."""
+    index = held_index()
+    cwd = project("tax")
+    (cwd / "requirements.txt").write_text(index.requirements("127.0.0.1"))
+    cli = start_abeja(
+        "model", "run-local", *LOCAL, "-h", "main:handler", "--input", "request.json",
+        cwd=cwd, env=cli_env(ABEJA_RUNTIME_CACHE=str(tmp_path / "cache")),
+    )  # fmt: skip
+    line = cli.wait_for(r"^\[info\] installing the project's requirements\.\.\. \(", timeout=60)
+    index.release()
+    assert re.fullmatch(
+        r"\[info\] installing the project's requirements\.\.\. \(\d+ s; pip: Downloading "
+        rf"{re.escape(HELD_WHEEL)} \(.+\)\)",
+        line,
+    ), line
+    assert cli.wait(CLI_TIMEOUT) == 0, cli.output()
+    assert json.loads("".join(cli.stdout)) == {"total": 108.0}
+    cli.wait_for(r"^\[info\] installed the project's requirements \(\d+\.\d s\)$")
+
+
 # -- failures -------------------------------------------------------------------------------
+
+
+def test_a_folder_without_the_handler_is_told_to_init(abeja: Abeja, tmp_path: Path) -> None:
+    """Not the runtime's words for the platform's zip/tar packaging: there is no main.py."""
+    (tmp_path / "request.json").write_text("{}")
+    result = run_local(abeja, tmp_path, "-h", "main:handler", "--input", "request.json")
+    assert result.returncode == 2, str(result)
+    assert result.stderr == (
+        f"[error] there is no main.py in {tmp_path.resolve()} (-h main:handler); run the command "
+        "in the folder of your handler, fix -h, or start a project with: abeja model init\n"
+    )
 
 
 def test_import_failure_shows_the_log(abeja: Abeja, project: Project) -> None:

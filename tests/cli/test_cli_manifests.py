@@ -97,6 +97,18 @@ def test_kubernetes_documents_are_valid_and_production_ready(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("target", ["kubernetes", "knative", "kserve"])
+def test_the_yaml_has_no_anchors_or_aliases(tmp_path: Path, target: str) -> None:
+    """Documents that share dicts (labels, the selector) are written out in full each time,
+    not as ``&id001`` and ``*id001``."""
+    result, documents = manifests("--image", "mymodel:1", "--target", target, cwd=tmp_path)
+    assert result.returncode == 0, str(result)
+    events = list(yaml.parse(result.stdout))
+    assert not [event for event in events if isinstance(event, yaml.AliasEvent)], result.text
+    assert not [event for event in events if getattr(event, "anchor", None)], result.text
+    assert documents == [json.loads(json.dumps(document)) for document in documents]
+
+
+@pytest.mark.parametrize("target", ["kubernetes", "knative", "kserve"])
 def test_secrets_reach_the_container_by_reference(tmp_path: Path, target: str) -> None:
     result, documents = manifests(
         "--image", "m:1", "--target", target, "--secret", "model-token", "--secret", "db",

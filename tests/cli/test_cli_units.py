@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from abeja_cli import client, docker_build, images
+from abeja_cli import client, images, progress
 from abeja_cli.client import ModelResponse
 from abeja_cli.console import Console
 from abeja_cli.errors import ServerError
@@ -247,8 +247,7 @@ def test_the_cli_waits_for_an_answer_as_long_as_the_runtime_may_take(
     assert client.answer_timeout(env) == wait
 
 
-def test_a_long_build_phase_says_that_it_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_build, "_PROGRESS_EVERY", 0.05)
+def test_a_long_build_phase_says_that_it_goes_on() -> None:
     lines: list[str] = []
     said = threading.Event()
 
@@ -256,10 +255,29 @@ def test_a_long_build_phase_says_that_it_goes_on(monkeypatch: pytest.MonkeyPatch
         lines.append(line)
         said.set()
 
-    phases = docker_build._Phases(info)
+    phases = progress.Phases(info, every=0.05)
     phases.start("runtime wheels ready", "building the runtime's wheels")
     assert said.wait(10), "no progress line while the phase went on"
     phases.end()
     assert re.fullmatch(r"building the runtime's wheels\.\.\. \(\d+ s\)", lines[0]), lines
     assert re.fullmatch(r"runtime wheels ready \(\d+\.\d s\)", lines[-1]), lines
     assert phases._ticker is None  # the ticker stopped with the phase
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [
+        ("Collecting numpy==2.1.0", "Collecting numpy==2.1.0"),
+        (
+            "  Downloading https://files.example.com/packages/ab/numpy-2.1.0-cp311.whl (16.3 MB)",
+            "Downloading numpy-2.1.0-cp311.whl (16.3 MB)",
+        ),
+        ("Installing collected packages: numpy", "Installing collected packages: numpy"),
+        ("Resolved 2 packages in 120ms", "Resolved 2 packages in 120ms"),  # uv
+        ("Step 3/5 : RUN pip install", None),
+        (" ---> Running in 1a2b3c", None),
+        ("Collecting " + "x" * 200, "Collecting " + "x" * 106 + "..."),  # 120 characters
+    ],
+)
+def test_pip_steps_are_recognised(line: str, step: str | None) -> None:
+    assert progress.pip_step(line) == step

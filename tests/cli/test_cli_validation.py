@@ -119,7 +119,22 @@ def test_click_usage_errors_exit_2(abeja: Callable[..., Result], tmp_path: Path)
     assert "'tpu' is not one of 'x86_cpu', 'x86_gpu', 'jetson_tx2', 'raspberry3'" in device.stderr
 
 
-@pytest.mark.parametrize("command", ["run-local", "run-local-server", "build"])
+@pytest.mark.parametrize(
+    "command",
+    [(), ("model",), ("model", "clean"), ("model", "init"), ("model", "manifests")],
+    ids=["abeja", "model", "clean", "init", "manifests"],
+)
+def test_h_is_help_where_it_is_not_the_handler(
+    abeja: Callable[..., Result], tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    short = abeja(*command, "-h", cwd=tmp_path)
+    assert short.returncode == 0, str(short)
+    assert short.text.startswith(f"Usage: {' '.join(('abeja', *command))} [OPTIONS]"), short
+    assert short.text == abeja(*command, "--help", cwd=tmp_path).text
+    assert list(tmp_path.iterdir()) == []  # init -h made no project
+
+
+@pytest.mark.parametrize("command", ["run-local", "run-local-server", "run-batch", "build"])
 def test_h_alone_points_at_help(abeja: Callable[..., Result], tmp_path: Path, command: str) -> None:
     """-h is the handler, as on ABEJA's CLI; a user who meant help is told where it is."""
     alone = abeja("model", command, "-h", cwd=tmp_path)

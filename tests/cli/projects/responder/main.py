@@ -62,3 +62,8 @@ def dumps(request, context):
 def environ(request, context):
     """The names of the variables the model sees."""
     return {"content_type": "application/json", "content": sorted(os.environ)}
+
+
+def mislabelled(request, context):
+    """Bytes under a JSON label: what a handler that forgot its content_type answers."""
+    return {"content_type": "application/json", "content": bytes(range(256))}
