@@ -1,7 +1,8 @@
 """The model's environment: ``-e KEY:VALUE`` / ``-e KEY=VALUE``, ``--env-file``, and defaults.
 
 Precedence, lowest first: the defaults below < ``--env-file`` < ``-e`` < what the CLI sets
-from its own options (``HANDLER`` from ``-h``, ``ABEJA_ORGANIZATION_ID`` from ``-o``).
+from its own options (``HANDLER`` from ``-h``, ``ABEJA_ORGANIZATION_ID`` from ``-o``) and for
+itself (``ABEJA_RUNTIME_LOG_FORMAT=json``: it reads the server's log).
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ def model_environment(
         env.update(parse_env_file(env_file))
     env.update(parse_env_option(value) for value in env_options)
     env["HANDLER"] = handler
+    # The CLI reads the model server's log as JSON records (its ports, each request's lines),
+    # whatever format a -e or an env file asks for.
+    env["ABEJA_RUNTIME_LOG_FORMAT"] = "json"
     if organization_id is not None:
         env["ABEJA_ORGANIZATION_ID"] = organization_id
     return env

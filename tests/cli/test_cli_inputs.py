@@ -206,6 +206,7 @@ def test_environment_precedence(tmp_path: Path) -> None:
         "Q": "quoted value",
         "HANDLER": "main:handler",
         "ABEJA_ORGANIZATION_ID": "from-o",
+        "ABEJA_RUNTIME_LOG_FORMAT": "json",  # the CLI reads the server's log
     }
     assert env["ABEJA_TRAINING_RESULT_DIR"] == "abejainc_training_result"
 

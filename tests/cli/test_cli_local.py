@@ -310,6 +310,21 @@ def test_stdin_input(abeja: Abeja, project: Project) -> None:
     assert (result.returncode, result.stdout) == (0, b"from stdin")
 
 
+def test_a_text_log_format_asked_for_the_model_does_not_blind_the_cli(
+    abeja: Abeja, project: Project
+) -> None:
+    """The CLI reads the server's log as JSON records (its ports first): a log format set with
+    -e is overridden for the server it starts."""
+    cwd = project("tax")
+    result = run_local(
+        abeja, cwd, "-h", "main:handler", "--input", "request.json",
+        "-e", "ABEJA_RUNTIME_LOG_FORMAT=text",
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    assert json.loads(result.stdout) == {"total": 108.0}
+    assert "access: POST / 200" in result.stderr
+
+
 def test_environment_reaches_the_model(abeja: Abeja, project: Project) -> None:
     cwd = project("responder")
     (cwd / "model.env").write_text("FROM_FILE=file\nOVERRIDDEN=file\n")
