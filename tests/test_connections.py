@@ -1,5 +1,9 @@
 """Connection limits over raw sockets: a refused body is not read, slow heads and idle
-connections are cut off, and health stays fast meanwhile (issue 8, points 6 and 7)."""
+connections are cut off, and health stays fast meanwhile (issue 8, points 6 and 7).
+
+No assertion times the server: the answers say which limit cut a connection off, and a socket
+timeout (30 s, past every limit set here) only keeps a hang from hanging the test.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ MiB = 1024 * 1024
 
 
 def connect(server: RunningServer) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
 
 
 def read_until_closed(sock: socket.socket, limit: int = 65536) -> bytes:
@@ -93,32 +97,33 @@ def test_a_refused_body_is_answered_413_and_not_read(make_server: ServerFactory,
 
 
 def test_a_slow_request_head_gets_408_and_health_stays_fast(make_server: ServerFactory):
-    server = make_server("ld_sync", "--request-head-timeout", "2")
+    # 8 s: the health checks below happen long before any head can time out, however slow the
+    # machine; the test waits that long for the 408s.
+    server = make_server("ld_sync", "--request-head-timeout", "8")
     tricklers = []
     for _ in range(200):
         sock = connect(server)
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
         tricklers.append(sock)
     silent = connect(server)  # a connection that never sends anything
-    began = time.monotonic()
     for round_ in range(3):  # keep trickling: one header byte per socket per round
         for sock in tricklers:
-            with contextlib.suppress(OSError):  # cut off already: the deadline is from byte 1
+            with contextlib.suppress(OSError):  # one cut off already is reported below
                 sock.sendall(b"X")
-        before = time.monotonic()
         assert server.health() == 200
         assert server.request("GET", "/").status == 200
-        assert time.monotonic() - before < 1.0, f"round {round_}: health and a request were slow"
+        # Answered while every slow head is still held open, unanswered: service and health
+        # do not wait for them to be cut off.
+        answered = select.select([*tricklers, silent], [], [], 0)[0]
+        assert answered == [], f"round {round_}: {len(answered)} slow heads were cut off first"
 
     answers = [read_until_closed(sock) for sock in tricklers]
-    elapsed = time.monotonic() - began
     for sock in tricklers:
         sock.close()
     assert all(a.startswith(b"HTTP/1.1 408 Request Timeout") for a in answers), answers[0][:200]
     assert b'"request head not received in time"' in answers[0]
     assert read_until_closed(silent) == b""  # closed without an answer: it asked nothing
     silent.close()
-    assert elapsed < 10, f"cut off after {elapsed:.1f} s with a 2 s head timeout"
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(make_server: ServerFactory):
@@ -127,11 +132,11 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(make_server: 
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     first = sock.recv(65536)
     assert first.startswith(b"HTTP/1.1 200 ")
-    began = time.monotonic()
-    assert read_until_closed(sock) == b""  # the server closes it; nothing more is sent
-    idle = time.monotonic() - began
+    assert b"connection: close" not in first.lower()  # kept alive after its answer
+    # The server closes it, nothing more sent, before the socket's 30 s (the default
+    # keep-alive timeout is 75 s).
+    assert read_until_closed(sock) == b""
     sock.close()
-    assert 0.5 < idle < 8, f"closed after {idle:.1f} s idle with a 1 s keep-alive timeout"
 
 
 def test_connection_timeouts_are_validated(make_server: ServerFactory):
@@ -157,13 +162,10 @@ def test_a_body_that_stops_arriving_gets_408_and_is_counted(
     else:
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\na\r\n")
         sock.sendall(b"x" * 10 + b"\r\n")
-    began = time.monotonic()
     answer = read_until_closed(sock)
-    waited = time.monotonic() - began
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
     assert b'"request body made no progress for 1 s; the limit is' in answer
-    assert 0.9 < waited < 8, f"answered after {waited:.1f} s with a 1 s timeout"
     assert server.request("GET", "/").status == 200
     metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
     assert b'abeja_runtime_requests_total{code="408"} 1.0' in metrics
@@ -186,17 +188,16 @@ def test_a_body_still_trickling_in_at_the_deadline_gets_408(
     else:
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
         byte = b"1\r\nx\r\n"
-    began = time.monotonic()
-    for _ in range(30):  # a byte every 0.3 s until the answer comes (9 s at most)
+    # The client's pace (what is tested): a byte every 0.3 s until the answer comes, 9 s at
+    # most. The answer says which limit ended it: the 1 s deadline, not the 5 s progress one.
+    for _ in range(30):
         if select.select([sock], [], [], 0.3)[0]:
             break
         sock.sendall(byte)
     answer = read_until_closed(sock)
-    waited = time.monotonic() - began
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
     assert b"not received within the request's deadline of 1 s" in answer
-    assert waited < 4, f"answered after {waited:.1f} s with a 1 s deadline"
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
     assert answer.status == 200
@@ -279,11 +280,12 @@ def test_a_compressed_big_body_reaches_the_handler_decompressed(make_server: Ser
 def test_a_trickling_body_that_keeps_making_progress_is_read(make_server: ServerFactory):
     server = make_server("rq_echo", "--request-head-timeout", "1")
     sock = connect(server)
-    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n"
-    sock.sendall(head + b"\r\n")
-    for byte in b"abcd":  # 2 s in all, never 1 s without a byte
+    body = b"abcdefghij"
+    head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}"
+    sock.sendall(head.encode() + b"\r\n\r\n")
+    for byte in body:  # 2 s in all, never 1 s without a byte (5 times the pace)
         sock.sendall(bytes([byte]))
-        time.sleep(0.5)  # the client's pace (what is tested), not a wait for the server
+        time.sleep(0.2)  # the client's pace (what is tested), not a wait for the server
     answer = read_until_closed(sock, limit=20)
     sock.close()
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]

@@ -3,7 +3,9 @@
 Contract A1 (handler execution, keep-alive) and A2 (504, and the slot a timed-out sync handler
 keeps).
 The handlers record ``time.monotonic()`` themselves (one clock for every process on the machine),
-so overlap and ordering are checked on the handler's own timestamps, not on client timing.
+so overlap and ordering are checked on the handler's own timestamps, not on client timing. A call
+that must still be running when something else happens waits for a file that the test creates
+(``?until=``): the test, not the clock, decides when it ends.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import http.client
 import itertools
 import json
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from conftest import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory, wait_until
@@ -68,10 +70,36 @@ def wait_for_event(server: RunningServer, tag: str, event: str, timeout: float =
     return wait_until(lambda: events(server, tag).get(event), timeout, f"{event} of call {tag}")
 
 
-def timed(call: Callable[[], Any]) -> tuple[Any, float]:
-    began = time.monotonic()
-    result = call()
-    return result, time.monotonic() - began
+def queued(server: RunningServer) -> float:
+    """The calls waiting for a handler slot, as ``/metrics`` counts them."""
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+    for line in metrics.splitlines():
+        if line.startswith("abeja_runtime_queued_requests "):
+            return float(line.split()[1])
+    raise AssertionError("no queued gauge in /metrics")
+
+
+class Held:
+    """Calls with ``?{held.query}`` run until :meth:`release`: ``ex_sleep`` waits for the file
+    (at most 60 s, longer than any client here waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self.query = f"until={quote(str(path))}"
+
+    def release(self) -> None:
+        self._path.touch()
+
+
+@contextlib.contextmanager
+def held_calls(tmp_path: Path) -> Iterator[Held]:
+    """Released on the way out, whatever happened, so that no call is left waiting for the
+    test (list it after a thread pool: it is left first)."""
+    held = Held(tmp_path / "release")
+    try:
+        yield held
+    finally:
+        held.release()
 
 
 # --- concurrency -------------------------------------------------------------------------------
@@ -107,14 +135,20 @@ def test_concurrency_2_lets_two_calls_overlap(start, handler, flags, env):
 # --- the queue ---------------------------------------------------------------------------------
 
 
-def test_full_queue_answers_503_busy_with_retry_after(start):
+def test_full_queue_answers_503_busy_with_retry_after(start, tmp_path):
     server = start("ex_sleep", "--max-queue", "1")
-    with ThreadPoolExecutor(3) as pool:
-        running = pool.submit(server.request, "GET", "/?tag=running&sleep=2", timeout=15)
+    with ThreadPoolExecutor(3) as pool, held_calls(tmp_path) as held:
+        running = pool.submit(server.request, "GET", f"/?tag=running&{held.query}", timeout=30)
         wait_for_event(server, "running", "start")
-        # While "running" sleeps, one of these two waits in the queue and the other is refused.
-        others = call_all(server, ["/?tag=b", "/?tag=c"])
+        # While "running" is held, one of these two waits in the queue and the other is refused:
+        # the refusal is the first answer (the queued one waits for the release).
+        calls = [
+            pool.submit(server.request, "GET", path, timeout=30) for path in ("/?tag=b", "/?tag=c")
+        ]
+        wait_until(lambda: any(call.done() for call in calls), 30, "the refusal")
+        held.release()
         first = running.result()
+        others = [call.result() for call in calls]
 
     assert first.status == 200
     assert sorted(answer.status for answer in others) == [200, 503]
@@ -127,19 +161,22 @@ def test_full_queue_answers_503_busy_with_retry_after(start):
     assert server.request("GET", "/?tag=after").status == 200
 
 
-def test_a_full_queue_refuses_a_big_body_before_reading_it(start):
+def test_a_full_queue_refuses_a_big_body_before_reading_it(start, tmp_path):
     """A request the queue cannot take is answered 503 at once: the front does not read a body
     it would only refuse (a burst of big uploads used to be read whole, then refused)."""
     server = start("ex_sleep", "--max-queue", "0", "--request-head-timeout", "30")
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(server.request, "GET", "/?tag=running&sleep=2", timeout=15)
+    with ThreadPoolExecutor(1) as pool, held_calls(tmp_path) as held:
+        running = pool.submit(server.request, "GET", f"/?tag=running&{held.query}", timeout=30)
         wait_for_event(server, "running", "start")
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
             client.sendall(
                 b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
                 b"Content-Length: 1048576\r\n\r\n"  # and no byte of the body
             )
-            head = client.recv(4096)  # socket.timeout (a failure) if the front waits for it
+            # While "running" is held; socket.timeout (a failure) if the front waits for the
+            # body, which it would until the 30 s head timeout.
+            head = client.recv(4096)
+        held.release()
         assert running.result().status == 200
     assert head.startswith(b"HTTP/1.1 503 "), head
     assert b"Retry-After: " in head
@@ -218,26 +255,34 @@ def test_a_client_that_leaves_while_its_body_waits_for_a_place_holds_nothing(sta
 
 
 @BOTH_KINDS
-def test_timeout_answers_504_at_once_and_the_server_stays_up(start, handler):
+def test_timeout_answers_504_at_once_and_the_server_stays_up(start, tmp_path, handler):
     server = start("ex_sleep", "--handler", handler, "--timeout", "1")
 
-    answer, elapsed = timed(lambda: server.request("GET", "/?tag=slow&sleep=3", timeout=10))
+    with held_calls(tmp_path) as held:
+        # The call cannot end before the test releases it (nor, by itself, within the client's
+        # 30 s): its 504 comes from the deadline, while the handler still runs.
+        answer = server.request("GET", f"/?tag=slow&{held.query}", timeout=30)
 
     assert answer.status == 504
     assert answer.json() == TIMED_OUT_AFTER_1_S
     assert answer.headers["Content-Type"] == "application/json"
-    assert 0.9 <= elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
     # A sync handler holds its slot until it returns: let it, so the next call is not queued.
     wait_until(lambda: {"end", "cancelled"} & events(server, "slow").keys(), 10, "slow to finish")
     assert server.request("GET", "/?tag=next", timeout=10).status == 200
     assert server.health() == 200
 
 
-def test_timed_out_sync_handler_keeps_its_slot_until_it_returns(start):
-    server = start("ex_sleep", "--timeout", "2")
+def test_timed_out_sync_handler_keeps_its_slot_until_it_returns(start, tmp_path):
+    server = start("ex_sleep", "--timeout", "3")
 
-    timed_out = server.request("GET", "/?tag=slow&sleep=3", timeout=10)
-    answer = server.request("GET", "/?tag=next", timeout=10)
+    with ThreadPoolExecutor(1) as pool, held_calls(tmp_path) as held:
+        timed_out = server.request("GET", f"/?tag=slow&{held.query}", timeout=30)
+        following = pool.submit(server.request, "GET", "/?tag=next", timeout=30)
+        # "next" has arrived while "slow" still runs (it can only end once released); then
+        # "slow" is let go, within next's deadline.
+        wait_until(lambda: queued(server) == 1, 10, "the next call to wait for the slot")
+        held.release()
+        answer = following.result()
 
     assert timed_out.status == 504
     assert answer.status == 200
@@ -245,16 +290,18 @@ def test_timed_out_sync_handler_keeps_its_slot_until_it_returns(start):
     assert answer.json()["start"] >= slow_end, "the next call ran while the timed-out one still ran"
 
 
-def test_timed_out_async_handler_frees_its_slot_at_once(start):
+def test_timed_out_async_handler_frees_its_slot_at_once(start, tmp_path):
     server = start("ex_sleep", "--handler", ASYNC, "--timeout", "1")
 
-    timed_out = server.request("GET", "/?tag=slow&sleep=8", timeout=10)
-    answer, elapsed = timed(lambda: server.request("GET", "/?tag=next", timeout=10))
+    with held_calls(tmp_path) as held:
+        timed_out = server.request("GET", f"/?tag=slow&{held.query}", timeout=30)
+        # Had "slow" kept its slot, "next" would wait for a release that only comes after it,
+        # and get its own 504 at its 1 s deadline.
+        answer = server.request("GET", "/?tag=next", timeout=30)
 
     assert timed_out.status == 504
     assert timed_out.json() == TIMED_OUT_AFTER_1_S
     assert answer.status == 200
-    assert elapsed < 3.0, f"the next call waited {elapsed:.2f} s for the slot"
     cancelled = wait_for_event(server, "slow", "cancelled")  # not left running in the background
     assert answer.json()["start"] >= cancelled
     assert "end" not in events(server, "slow")
@@ -315,24 +362,29 @@ KEEP_ALIVE_SEQUENCE = [
     ("POST", "/?tag=k3", b'{"a": 1}', {"Content-Type": "application/json"}, 200),
     ("POST", "/?tag=k4", b"--x\r\n\r\n", MULTIPART_WITHOUT_BOUNDARY, 400),
     ("GET", "/?tag=k5&q=%ff", None, {}, 400),
-    ("GET", "/?tag=k6&sleep=1.3", None, {}, 504),
+    ("GET", "/?tag=k6&{until}", None, {}, 504),  # held until its 504 has come
     ("GET", "/health_check", None, {}, 200),
     ("PUT", "/?tag=k7", b"raw", {"Content-Type": "application/octet-stream"}, 200),
 ]
 
 
-def test_keep_alive_serves_every_response_on_one_connection(start):
+def test_keep_alive_serves_every_response_on_one_connection(start, tmp_path):
     server = start("ex_sleep", "--timeout", "1")
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
         connection.connect()
         sock = connection.sock
         statuses = []
-        for method, path, body, headers, _ in KEEP_ALIVE_SEQUENCE:
-            connection.request(method, path, body=body, headers=headers)
-            answer = connection.getresponse()
-            answer.read()
-            statuses.append(answer.status)
+        with held_calls(tmp_path) as held:
+            for method, path, body, headers, _ in KEEP_ALIVE_SEQUENCE:
+                connection.request(
+                    method, path.format(until=held.query), body=body, headers=headers
+                )
+                answer = connection.getresponse()
+                answer.read()
+                statuses.append(answer.status)
+                if "{until}" in path:
+                    held.release()  # its slot comes free for the calls after it
             assert not answer.will_close, f"{method} {path} ({answer.status}) closed the connection"
             assert connection.sock is sock, f"{method} {path} needed a new connection"
     finally:

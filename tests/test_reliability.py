@@ -14,8 +14,8 @@ import os
 import re
 import signal
 import threading
-import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from conftest import Response, RunningServer, wait_until
@@ -106,37 +106,34 @@ def test_a_blocked_event_loop_is_killed_and_replaced_from_outside(make_server):
     outcome: list[object] = []
 
     def blocked_call() -> None:
-        try:
-            outcome.append(server.request("GET", "/?block=25", timeout=30).status)
+        try:  # its loop blocked for 60 s: only a kill from outside ends it sooner
+            outcome.append(server.request("GET", "/?block=60", timeout=30).status)
         except ConnectionError as exc:
             outcome.append(type(exc).__name__)
 
-    began = time.monotonic()
     caller = threading.Thread(target=blocked_call, daemon=True)
     caller.start()
-    blocked = wait_until(
-        lambda: next(
-            (r for r in server.records() if "whose handler is stuck" in r.get("message", "")),
-            None,
-        ),
-        10,
-        "the blocked worker to be noticed",
+    blocked = server.wait_for_record(
+        lambda r: "whose handler is stuck" in r.get("message", ""), timeout=30
     )
-    noticed = time.monotonic() - began
-    # Meanwhile and after, the other worker serves and the health port answers at once.
+    # Meanwhile and after, the other worker serves and the health port answers.
     for _ in range(5):
-        assert server.request("GET", "/", timeout=5).status == 200
-        health_began = time.monotonic()
+        assert server.request("GET", "/", timeout=30).status == 200
         assert server.health() == 200
-        assert time.monotonic() - health_began < 1.0
-    caller.join(10)
+    caller.join(30)
 
     victim = int(blocked["message"].split()[2].rstrip(","))
     assert victim in workers
-    assert noticed < 1 + 2 + 2, f"noticed after {noticed:.1f} s; timeout + grace is 3 s"
+    judged = server.wait_for_record(lambda r: "this worker is killed" in r.get("message", ""))
+    assert judged["message"] == (  # judged by the front at timeout + grace, not by the worker
+        f"a handler call in worker {victim} has been running for more than 3 s (timeout 1 s + "
+        "grace 2 s); this worker is killed and replaced"
+    )
     assert outcome and outcome[0] != 200, outcome
-    wait_until(lambda: not alive(victim), 5, "the blocked worker to be gone")
+    wait_until(lambda: not alive(victim), 30, "the blocked worker to be gone")  # 60 s: killed
     wait_for_ready_workers(server, 3)
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
+    assert b'abeja_runtime_worker_restarts_total{reason="stuck"} 1.0' in metrics
 
 
 def test_a_finished_response_survives_a_crash_right_after(make_server):
@@ -165,16 +162,14 @@ def test_a_finished_response_survives_a_crash_right_after(make_server):
     server.wait_healthy(15)
 
 
-@pytest.mark.parametrize(
-    ("handler", "slow_path"), [("fi_sync", "/?hang=5"), ("fi_async", "/?ms=5000")]
-)
+@pytest.mark.parametrize("handler", ["fi_sync", "fi_async"])
 def test_quick_calls_do_not_wait_behind_a_slow_one_while_another_worker_is_free(
-    make_server, handler, slow_path
+    make_server, tmp_path, handler
 ):
     """Quick calls go to a worker that is already serving (waking another costs more than the
     call), and wait in its socket; a worker whose call turns out slow gives back the calls
-    behind it: with a 5 s call running, concurrent quick calls are all answered meanwhile, by
-    the other worker."""
+    behind it: with a slow call running (until the test releases it), concurrent quick calls
+    are all answered meanwhile, by the other worker."""
     server = make_server(handler, "--workers", "2")
     server.wait_healthy(15)
 
@@ -194,26 +189,31 @@ def test_quick_calls_do_not_wait_behind_a_slow_one_while_another_worker_is_free(
     for _ in range(20):  # the front learns that calls are quick
         assert all(isinstance(a, Response) and a.status == 200 for a in quick_calls(8))
     slow_answer: list[object] = []
+    release = tmp_path / "release"
+    slow_path = f"/?until={quote(str(release))}"
     slow = threading.Thread(
-        target=lambda: slow_answer.append(server.request("GET", slow_path, timeout=20)),
+        target=lambda: slow_answer.append(server.request("GET", slow_path, timeout=30)),
         daemon=True,
     )
     slow.start()
-    wait_until(
-        lambda: server.request("GET", "/metrics", port=server.healthcheck_port).body.count(
-            b"abeja_runtime_in_flight_requests 1.0"
-        ),
-        5,
-        "the slow call to run",
-    )
-
-    answers = quick_calls(16)
-
-    assert slow.is_alive(), "a quick call waited for the slow call to end"
+    try:
+        wait_until(
+            lambda: server.request("GET", "/metrics", port=server.healthcheck_port).body.count(
+                b"abeja_runtime_in_flight_requests 1.0"
+            ),
+            10,
+            "the slow call to run",
+        )
+        # The slow call ends only once released: a quick call waiting behind it would get no
+        # answer (its client gives up after 20 s).
+        answers = quick_calls(16)
+        assert slow.is_alive(), "a quick call waited for the slow call to end"
+    finally:
+        release.touch()
     assert len(answers) == 16
     assert all(isinstance(a, Response) and a.status == 200 for a in answers), answers
     pids = {json.loads(a.body)["pid"] for a in answers if isinstance(a, Response)}
-    slow.join(20)
+    slow.join(30)
     (slow_response,) = slow_answer
     assert isinstance(slow_response, Response) and slow_response.status == 200
     assert json.loads(slow_response.body)["pid"] not in pids

@@ -6,7 +6,6 @@ import http.client
 import json
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,16 @@ from conftest import RunningServer, wait_until
 UNAVAILABLE = {"status": "service unavailable"}
 
 
-class SlowCall:
-    """A call of ``sd_slow`` (``seconds`` of work) running in a thread."""
+class HeldCall:
+    """A call of ``sd_slow`` running in a thread until :meth:`release` (or, never released,
+    for 60 s): the test, not the clock, decides when its work ends."""
 
-    def __init__(self, server: RunningServer, tmp_path: Path, seconds: float) -> None:
+    def __init__(self, server: RunningServer, tmp_path: Path) -> None:
         self.started = tmp_path / "started"
+        self._release = tmp_path / "release"
         self.answer = None
         self.error: BaseException | None = None
-        self.finished_at: float | None = None
-        body = {"started": str(self.started), "seconds": seconds}
+        body = {"started": str(self.started), "release": str(self._release)}
         self._thread = threading.Thread(target=self._call, args=(server, body), daemon=True)
         self._thread.start()
         wait_until(self.started.exists, 10, "the slow handler call to start")
@@ -33,7 +33,12 @@ class SlowCall:
             self.answer = server.post_json(body, timeout=30)
         except Exception as exc:  # the test inspects it
             self.error = exc
-        self.finished_at = time.monotonic()
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def release(self) -> None:
+        self._release.touch()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -67,19 +72,21 @@ def health_status(server: RunningServer) -> int:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_in_flight_request_completes_then_exit_0(make_server, tmp_path, sig):
     server = make_server("sd_slow")
-    call = SlowCall(server, tmp_path, seconds=2)
-    signalled = time.monotonic()
+    call = HeldCall(server, tmp_path)
     server.process.send_signal(sig)
+    wait_until(lambda: health_status(server) == 503, 10, "the graceful shutdown to begin")
+    assert call.running(), "the call ended before its work"
+    assert server.process.poll() is None, "the runtime exited before its request finished"
+    call.release()
     call.join(15)
     assert call.error is None, call.error
-    assert (call.answer.status, call.answer.json()) == (200, {"slept": 2})
+    assert (call.answer.status, call.answer.json()) == (200, {"released": True})
     assert server.process.wait(15) == 0
-    assert call.finished_at - signalled > 1.0, "the call ended long before its 2 s of work"
 
 
 def test_new_connections_after_sigterm_are_refused_or_503(make_server, tmp_path):
     server = make_server("sd_slow")
-    call = SlowCall(server, tmp_path, seconds=2)
+    call = HeldCall(server, tmp_path)
     server.process.send_signal(signal.SIGTERM)
     # A request sent in the instant before the signal is handled is still accepted and served;
     # once health says 503, the service port must refuse or answer 503.
@@ -89,6 +96,7 @@ def test_new_connections_after_sigterm_are_refused_or_503(make_server, tmp_path)
     allowed = {503, "ConnectionRefusedError", "ConnectionResetError", "RemoteDisconnected"}
     assert set(outcomes) <= allowed, outcomes
 
+    call.release()
     call.join(15)
     assert call.answer is not None and call.answer.status == 200, call.error
     assert server.process.wait(15) == 0
@@ -97,17 +105,18 @@ def test_new_connections_after_sigterm_are_refused_or_503(make_server, tmp_path)
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_signal_exits_at_once(make_server, tmp_path, second):
     server = make_server("sd_slow")
-    call = SlowCall(server, tmp_path, seconds=20)
+    call = HeldCall(server, tmp_path)  # never released: it would outlast the 30 s grace period
     server.process.send_signal(signal.SIGTERM)
     wait_until(lambda: health_status(server) == 503, 10, "the graceful shutdown to begin")
     workers = children(server.process.pid)
     assert workers, "no worker processes"
-    signalled = time.monotonic()
     server.process.send_signal(second)
-    server.process.wait(5)
-    assert time.monotonic() - signalled < 3.0
-    wait_until(lambda: all(gone(pid) for pid in workers), 5, "the workers to be gone")
-    call.join(5)  # the client of the abandoned call is not left hanging
+    # Exit code 1, the forced stop's (the graceful one, at the grace period's end, exits 0).
+    assert server.process.wait(20) == 1
+    stopped = server.wait_for_record(lambda r: "second signal" in r.get("message", ""))
+    assert stopped["message"] == "second signal received; stopping at once"
+    wait_until(lambda: all(gone(pid) for pid in workers), 10, "the workers to be gone")
+    call.join(10)  # the client of the abandoned call is not left hanging
     assert call.answer is None or call.answer.status != 200
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,9 +61,12 @@ def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> 
 
 
 def crash_a_worker(server: RunningServer) -> int | str:
-    """Send the request that kills its worker: the status, or the connection error's name."""
+    """Send the request that kills its worker: the status, or the connection error's name.
+
+    The client waits 30 s at most, half the default 60 s deadline: a ``502`` is the front
+    answering for the dead worker, never a deadline's ``504`` (and a hang fails)."""
     try:
-        return server.request("GET", "/?exit=1", timeout=10).status
+        return server.request("GET", "/?exit=1", timeout=30).status
     except ConnectionError as exc:  # includes http.client.RemoteDisconnected; a hang is not
         return type(exc).__name__
 
@@ -122,12 +124,11 @@ def test_a_crashing_handler_loses_only_its_own_request(start):
     server = start("sv_pid")
     old = pid_of(server.request("GET", "/"))
 
-    began = time.monotonic()
     outcome = crash_a_worker(server)
-    elapsed = time.monotonic() - began
 
-    assert outcome == 502, outcome  # the front answers for the dead worker
-    assert elapsed < 5, f"the crashed request took {elapsed:.1f} s"
+    # The front answers for the dead worker when it sees it die, not at the call's deadline
+    # (60 s by default, past the client's patience).
+    assert outcome == 502, outcome
     record = server.wait_for_record(lambda r: "exited unexpectedly" in r.get("message", ""))
     assert record["message"] == (
         f"worker {old} exited unexpectedly (exit code 3); starting a replacement"
@@ -162,13 +163,13 @@ def test_a_stuck_handler_gets_504_at_once_and_its_worker_recycled(start):
     server = start("sv_pid", "--timeout", "1", "--grace-period", "1")
     old = pid_of(server.request("GET", "/"))
 
-    began = time.monotonic()
-    stuck = server.request("GET", "/?hang=30", timeout=10)
-    elapsed = time.monotonic() - began
+    stuck = server.request("GET", "/?hang=30", timeout=30)
 
+    # The deadline's answer, while the handler still runs: the recycling below ends the call
+    # after timeout + grace, and a call ended that way would be answered 502 (its worker died),
+    # one that ran to its end 200.
     assert stuck.status == 504
     assert stuck.json() == TIMED_OUT_AFTER_1_S
-    assert elapsed < 2.0, f"the 504 came after {elapsed:.2f} s"
     noticed = server.wait_for_record(lambda r: "is killed and replaced" in r.get("message", ""))
     assert noticed["log_level"] == "error"
     recycled = server.wait_for_record(
@@ -204,15 +205,15 @@ def test_workers_exit_when_the_supervisor_is_killed(start):
 def test_max_requests_replaces_the_worker_without_failing_a_request(start: ServerFactory) -> None:
     server = start("sv_pid", "--max-requests", "10")
     pids: set[int] = set()
-    served = 0
-    deadline = time.monotonic() + 60
+
+    def two_retired() -> bool:
+        for answer in pool.map(lambda _: server.request("GET", "/"), range(8)):
+            assert answer.status == 200, answer.body  # no request fails meanwhile
+            pids.add(answer.json()["pid"])
+        return len(pids) >= 3
+
     with ThreadPoolExecutor(4) as pool:  # load from 4 clients until two workers have retired
-        while len(pids) < 3:
-            assert time.monotonic() < deadline, f"{served} requests, served by {pids}"
-            for answer in pool.map(lambda _: server.request("GET", "/"), range(8)):
-                assert answer.status == 200, answer.body  # no request fails meanwhile
-                pids.add(answer.json()["pid"])
-                served += 1
+        wait_until(two_retired, 60, "two workers to retire")
     server.wait_for_record(lambda r: "has served" in r.get("message", ""))
     metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
     assert b'abeja_runtime_worker_restarts_total{reason="max_requests"}' in metrics

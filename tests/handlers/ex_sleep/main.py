@@ -1,6 +1,8 @@
 """Sleeps ``?sleep=S`` seconds as its workload and says when it ran (``time.monotonic()``).
 
 ``handler`` is sync, ``async_handler`` the same with ``await asyncio.sleep``. ``?raise=1`` raises.
+``?until=PATH`` works instead until the file PATH exists (at most 60 s, so that a broken test
+cannot hold the worker for ever): a call that the test ends, not the clock.
 Each call also prints JSON events (``start``, ``end``, ``cancelled``) that become log records,
 so that a test can see when a call whose client got 504 really ended.
 """
@@ -9,6 +11,9 @@ import asyncio
 import json
 import os
 import time
+
+#: Seconds an ``?until=`` call waits at most for its file.
+UNTIL_AT_MOST = 60.0
 
 
 def _event(event: str, tag: str) -> float:
@@ -27,7 +32,13 @@ def handler(request, context):
     if request.query.get("raise"):
         raise RuntimeError(f"ex_sleep was asked to fail ({tag})")
     start = _event("start", tag)
-    time.sleep(float(request.query.get("sleep", "0")))
+    until = request.query.get("until")
+    if until:
+        deadline = time.monotonic() + UNTIL_AT_MOST
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        time.sleep(float(request.query.get("sleep", "0")))
     return _answer(tag, start, _event("end", tag))
 
 
@@ -36,8 +47,14 @@ async def async_handler(request, context):
     if request.query.get("raise"):
         raise RuntimeError(f"ex_sleep was asked to fail ({tag})")
     start = _event("start", tag)
+    until = request.query.get("until")
     try:
-        await asyncio.sleep(float(request.query.get("sleep", "0")))
+        if until:
+            deadline = time.monotonic() + UNTIL_AT_MOST
+            while not os.path.exists(until) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        else:
+            await asyncio.sleep(float(request.query.get("sleep", "0")))
     except asyncio.CancelledError:
         _event("cancelled", tag)
         raise

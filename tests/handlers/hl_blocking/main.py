@@ -2,6 +2,7 @@
 
 The JSON body names two files: ``started`` is created when the call begins, and the call returns
 once ``release`` exists (at most 20 s, so that a broken test cannot hang the handler forever).
+``async_handler`` does the same without ever awaiting: it blocks its worker's event loop.
 """
 
 import json
@@ -20,3 +21,7 @@ def handler(request, context):
         "content_type": "application/json",
         "content": {"released": os.path.exists(paths["release"])},
     }
+
+
+async def async_handler(request, context):
+    return handler(request, context)  # the mistake under test: blocking code, no await
