@@ -10,7 +10,6 @@ import ipaddress
 import json
 import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -413,7 +412,6 @@ def test_failing_build_shows_pip_error(
     cwd = docker_tmp_projects("tax")
     # --no-index makes pip fail at once, without the network.
     (cwd / "requirements.txt").write_text("--no-index\nabeja-no-such-package==1.0\n")
-    started = time.monotonic()
     result = run(cwd, "-h", "main:handler", "--input", "request.json")
     assert result.returncode == 1, str(result)
     # The build's output was not shown live (no -v): it comes after the error line.
@@ -436,7 +434,6 @@ def test_failing_build_shows_pip_error(
     # With -q the build log was not shown live: it comes after the error line.
     assert " ------ Build Log ------ " in quiet.stderr
     assert "No matching distribution found" in quiet.stderr
-    assert time.monotonic() - started < 120
 
 
 def test_missing_base_image_is_one_error(
