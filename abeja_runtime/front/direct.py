@@ -7,8 +7,9 @@ answer's callback: no aiohttp request or response object, no task, no coroutine.
 the inline limit with a ``Content-Length``, up to the spool threshold, is taken too: its call
 reads it into a buffer of shared memory first (``direct_body.py``), straight from the socket
 (``capture.py``). It does what :meth:`HttpServer.service
-<abeja_runtime.front.server.HttpServer.service>` does for the same request (the same call
-frame, deadline, refusals, access record, metrics and answer headers), and leaves every other
+<abeja_runtime.front.server.HttpServer.service>` does for the same request, through the same
+:class:`~abeja_runtime.front.calls.CallService` (call frame, deadline, refusals, access record,
+metrics), with the same answer headers, and leaves every other
 request to it: a chunked or compressed body, one above the spool threshold or awaiting ``100
 Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check and the
 style's own front paths, an async (ARMS) request, a body the queue could not take, and any
@@ -24,6 +25,7 @@ import http
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11, RawRequestMessage, StreamWriter
@@ -47,7 +49,7 @@ from abeja_runtime.logs import (
 )
 
 if TYPE_CHECKING:
-    from abeja_runtime.front.server import HttpServer
+    from abeja_runtime.front.calls import CallService
 
 __all__ = ["DirectRequests"]
 
@@ -64,8 +66,16 @@ _SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
 class DirectRequests:
     """The service port's direct path (see the module's docstring)."""
 
-    def __init__(self, server: HttpServer, max_body_size: int, spool_threshold: int) -> None:
-        self._server = server
+    def __init__(
+        self,
+        calls: CallService,
+        own_path: Callable[[str], bool],
+        max_body_size: int,
+        spool_threshold: int,
+    ) -> None:
+        self._calls = calls
+        #: The paths the front answers itself (left to aiohttp's path).
+        self._own_path = own_path
         limits = [INLINE_LIMIT, spool_threshold] + ([max_body_size] if max_body_size else [])
         #: The largest body taken whole here: it travels inside the call frame, as service()
         #: sends it.
@@ -79,13 +89,12 @@ class DirectRequests:
     ) -> bool:
         if not self._in_frame(payload) and not self._captured_size(connection, message, payload):
             return False
-        server = self._server
         return (
             message.version == HttpVersion11
             and message.method in ALLOWED_METHODS
             and not message.upgrade
-            and server.serving
-            and not server.own_path(message.url.path)
+            and self._calls.admitting
+            and not self._own_path(message.url.path)
             and ASYNC_ID_HEADER not in message.headers
             # A body with a Content-Encoding is decoded, and any wrong in it answered, on
             # aiohttp's path (server.py with content_encoding.py).
@@ -114,7 +123,7 @@ class DirectRequests:
         size = int(headers.get("Content-Length", "0"))  # digits only: aiohttp checked it
         if not INLINE_LIMIT < size <= self._largest_captured:
             return 0
-        if not self._server.may_read_body():  # else aiohttp's path answers 503
+        if not self._calls.may_read_body():  # else aiohttp's path answers 503
             return 0
         if not payload.is_eof() and not connection.can_capture():
             return 0
@@ -124,10 +133,10 @@ class DirectRequests:
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
     ) -> _DirectCall:
         headers = message.headers
-        server = self._server
+        calls = self._calls
         method = message.method
         url = message.url
-        entry = server.accounting.open(
+        entry = calls.accounting.open(
             method,
             url.path,
             time.time(),
@@ -144,7 +153,7 @@ class DirectRequests:
             body = None
             size = self._captured_size(connection, message, payload)
         call = Call(
-            server.next_call_id(),
+            calls.next_id(),
             method,
             url.raw_path,
             url.raw_query_string,
@@ -156,7 +165,7 @@ class DirectRequests:
             size,
         )
         direct = _DirectCall(
-            server,
+            calls,
             connection,
             call,
             entry,
@@ -175,11 +184,11 @@ class _DirectCall:
 
     __slots__ = (
         "_body",
+        "_calls",
         "_connection",
         "_entry",
         "_keep_alive",
         "_over",
-        "_server",
         "_streaming",
         "deadline",
         "pending",
@@ -187,7 +196,7 @@ class _DirectCall:
 
     def __init__(
         self,
-        server: HttpServer,
+        calls: CallService,
         connection: Connection,
         call: Call,
         entry: CallEntry,
@@ -195,7 +204,7 @@ class _DirectCall:
         keep_alive: bool,
         payload: StreamReader | None,
     ) -> None:
-        self._server = server
+        self._calls = calls
         self._connection = connection
         #: Its counts: ended (499 if never counted) however the call ends.
         self._entry = entry
@@ -206,10 +215,10 @@ class _DirectCall:
         self._streaming: asyncio.Task[None] | None = None
         if payload is None:  # the body is in the frame
             self._body: DirectBody | None = None
-            self.pending = PendingCall(call, server.loop)
+            self.pending = PendingCall(call, calls.loop)
         else:
             self._body = DirectBody(
-                server,
+                calls,
                 connection,
                 payload,
                 call.body_size,
@@ -217,7 +226,7 @@ class _DirectCall:
                 self._body_ready,
                 self._body_failed,
             )
-            self.pending = PendingCall(call, server.loop, None, self._body.release)
+            self.pending = PendingCall(call, calls.loop, None, self._body.release)
 
     def read_body(self) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""
@@ -238,7 +247,7 @@ class _DirectCall:
     def submit(self) -> None:
         """Hand the call to the pool (answered at once when the pool is full)."""
         try:
-            self.deadline = self._server.submit(self.pending, self._entry.received)
+            self.deadline = self._calls.submit(self.pending, self._entry.received)
         except ServiceBusy as exc:
             self.refused(exc)
             return
@@ -264,16 +273,15 @@ class _DirectCall:
         self._write(answer.status, answer.headers, answer.body)
 
     def refused(self, exc: HttpError) -> None:
-        reply = self._server.refusal(exc)
+        reply = self._calls.refusal(exc)
         assert isinstance(reply.body, bytes)
         self._write(reply.status, reply.headers, reply.body)
 
     def _write(self, status: int, headers: tuple[tuple[str, str], ...], body: bytes) -> None:
         self._over = True
-        server = self._server
         call = self.pending.frame
         assert isinstance(call, Call)
-        close = not self._keep_alive or server.draining
+        close = not self._keep_alive or self._calls.draining
         sent = False
         try:
             try:
@@ -295,11 +303,11 @@ class _DirectCall:
 
     async def _stream(self, answer: Answer) -> None:
         """A streamed answer: chunked, each chunk written as the handler process sends it."""
-        server = self._server
+        calls = self._calls
         connection = self._connection
         call = self.pending.frame
         assert isinstance(call, Call)
-        close = not self._keep_alive or server.draining
+        close = not self._keep_alive or calls.draining
         self._entry.count(answer.status)
         headers = CIMultiDict(answer.headers)
         headers[REQUEST_ID_HEADER] = call.request_id
@@ -308,7 +316,7 @@ class _DirectCall:
         headers["Server"] = SERVER_SOFTWARE
         if close:
             headers["Connection"] = "close"
-        writer = StreamWriter(connection, server.loop)
+        writer = StreamWriter(connection, calls.loop)
         writer.enable_chunking()
         try:
             status_line = f"HTTP/1.1 {answer.status} {_reason(answer.status)}"
@@ -317,13 +325,13 @@ class _DirectCall:
                 await writer.write(chunk)
             await writer.write_eof()
         except ConnectionError:
-            server.withdraw(self.pending)
+            calls.withdraw(self.pending)
             close = True
         except RuntimeError:
             # Headers are out: the only honest signal left is to cut the chunked body short.
             close = True
         except asyncio.CancelledError:  # the client left (client_gone)
-            server.withdraw(self.pending)
+            calls.withdraw(self.pending)
             raise
         finally:
             self._over = True
@@ -344,7 +352,7 @@ class _DirectCall:
             return
         if self.deadline is not None:
             self.deadline.discard(self.pending)
-        self._server.withdraw(self.pending)
+        self._calls.withdraw(self.pending)
         self._entry.end()
 
 

@@ -29,7 +29,7 @@ from abeja_runtime.front.capture import BodyCapture
 from abeja_runtime.front.connection import Connection
 
 if TYPE_CHECKING:
-    from abeja_runtime.front.server import Body, HttpServer
+    from abeja_runtime.front.calls import Body, CallService
 
 __all__ = ["DirectBody"]
 
@@ -40,13 +40,13 @@ class DirectBody:
 
     __slots__ = (
         "_body",
+        "_calls",
         "_capture",
         "_connection",
         "_failed",
         "_payload",
         "_ready",
         "_received",
-        "_server",
         "_timer",
         "_turn",
         "fd",
@@ -55,7 +55,7 @@ class DirectBody:
 
     def __init__(
         self,
-        server: HttpServer,
+        calls: CallService,
         connection: Connection,
         payload: StreamReader,
         size: int,
@@ -63,7 +63,7 @@ class DirectBody:
         ready: Callable[[], None],
         failed: Callable[[HttpError], None],
     ) -> None:
-        self._server = server
+        self._calls = calls
         self._connection = connection
         self._payload = payload
         self.size = size
@@ -84,7 +84,7 @@ class DirectBody:
 
     def start(self) -> None:
         """Take a place now, or wait in line for one, the body left in the connection."""
-        gate = self._server.body_gate
+        gate = self._calls.gate
         if gate.try_enter():
             self._read()
             return
@@ -108,10 +108,10 @@ class DirectBody:
         connection = self._connection
         payload = self._payload
         if not payload.is_eof() and not connection.can_capture():  # the connection is ending
-            self._server.body_gate.leave()
+            self._calls.gate.leave()
             self._failed(ServiceUnavailable())
             return
-        self._body, mapped = self._server.held_body(self.size)
+        self._body, mapped = self._calls.held_body(self.size)
         self.fd = self._body.fd
         self._capture = connection.capture_body(payload, mapped, self.size, self._read_whole)
         if self._capture is None:  # it had arrived whole
@@ -119,7 +119,7 @@ class DirectBody:
             return
         capture = self._capture
         connection.watch_body(lambda: capture.arriving, self._stalled)
-        self._timer = self._server.at_deadline(self._received, self._past_deadline)
+        self._timer = self._calls.at_deadline(self._received, self._past_deadline)
 
     def _read_whole(self) -> None:
         self._stop_timer()
@@ -136,7 +136,7 @@ class DirectBody:
         """Still arriving at the request's deadline: ``408`` (the connection closes), and
         the place goes to a body that may yet be answered in time."""
         self._timer = None
-        self._stop_reading(self._server.body_past_deadline())
+        self._stop_reading(self._calls.body_past_deadline())
 
     def _stop_reading(self, exc: HttpError) -> None:
         assert self._capture is not None
@@ -149,7 +149,7 @@ class DirectBody:
         """The client left: nothing is read, nothing held."""
         self._stop_timer()
         if self._turn is not None:
-            self._server.body_gate.give_up(self._turn)
+            self._calls.gate.give_up(self._turn)
             self._turn = None
         if self._capture is not None:
             self._capture.give_up()

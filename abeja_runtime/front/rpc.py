@@ -22,8 +22,8 @@ import grpc
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
 from abeja_runtime.frames import RpcAnswer, RpcCall
-from abeja_runtime.front.pool import HandlerPool, PendingCall
-from abeja_runtime.front.server import HttpServer
+from abeja_runtime.front.calls import CallService
+from abeja_runtime.front.pool import PendingCall
 from abeja_runtime.logs import REQUEST_ID_HEADER, request_id_from
 
 __all__ = ["RpcServer"]
@@ -47,12 +47,9 @@ def _status_of(exc: HttpError) -> grpc.StatusCode:
 class RpcServer:
     """The front's gRPC server over the handler pool."""
 
-    def __init__(
-        self, config: Config, pool: HandlerPool, http: HttpServer, methods: tuple[str, ...]
-    ) -> None:
+    def __init__(self, config: Config, calls: CallService, methods: tuple[str, ...]) -> None:
         assert config.grpc_port is not None
-        self._pool = pool
-        self._http = http
+        self._calls = calls
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.max_body_size or -1),
@@ -100,19 +97,19 @@ class RpcServer:
         )
         request_id = request_id_from(dict(metadata).get(REQUEST_ID_HEADER))
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
-        http = self._http
+        calls = self._calls
         # Ended however the call ends: a call the client cancels (or whose own deadline
         # passes) is counted as 499 then.
-        entry = http.accounting.open("POST", method, received, request_id)
+        entry = calls.accounting.open("POST", method, received, request_id)
         try:
-            if not self._pool.admitting:
+            if not calls.admitting:
                 code, message, status = grpc.StatusCode.UNAVAILABLE, "service unavailable", 503
             else:
-                call = RpcCall(self._pool.next_id(), method, payload, metadata, request_id)
+                call = RpcCall(calls.next_id(), method, payload, metadata, request_id)
                 try:
-                    answer = await http.call(PendingCall(call, http.loop), received)
+                    answer = await calls.call(PendingCall(call, calls.loop), received)
                 except HttpError as exc:
-                    http.refusal(exc)  # counted as on the HTTP port
+                    calls.refusal(exc)  # counted as on the HTTP port
                     code, message, status = _status_of(exc), exc.message, exc.status
                 else:
                     assert isinstance(answer, RpcAnswer)

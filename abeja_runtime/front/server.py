@@ -4,11 +4,11 @@ The front's modules are the only ones that serve HTTP (this one, ``connection.py
 ``direct.py``) or gRPC (``rpc.py``); ``arms.py``, ``datalake.py`` and ``batch.py`` use aiohttp's
 client. :class:`HttpServer` serves what the direct path (``direct.py``) leaves to aiohttp:
 ``/health_check``, then for every other path the request's checks (method, size, a body that
-makes progress), its body read whole (in memory, or spooled to a file above the spool
+makes progress), its body read whole (decoded, in memory, or spooled to a file above the spool
 threshold, which travels to the handler process as a descriptor), the call through the
-:class:`~abeja_runtime.front.pool.HandlerPool` within the deadline, and the answer written (from
-memory, or streamed as the handler process produces it), counted in the metrics and the access
-log before its first byte. Malformed HTTP and slow request heads are answered by
+:class:`~abeja_runtime.front.calls.CallService` (admission, places, deadline, accounting, as
+every way in), and the answer written (from memory, or streamed as the handler process
+produces it). Malformed HTTP and slow request heads are answered by
 :class:`~abeja_runtime.front.connection.Connection`, in the same ``{"status": message}`` JSON
 as every other error. :class:`ControlServer` serves the health-check port (readiness,
 liveness, metrics).
@@ -19,26 +19,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import mmap
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from aiohttp import web, web_protocol
 from aiohttp.streams import StreamReader
 
-from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
 from abeja_runtime.errors import (
-    BodyPastDeadline,
-    HandlerTimeout,
     HttpError,
     ServiceBusy,
     ServiceUnavailable,
 )
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
-from abeja_runtime.front.accounting import Accounting, CallEntry
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, plain_headers
+from abeja_runtime.front.accounting import CallEntry
 from abeja_runtime.front.arms import (
     ASYNC_ID_HEADER,
     ASYNC_TOKEN_HEADER,
@@ -46,10 +42,9 @@ from abeja_runtime.front.arms import (
     ResultSender,
     async_id_problem,
 )
-from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
+from abeja_runtime.front.calls import Body, CallService
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.content_encoding import BodyDecoder, decoder_for
-from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pool import HandlerPool, PendingCall
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.logs import (
@@ -58,7 +53,6 @@ from abeja_runtime.logs import (
     request_id_from,
     requester_id_from,
 )
-from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch, Spool
@@ -67,7 +61,6 @@ __all__ = [
     "HEALTH_PATH",
     "LIVENESS_PATH",
     "METRICS_PATH",
-    "Body",
     "ControlServer",
     "HttpServer",
 ]
@@ -101,66 +94,21 @@ def _health_response(ready: bool) -> web.Response:
     return _web_response(_HEALTHY if ready else _UNAVAILABLE)
 
 
-class Body:
-    """A request body read whole: in the frame, in one of the front's memfds, or in a spool
-    file (the last two sent as their descriptor)."""
-
-    __slots__ = ("buffers", "data", "fd", "file", "gate", "scratch", "size")
-
-    def __init__(
-        self,
-        data: bytes | None,
-        *,
-        fd: int | None = None,
-        size: int = 0,
-        buffers: BodyBuffers | None = None,
-        file: IO[bytes] | None = None,
-        scratch: Scratch | None = None,
-    ) -> None:
-        self.data = data
-        self.fd = fd if file is None else file.fileno()
-        self.size = size
-        self.buffers = buffers
-        self.file = file
-        self.scratch = scratch
-        #: Where its place is given back, for a body that took one.
-        self.gate: BodyGate | None = None
-
-    def close(self) -> None:
-        """Give back what it holds (once: a second call does nothing)."""
-        if self.gate is not None:
-            self.gate.leave()
-            self.gate = None
-        if self.buffers is not None and self.fd is not None:
-            self.buffers.release(self.fd)
-            self.buffers = None
-        if self.file is not None:
-            self.file.close()
-        if self.scratch is not None:
-            self.scratch.remove()
-
-
 class HttpServer:
     """The service port of the front."""
 
-    def __init__(self, config: Config, pool: HandlerPool, metrics: FrontMetrics) -> None:
+    def __init__(
+        self, config: Config, pool: HandlerPool, metrics: FrontMetrics, calls: CallService
+    ) -> None:
         self._config = config
         self._pool = pool
         self._metrics = metrics
-        #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
-        self.loop = asyncio.get_running_loop()
+        #: What every call goes through (admission, places, deadline, accounting).
+        self.calls = calls
+        self.loop = calls.loop
         self._limits = BodyLimits(
             max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
         )
-        self._timeout = config.timeout or None
-        self._buffers = BodyBuffers()
-        self._gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
-        self._deadlines = Deadlines(self.loop, self._expire)
-        access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
-        #: Every call's counts, and the calls in flight (async ones until their result is
-        #: sent), which the drain waits for.
-        self.accounting = Accounting(access_log, metrics)
-        self.draining = False
         missing = ResultSender.missing(config.platform)
         self._async_refusal = (
             status_reply(
@@ -174,61 +122,18 @@ class HttpServer:
         self._results = ResultSender(config.platform)
         self._async_jobs: set[asyncio.Task[None]] = set()
 
-    @property
-    def serving(self) -> bool:
-        """Whether a request can be handed to the pool now (else it is answered 503)."""
-        return self._pool.admitting and not self.draining
-
-    @property
-    def body_gate(self) -> BodyGate:
-        """The places for bodies above the inline limit (:mod:`~abeja_runtime.front.body_gate`)."""
-        return self._gate
-
-    def may_read_body(self) -> bool:
-        """Whether a body above the inline limit may be read now or wait for a place: else the
-        queue could not take its call, and it is refused (``503``) before it is read."""
-        return self._gate.waiting < self._pool.free_places()
-
-    def held_body(self, size: int) -> tuple[Body, mmap.mmap]:
-        """A shared buffer for a body of ``size`` bytes whose place in the gate is held; the
-        mapping is the buffer's, to fill, and the body's ``close()`` gives both back."""
-        fd, mapped = self._buffers.take(size)
-        body = Body(None, fd=fd, size=size, buffers=self._buffers)
-        body.gate = self._gate
-        return body, mapped
-
-    def at_deadline(
-        self, received: float, expired: Callable[..., None], *args: Any
-    ) -> asyncio.TimerHandle | None:
-        """``expired(*args)`` when the deadline of a request received at ``received`` passes
-        (``None``: no deadline)."""
-        left = self._time_left(received)
-        return None if left is None else self.loop.call_later(left, expired, *args)
-
-    def _time_left(self, received: float) -> float | None:
-        """Seconds to the deadline of a request received at ``received`` (``None``: none)."""
-        if self._timeout is None:
-            return None
-        return max(0.0, received + self._timeout - time.time())
-
-    def body_past_deadline(self) -> BodyPastDeadline:
-        return BodyPastDeadline(self._config.timeout)
-
     def own_path(self, path: str) -> bool:
         """The front answers this path itself (the health check, a style's front paths)."""
         return path == HEALTH_PATH or path in self._pool.front_paths
 
-    def next_call_id(self) -> int:
-        return self._pool.next_id()
-
     async def service(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == HEALTH_PATH:
-            return _health_response(self._pool.serving and not self.draining)
+            return _health_response(self.calls.ready)
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
             return self.metrics_response()
         headers = request.headers
-        entry = self.accounting.open(
+        entry = self.calls.accounting.open(
             request.method,
             path,
             time.time(),
@@ -252,13 +157,13 @@ class HttpServer:
         received = entry.received
         tag = (REQUEST_ID_HEADER, entry.request_id)
         try:
-            if not self._pool.admitting and not self.draining:
+            if not self.calls.admitting and not self.calls.draining:
                 raise ServiceUnavailable()
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)
             body = await self._read_body(request, received)
         except HttpError as exc:
-            reply = self.refusal(exc).with_headers((tag,))
+            reply = self.calls.refusal(exc).with_headers((tag,))
             entry.count(reply.status)
             if exc.ends_connection:  # the body was not read whole
                 return await _refuse(request, reply)
@@ -268,9 +173,9 @@ class HttpServer:
             return await self._accept_async(request, body, async_id, entry)
         pending = self._pending(request, body, entry)
         try:
-            answer = await self.call(pending, received)
+            answer = await self.calls.call(pending, received)
         except HttpError as exc:
-            reply = self.refusal(exc).with_headers((tag,))
+            reply = self.calls.refusal(exc).with_headers((tag,))
             entry.count(reply.status)
             return await self._send_reply(request, reply)
         assert isinstance(answer, Answer)
@@ -285,7 +190,7 @@ class HttpServer:
     def _pending(self, request: web.BaseRequest, body: Body, entry: CallEntry) -> PendingCall:
         url = request.rel_url
         call = Call(
-            self._pool.next_id(),
+            self.calls.next_id(),
             request.method,
             url.raw_path,
             url.raw_query_string,
@@ -298,39 +203,6 @@ class HttpServer:
         )
         return PendingCall(call, self.loop, body.fd, body.close)
 
-    def submit(self, pending: PendingCall, received: float) -> set[PendingCall] | None:
-        """Hand ``pending`` to the pool, its deadline watched (no task or timeout context per
-        request): the calls it is watched with, which it leaves (``discard``) once answered
-        (``None``: no deadline). ``ServiceBusy`` when the pool is full."""
-        try:
-            self._pool.submit(pending)
-        except ServiceBusy:
-            pending.finish()
-            raise
-        if self._timeout is None:
-            return None
-        return self._deadlines.watch(pending, received + self._timeout)
-
-    async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
-        """The call through the pool, answered within the deadline."""
-        watched = self.submit(pending, received)
-        try:
-            return await pending.answer
-        except asyncio.CancelledError:  # the client left
-            self._pool.withdraw(pending)
-            raise
-        finally:
-            if watched is not None:
-                watched.discard(pending)
-
-    def withdraw(self, pending: PendingCall) -> None:
-        self._pool.withdraw(pending)
-
-    def _expire(self, pending: PendingCall) -> None:
-        if not pending.answer.done():
-            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
-            self._pool.withdraw(pending)
-
     async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
         """The whole body, counted against the limit: in the frame up to
         :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
@@ -342,42 +214,28 @@ class HttpServer:
         declared = request.content_length
         if declared is not None and declared <= INLINE_LIMIT and decoder is None:
             return await self._read_in_time(request, received, decoder)
-        await self._enter_gate(request)  # a compressed body may grow past the inline limit
+        await self.calls.enter_gate()  # a compressed body may grow past the inline limit
         try:
             body = await self._read_in_time(request, received, decoder)
         except BaseException:
-            self._gate.leave()
+            self.calls.gate.leave()
             raise
-        body.gate = self._gate
+        body.gate = self.calls.gate
         return body
-
-    async def _enter_gate(self, request: web.BaseRequest) -> None:
-        """A place for a body above the inline limit (:mod:`~abeja_runtime.front.body_gate`);
-        waiting for one counts as waiting in the queue, and ends at the request's deadline."""
-        gate = self._gate
-        if not self.may_read_body():  # refused before its body is read
-            raise ServiceBusy()
-        if gate.try_enter():
-            return
-        try:
-            async with asyncio.timeout(self._timeout):
-                await gate.enter()
-        except TimeoutError:
-            raise HandlerTimeout(self._config.timeout) from None
 
     async def _read_in_time(
         self, request: web.BaseRequest, received: float, decoder: BodyDecoder | None
     ) -> Body:
         """The body read whole, or ``408`` when it is still arriving at the request's deadline
         (a client trickling a byte now and then would otherwise hold its place for ever)."""
-        left = self._time_left(received)
+        left = self.calls.time_left(received)
         if left is None or request.content.is_eof():
             return await self._read_whole(request, decoder)
         try:
             async with asyncio.timeout(left):
                 return await self._read_whole(request, decoder)
         except TimeoutError:
-            raise self.body_past_deadline() from None
+            raise self.calls.body_past_deadline() from None
 
     async def _read_whole(self, request: web.BaseRequest, decoder: BodyDecoder | None) -> Body:
         """The body, decoded (``decoder``), counted against the limit as it grows."""
@@ -406,7 +264,8 @@ class HttpServer:
     def _in_memory(self, chunks: list[bytes], size: int) -> Body:
         if size <= INLINE_LIMIT:
             return Body(b"".join(chunks))
-        return Body(None, fd=self._buffers.fill(chunks, size), size=size, buffers=self._buffers)
+        buffers = self.calls.buffers
+        return Body(None, fd=buffers.fill(chunks, size), size=size, buffers=buffers)
 
     async def _spool(
         self, pieces: AsyncIterator[bytes], first: list[bytes], counter: BodyCounter
@@ -427,24 +286,16 @@ class HttpServer:
             raise
         return Body(None, file=file, scratch=scratch)
 
-    def refusal(self, exc: HttpError) -> EncodedResponse:
-        """The answer to one of the front's refusals, counted."""
-        if isinstance(exc, ServiceBusy):
-            self._metrics.rejected("busy")
-        elif isinstance(exc, ServiceUnavailable):
-            self._metrics.rejected("unavailable")
-        return status_reply(exc.status, exc.message, exc.headers.items())
-
     async def _send_reply(
         self, request: web.BaseRequest, reply: EncodedResponse
     ) -> web.StreamResponse:
         response = _web_response(reply)
-        if self.draining:
+        if self.calls.draining:
             response.force_close()
         with contextlib.suppress(ConnectionError):
             await response.prepare(request)
             await response.write_eof()
-            if not self.draining and not request.content.is_eof():
+            if not self.calls.draining and not request.content.is_eof():
                 # An answer before the body was read (a 405, a 503): take in a small rest so
                 # that the connection can serve the next request.
                 await _discard_rest(request)
@@ -454,7 +305,7 @@ class HttpServer:
         self, request: web.BaseRequest, pending: PendingCall, status: int, headers: Any
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=status, headers=headers)
-        if self.draining:
+        if self.calls.draining:
             response.force_close()
         response.enable_chunked_encoding()
         try:
@@ -462,7 +313,7 @@ class HttpServer:
             async for chunk in pending.stream():
                 await response.write(chunk)
         except ConnectionError:
-            self._pool.withdraw(pending)
+            self.calls.withdraw(pending)
             return response
         except RuntimeError:
             # Headers are out: the only honest signal left is to cut the chunked body short.
@@ -470,7 +321,7 @@ class HttpServer:
                 request.transport.close()
             return response
         except asyncio.CancelledError:
-            self._pool.withdraw(pending)
+            self.calls.withdraw(pending)
             raise
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
@@ -488,14 +339,14 @@ class HttpServer:
         problem = async_id_problem(async_id)
         refusal = status_reply(400, problem) if problem else self._async_refusal
         if refusal is None and len(self._async_jobs) >= MAX_PENDING:
-            refusal = self.refusal(ServiceBusy())
+            refusal = self.calls.refusal(ServiceBusy())
         if refusal is not None:
             body.close()
             entry.count(refusal.status)
             return await self._send_reply(request, refusal.with_headers((tag,)))
         pending = self._pending(request, body, entry)
         token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
-        self.accounting.hold()  # until the result is sent: a graceful shutdown waits for it
+        self.calls.accounting.hold()  # until the result is sent: a graceful shutdown waits for it
         job = asyncio.create_task(self._run_async(pending, async_id, token, tag, entry.received))
         self._async_jobs.add(job)
         job.add_done_callback(self._async_jobs.discard)
@@ -514,9 +365,9 @@ class HttpServer:
     ) -> None:
         try:
             try:
-                answer = await self.call(pending, received)
+                answer = await self.calls.call(pending, received)
             except HttpError as exc:  # a timeout or a full queue: the answer a client would get
-                reply = self.refusal(exc)
+                reply = self.calls.refusal(exc)
             else:
                 assert isinstance(answer, Answer)
                 if answer.failed:  # logged in the handler process
@@ -532,7 +383,7 @@ class HttpServer:
             _log.exception("async request %s failed", async_id)
             await self._results.send_failure(async_id, token, "response from runtime")
         finally:
-            self.accounting.release()
+            self.calls.accounting.release()
 
 
 async def _next_chunk(content: StreamReader) -> bytes:

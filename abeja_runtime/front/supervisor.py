@@ -39,8 +39,8 @@ from abeja_runtime.settings import settings_of
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from abeja_runtime.front.calls import CallService
     from abeja_runtime.front.rpc import RpcServer
-    from abeja_runtime.front.server import HttpServer
 
 __all__ = ["run"]
 
@@ -187,7 +187,7 @@ class _Front:
         self._draining = False
         self._killed = False
         self._rpc: RpcServer | None = None
-        self._http: HttpServer | None = None
+        self._calls: CallService | None = None
         self._service_site: web.BaseSite | None = None
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_starting: asyncio.Task[None] | None = None
@@ -204,6 +204,7 @@ class _Front:
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
+        from abeja_runtime.front.calls import CallService
         from abeja_runtime.front.connection import make_web_server
         from abeja_runtime.front.direct import DirectRequests
         from abeja_runtime.front.server import ControlServer, HttpServer
@@ -213,9 +214,10 @@ class _Front:
             __version__, config.handler, config.style, self._metrics_dir, self._gauges
         )
         pool.metrics = metrics
-        http = self._http = HttpServer(config, pool, metrics)
+        calls = self._calls = CallService(config, pool, metrics)
+        http = HttpServer(config, pool, metrics, calls)
         control = ControlServer(self._is_ready, metrics.render)
-        direct = DirectRequests(http, config.max_body_size, config.spool_threshold)
+        direct = DirectRequests(calls, http.own_path, config.max_body_size, config.spool_threshold)
         service = web.ServerRunner(
             make_web_server(http.service, config, direct), handle_signals=False, shutdown_timeout=1
         )
@@ -237,14 +239,14 @@ class _Front:
             pool.close()
             await service.cleanup()
             await health.cleanup()
-            http.accounting.flush()
+            calls.accounting.flush()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
         return self._exit_code
 
     def _gauges(self) -> tuple[int, int]:
         """Requests in flight and calls queued, for a scrape."""
-        in_flight = self._http.accounting.in_flight if self._http is not None else 0
+        in_flight = self._calls.accounting.in_flight if self._calls is not None else 0
         return in_flight, self._pool.queued
 
     def _is_ready(self) -> bool:
@@ -278,9 +280,9 @@ class _Front:
             return
         from abeja_runtime.front.rpc import RpcServer  # grpcio only when a gRPC port is asked for
 
-        assert self._http is not None
+        assert self._calls is not None
         try:
-            self._rpc = RpcServer(config, pool, self._http, pool.rpc_methods)
+            self._rpc = RpcServer(config, self._calls, pool.rpc_methods)
             await self._rpc.start()
         except HandlerLoadError as exc:
             self._on_load_failed(str(exc), "")
@@ -290,8 +292,8 @@ class _Front:
     async def _drain(self, service: web.ServerRunner) -> None:
         """Requests on open connections are answered (with ``Connection: close``) within the
         grace period; then the handler processes finish their calls and exit."""
-        assert self._http is not None
-        calls = self._http.accounting
+        assert self._calls is not None
+        calls = self._calls.accounting
         loop = asyncio.get_running_loop()
         grace = self._config.grace_period
         deadline = loop.time() + grace if grace else None
@@ -325,8 +327,8 @@ class _Front:
         if not self._draining:
             _log.info("signal %s received; shutting down gracefully", signal.Signals(signum).name)
             self._draining = True
-            if self._http is not None:
-                self._http.draining = True
+            if self._calls is not None:
+                self._calls.draining = True
             self._stopping = asyncio.ensure_future(self._stop_accepting())
             self._finished.set()
         else:
