@@ -3,7 +3,7 @@ cancellation and accounting, each in one place.
 
 Three ways lead into the front: aiohttp's request handling (``server.py``), the direct path
 (``direct.py``, ``direct_body.py``) and gRPC (``rpc.py``). Each parses its request, turns it
-into a :class:`~abeja_runtime.front.pool.PendingCall`, and writes the answer; everything
+into a :class:`~abeja_runtime.front.pending.PendingCall`, and writes the answer; everything
 between is here, in :class:`CallService`:
 
 * **admission**: :attr:`CallService.admitting` (else ``503 service unavailable``), and the
@@ -42,7 +42,8 @@ from abeja_runtime.frames import Answer, RpcAnswer
 from abeja_runtime.front.accounting import Accounting
 from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.deadlines import Deadlines
-from abeja_runtime.front.pool import HandlerPool, PendingCall
+from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from abeja_runtime.front.pool import PendingCall
+    from abeja_runtime.front.pending import PendingCall
 
 __all__ = ["RESOLUTION", "Deadlines"]
 

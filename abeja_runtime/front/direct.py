@@ -39,7 +39,7 @@ from abeja_runtime.front.accounting import CallEntry
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
-from abeja_runtime.front.pool import PendingCall
+from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import (
     REQUEST_ID_HEADER,

@@ -18,56 +18,51 @@ failing a call, one that has served ``--max-requests`` or holds more than
 ``--max-worker-memory``: its replacement starts first, and it stops once that one is ready and
 its own calls are answered.
 
-Processes are fresh interpreters (``python -m abeja_runtime.worker FD FRONT_PID``), never
-forks: no state of the front is copied into them, and they do not import aiohttp.
+This module is the scheduler (the queue, placement, give-back) and the processes' lifecycle;
+a process itself (its start, its socket, its frames) is a :class:`~abeja_runtime.front.
+processes.HandlerProcess`, made by the factory the pool is given, so that the scheduler can be
+tested with fake processes (``tests/unit/test_pool.py``).
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
 import logging
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HttpError, ServiceBusy, ServiceUnavailable, WorkerCrashed
 from abeja_runtime.frames import (
-    FDS_PER_WRITE,
-    VERSION,
     Answer,
-    Call,
     Cancel,
     Chunk,
     End,
     Frame,
-    FrameDecoder,
     GiveBack,
     GivenBack,
     LoadFailed,
     ProtocolError,
     Ready,
     RpcAnswer,
-    RpcCall,
-    Start,
-    encode_frame,
-    read_buffer,
     read_fd,
-    receive,
+)
+from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
+from abeja_runtime.front.processes import (
+    HandlerProcess,
+    ProcessState,
+    describe_exit,
+    resident_memory,
 )
 from abeja_runtime.metrics import FrontMetrics, handler_environment
 
-__all__ = ["HandlerPool", "PendingCall"]
+__all__ = ["HandlerPool"]
 
 _log = logging.getLogger("abeja_runtime")
 #: Calls a process may hold beyond its concurrency, waiting in its socket, while its calls are
@@ -92,225 +87,6 @@ _SPAWN_RETRY: Final = 1.0
 #: A streamed answer may run this many chunks ahead of its client before the front stops
 #: reading from the process that produces it.
 _STREAM_AHEAD: Final = 8
-_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_STREAM_FAILED: Final = object()
-
-
-class PendingCall:
-    """One call on its way: the frame to send, its answer when it comes, its streamed chunks."""
-
-    __slots__ = (
-        "_cleanup", "abandoned", "answer", "chunks", "fd", "frame", "giving_back", "process",
-        "sent_at",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        frame: Call | RpcCall,
-        loop: asyncio.AbstractEventLoop,
-        fd: int | None = None,
-        cleanup: Callable[[], None] | None = None,
-    ) -> None:
-        self.frame = frame
-        self.fd = fd  # sent with the frame (the spool file)
-        #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
-        self._cleanup = cleanup
-        # The loop is passed, not looked up: on Python 3.11 each lookup is a getpid() call.
-        self.answer: asyncio.Future[Answer | RpcAnswer] = loop.create_future()
-        self.chunks: asyncio.Queue[Any] | None = None
-        self.abandoned = False
-        self.process: _Process | None = None
-        self.sent_at = 0.0
-        #: Its process was asked to give it back (it waits there behind a slow call).
-        self.giving_back = False
-
-    async def stream(self) -> Any:
-        """The streamed body's chunks as they come (an async iterator); raises
-        ``RuntimeError`` where the handler's generator failed or its process died."""
-        chunks = self.chunks
-        assert chunks is not None
-        while (item := await chunks.get()) is not None:
-            if item is _STREAM_FAILED:
-                raise RuntimeError("the streamed answer was cut short")
-            process = self.process
-            if process is not None and chunks.qsize() < 2:
-                process.resume()
-            yield item
-
-    def finish(self) -> None:
-        cleanup, self._cleanup = self._cleanup, None
-        if cleanup is not None:
-            cleanup()
-
-    def abandon(self) -> None:
-        """Nobody waits for the answer any more (timeout, client gone): drop it when it comes."""
-        self.abandoned = True
-        self.answer.add_done_callback(_retrieve)
-        if self.process is not None:
-            self.process.resume()
-
-
-class _Process:
-    """One handler process: its socket, the calls it was sent, its state."""
-
-    def __init__(self, config: Config, environment: dict[str, str], pool: HandlerPool) -> None:
-        ours, theirs = socket.socketpair()
-        with theirs:
-            self.popen = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "abeja_runtime.worker",
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                ],
-                pass_fds=(theirs.fileno(),),
-                env=environment,
-            )
-        self.pid = self.popen.pid
-        self._pool = pool
-        self._sock = ours
-        ours.setblocking(False)
-        self._decoder = FrameDecoder()
-        self._into = read_buffer()
-        #: Frames of this loop iteration, not written yet, and the descriptors they carry.
-        self._batch: list[bytes] = []
-        self._batch_fds: list[int] = []
-        #: What the socket did not take yet.
-        self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
-        self.loop = asyncio.get_running_loop()
-        self.state = "starting"  # → ready → stopping
-        #: Calls sent and not answered, in the order they were sent.
-        self.sent: dict[int, PendingCall] = {}
-        self.answered = 0
-        #: When its last answer came: its next call was busy from then or from when it was
-        #: sent, whichever is later.
-        self.answered_at = 0.0
-        #: When to look whether calls wait behind a slow one here (see ``HandlerPool``).
-        self.take_back_timer: asyncio.TimerHandle | None = None
-        self.request_limit: int | None = None
-        self.retiring = False
-        self.replaces: _Process | None = None
-        self._reading = True
-        self.exit_fd = _pidfd(self.pid)
-        self.loop.add_reader(ours.fileno(), self.read_available)
-        self.send(Start(VERSION, config))
-
-    # -- the socket ---------------------------------------------------------------------------
-
-    def send(self, frame: Frame, fd: int | None = None) -> None:
-        """Queue ``frame`` (and a duplicate of ``fd``): the frames of one loop iteration go out
-        in one write, and the worker reads them in one."""
-        if not self._batch:
-            self.loop.call_soon(self._flush)
-        elif fd is not None and len(self._batch_fds) == FDS_PER_WRITE:
-            self._seal()  # what one write may carry
-        self._batch.append(encode_frame(frame, has_fd=fd is not None))
-        if fd is not None:
-            self._batch_fds.append(os.dup(fd))  # the caller may close its own meanwhile
-
-    def _seal(self) -> None:
-        """The batch so far becomes one write."""
-        self._out.append((memoryview(b"".join(self._batch)), tuple(self._batch_fds)))
-        self._batch.clear()
-        self._batch_fds.clear()
-
-    def _flush(self) -> None:
-        if self._batch:
-            self._seal()
-        if self._sock.fileno() < 0:  # gone meanwhile
-            self._drop_output()
-            return
-        self._writable()
-        if self._out:
-            self.loop.add_writer(self._sock.fileno(), self._writable)
-
-    def _writable(self) -> None:
-        while self._out:
-            data, fds = self._out[0]
-            try:
-                if fds:
-                    rights = array.array("i", fds).tobytes()
-                    sent = self._sock.sendmsg(
-                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
-                    )
-                else:
-                    sent = self._sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # the process is gone; its exit is handled on its own
-                self._drop_output()
-                break
-            _close_all(fds)  # the kernel holds its own copies now
-            if sent < len(data):
-                self._out[0] = (data[sent:], ())
-                return
-            self._out.popleft()
-        with contextlib.suppress(ValueError, OSError):
-            self.loop.remove_writer(self._sock.fileno())
-
-    def _drop_output(self) -> None:
-        for _, fds in self._out:
-            _close_all(fds)
-        self._out.clear()
-
-    def read_available(self) -> None:
-        """Every frame the socket holds now (also what a process wrote just before it exited)."""
-        while True:
-            try:
-                data, fds = receive(self._sock, self._into)
-                frames = self._decoder.feed(data, fds)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ProtocolError as exc:
-                self._pool.broken(self, exc)
-                return
-            except OSError:
-                data, frames = self._into[:0], []
-            if not data:
-                self.close_socket()
-                return
-            for frame, fd in frames:
-                self._pool.received(self, frame, fd)
-            if len(data) < len(self._into):  # all there was: no read that says "nothing more"
-                return
-
-    def pause(self) -> None:
-        if self._reading and self._sock.fileno() >= 0:
-            self._reading = False
-            self.loop.remove_reader(self._sock.fileno())
-
-    def resume(self) -> None:
-        if not self._reading and self._sock.fileno() >= 0:
-            self._reading = True
-            self.loop.add_reader(self._sock.fileno(), self.read_available)
-
-    def close_socket(self) -> None:
-        """Tells the process to finish (it reads the end of its input), or forgets a dead one."""
-        if self._sock.fileno() < 0:
-            return
-        if self._reading:
-            self.loop.remove_reader(self._sock.fileno())
-        if self._out:
-            self.loop.remove_writer(self._sock.fileno())
-        self._drop_output()
-        self._sock.close()
-        self._decoder.close()
-
-    # -- the process --------------------------------------------------------------------------
-
-    def signal(self, signum: int) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-
-    def oldest_call_age(self, now: float) -> float | None:
-        for pending in self.sent.values():
-            return now - pending.sent_at
-        return None
 
 
 class HandlerPool:
@@ -322,13 +98,17 @@ class HandlerPool:
         metrics_dir: str,
         on_change: Callable[[], None],
         on_load_failed: Callable[[str, str], None],
+        process_factory: Callable[
+            [Config, dict[str, str], HandlerPool], HandlerProcess
+        ] = HandlerProcess,
     ) -> None:
         self._config = config
+        self._process_factory = process_factory
         self._environment = handler_environment(metrics_dir)
         self._on_change = on_change
         self._on_load_failed = on_load_failed
         self.metrics: FrontMetrics | None = None
-        self.processes: list[_Process] = []
+        self.processes: list[HandlerProcess] = []
         self._ready_count = 0
         self._queue: deque[PendingCall] = deque()
         self._turn = 0  # where the next search for a free process starts
@@ -379,16 +159,16 @@ class HandlerPool:
         return (
             self.ever_ready
             and _backoff(self._deaths_before_ready) == 0.0
-            and any(process.state == "starting" for process in self.processes)
+            and any(process.state is ProcessState.STARTING for process in self.processes)
         )
 
-    def _set_state(self, process: _Process, state: str) -> None:
-        """Counted while in the pool: one that exited left the count already (``_exited``)."""
+    def _set_state(self, process: HandlerProcess, state: ProcessState) -> None:
+        """Counted while in the pool: one that exited left the count already (``exited``)."""
         counted = process in self.processes
-        if counted and process.state == "ready":
+        if counted and process.state is ProcessState.READY:
             self._ready_count -= 1
         process.state = state
-        if counted and state == "ready":
+        if counted and state is ProcessState.READY:
             self._ready_count += 1
 
     def next_id(self) -> int:
@@ -423,7 +203,7 @@ class HandlerPool:
                 self.admitted -= 1
                 pending.finish()
 
-    def _free_process(self) -> _Process | None:
+    def _free_process(self) -> HandlerProcess | None:
         """Where the next call goes.
 
         While calls are quick, a process that is serving and whose oldest call is young takes
@@ -437,16 +217,17 @@ class HandlerPool:
         if self.call_seconds < _QUICK_CALL:
             now = time.monotonic()
             for process in processes:
-                if process.state == "ready" and 0 < len(process.sent) < most_held:
+                if process.state is ProcessState.READY and 0 < len(process.sent) < most_held:
                     age = process.oldest_call_age(now)
                     if age is not None and age < _JOIN_WHILE_YOUNGER:
                         return process
         count = len(processes)
-        best: _Process | None = None
+        best: HandlerProcess | None = None
         start = self._turn
         for offset in range(count):
             process = processes[(start + offset) % count]
-            if process.state == "ready" and (best is None or len(process.sent) < len(best.sent)):
+            ready = process.state is ProcessState.READY
+            if ready and (best is None or len(process.sent) < len(best.sent)):
                 best = process
                 if not process.sent:
                     break
@@ -463,7 +244,7 @@ class HandlerPool:
                 return best
         return None
 
-    def _send(self, process: _Process, pending: PendingCall) -> None:
+    def _send(self, process: HandlerProcess, pending: PendingCall) -> None:
         pending.process = process
         pending.sent_at = time.monotonic()
         pending.giving_back = False
@@ -472,7 +253,7 @@ class HandlerPool:
         if len(process.sent) > self._config.concurrency and process.take_back_timer is None:
             self._look_for_slow_call(process)
 
-    def _look_for_slow_call(self, process: _Process) -> None:
+    def _look_for_slow_call(self, process: HandlerProcess) -> None:
         """Calls wait in ``process`` behind the ones it runs: once its oldest call is
         :data:`_PIPELINE_WHILE_YOUNGER` old, it is slow, and the calls behind it are taken
         back (:class:`GiveBack`) for the queue, where any process that frees a slot takes them.
@@ -480,7 +261,7 @@ class HandlerPool:
         process.take_back_timer = None
         calls = list(process.sent.values())
         concurrency = self._config.concurrency
-        if len(calls) <= concurrency or self.stopping or process.state != "ready":
+        if len(calls) <= concurrency or self.stopping or process.state is not ProcessState.READY:
             return
         age = time.monotonic() - calls[0].sent_at
         if age < _PIPELINE_WHILE_YOUNGER:
@@ -493,7 +274,7 @@ class HandlerPool:
                 pending.giving_back = True
                 process.send(GiveBack(pending.frame.id))
 
-    def _given_back(self, process: _Process, call_id: int) -> None:
+    def _given_back(self, process: HandlerProcess, call_id: int) -> None:
         """``process`` did not run the call: to the queue, in the order the calls came (or
         gone, if nobody waits for it any more)."""
         pending = process.sent.pop(call_id, None)
@@ -509,7 +290,7 @@ class HandlerPool:
             while index < len(queue) and queue[index].frame.id < call_id:
                 index += 1
             queue.insert(index, pending)
-        if process.state == "stopping" and not process.sent:
+        if process.state is ProcessState.STOPPING and not process.sent:
             process.close_socket()
         self._dispatch()
 
@@ -528,7 +309,7 @@ class HandlerPool:
         running = sum(min(len(process.sent), concurrency) for process in self.processes)
         return max(0, self.admitted - running)
 
-    def received(self, process: _Process, frame: Frame, fd: int | None) -> None:
+    def received(self, process: HandlerProcess, frame: Frame, fd: int | None) -> None:
         """A frame from ``process``."""
         if isinstance(frame, Answer | RpcAnswer):
             pending = process.sent.get(frame.id)
@@ -558,7 +339,7 @@ class HandlerPool:
             pending = process.sent.get(frame.id)
             if pending is not None:
                 if pending.chunks is not None:
-                    pending.chunks.put_nowait(_STREAM_FAILED if frame.failed else None)
+                    pending.chunks.put_nowait(STREAM_FAILED if frame.failed else None)
                 self._finished(process, pending)
         elif isinstance(frame, GivenBack):
             self._given_back(process, frame.id)
@@ -570,7 +351,7 @@ class HandlerPool:
             else:
                 self._load_failed(frame.text, frame.details)
 
-    def broken(self, process: _Process, exc: ProtocolError) -> None:
+    def broken(self, process: HandlerProcess, exc: ProtocolError) -> None:
         """``process`` sent what is not a frame: nothing more it sends can be trusted. It is
         killed at once; its exit fails the calls it was running (502) and starts a
         replacement."""
@@ -589,7 +370,7 @@ class HandlerPool:
             self.stopping = True
             self._on_load_failed(text, details)
 
-    def _finished(self, process: _Process, pending: PendingCall) -> None:
+    def _finished(self, process: HandlerProcess, pending: PendingCall) -> None:
         del process.sent[pending.frame.id]
         now = time.monotonic()
         busy = now - max(pending.sent_at, process.answered_at)
@@ -600,14 +381,14 @@ class HandlerPool:
         process.answered += 1
         if process.answered == process.request_limit:
             self._retire(process, "max_requests", f"it has served {process.answered} requests")
-        if process.state == "stopping" and not process.sent:
+        if process.state is ProcessState.STOPPING and not process.sent:
             process.close_socket()
         self._dispatch()
 
-    def _ready(self, process: _Process, ready: Ready) -> None:
-        if process.state != "starting":
+    def _ready(self, process: HandlerProcess, ready: Ready) -> None:
+        if process.state is not ProcessState.STARTING:
             return
-        self._set_state(process, "ready")
+        self._set_state(process, ProcessState.READY)
         if not self.ever_ready:  # every worker loads the same handler: the first one says
             self.style = ready.style
             self.front_paths = ready.front_paths
@@ -619,7 +400,7 @@ class HandlerPool:
             process.request_limit = limit + random.randint(0, limit // 10)
         _log.info("worker %s is ready", process.pid)
         retired, process.replaces = process.replaces, None
-        if retired is not None and retired.state == "ready":
+        if retired is not None and retired.state is ProcessState.READY:
             self._stop(retired)
         self._dispatch()
         self._on_change()
@@ -641,28 +422,28 @@ class HandlerPool:
         handle = asyncio.get_running_loop().call_later(delay, spawn)
         self._respawns.add(handle)
 
-    def _spawn(self) -> _Process | None:
+    def _spawn(self) -> HandlerProcess | None:
         try:
-            process = _Process(self._config, self._environment, self)
+            process = self._process_factory(self._config, self._environment, self)
         except OSError as exc:
             _log.error("cannot start a worker process: %s", exc)
             return None
         self.processes.append(process)
         if process.exit_fd is not None:
-            asyncio.get_running_loop().add_reader(process.exit_fd, self._exited, process)
+            asyncio.get_running_loop().add_reader(process.exit_fd, self.exited, process)
         _log.debug("started worker %s", process.pid)
         return process
 
-    def _stop(self, process: _Process) -> None:
+    def _stop(self, process: HandlerProcess) -> None:
         """No more calls for ``process``; it finishes once the ones it has are answered."""
-        self._set_state(process, "stopping")
+        self._set_state(process, ProcessState.STOPPING)
         if not process.sent:
             process.close_socket()
         self._on_change()
 
-    def _retire(self, process: _Process, reason: str, why: str) -> None:
+    def _retire(self, process: HandlerProcess, reason: str, why: str) -> None:
         """Replace a process that reached a limit without failing a call."""
-        if process.retiring or process.state != "ready" or self.stopping:
+        if process.retiring or process.state is not ProcessState.READY or self.stopping:
             return
         replacement = self._spawn()
         if replacement is None:
@@ -677,7 +458,9 @@ class HandlerPool:
         if self.metrics is not None:
             self.metrics.worker_restarted(reason)
 
-    def _exited(self, process: _Process) -> None:
+    def exited(self, process: HandlerProcess) -> None:
+        """``process`` has exited (its pidfd said so, or the watch saw it): its running calls
+        fail, the others go back to the queue, and it is replaced if it should be."""
         if process.exit_fd is not None:
             asyncio.get_running_loop().remove_reader(process.exit_fd)
             os.close(process.exit_fd)
@@ -689,25 +472,25 @@ class HandlerPool:
             process.read_available()
         process.close_socket()
         self.processes.remove(process)
-        if process.state == "ready":
+        if process.state is ProcessState.READY:
             self._ready_count -= 1
         if self.metrics is not None:
             self.metrics.worker_gone(process.pid)
         if process.replaces is not None:  # died before it was ready: the retiree may try again
             process.replaces.retiring = False
-        how = _describe_exit(code)
+        how = describe_exit(code)
         self._fail_or_requeue(process, how)
         if self.stopping:
             if not self.processes:
                 self.all_gone.set()
             self._on_change()
             return
-        if process.state == "starting" and not self.ever_ready:
+        if process.state is ProcessState.STARTING and not self.ever_ready:
             self._load_failed(f"the worker exited ({how}) while loading the handler", "")
             return
-        if process.state == "stopping" and process.popen.returncode == 0:
+        if process.state is ProcessState.STOPPING and process.popen.returncode == 0:
             pass  # retired or recycled: its replacement exists already
-        elif process.state == "stopping":
+        elif process.state is ProcessState.STOPPING:
             pass  # killed as stuck: replaced when it was recycled
         elif process.retiring:
             _log.error(
@@ -736,7 +519,7 @@ class HandlerPool:
             if not pending.answer.done():
                 pending.answer.set_exception(exc)
 
-    def _fail_or_requeue(self, process: _Process, how: str) -> None:
+    def _fail_or_requeue(self, process: HandlerProcess, how: str) -> None:
         """The calls that were running fail; the ones that had not started go to the queue."""
         running = self._config.concurrency
         requeue: list[PendingCall] = []
@@ -747,15 +530,15 @@ class HandlerPool:
                 if not pending.answer.done():
                     pending.answer.set_exception(WorkerCrashed(how))
                 elif pending.chunks is not None:
-                    pending.chunks.put_nowait(_STREAM_FAILED)
+                    pending.chunks.put_nowait(STREAM_FAILED)
             else:
                 pending.process = None
                 requeue.append(pending)
         process.sent.clear()
         self._queue.extendleft(reversed(requeue))
 
-    def _replace(self, process: _Process, how: str) -> None:
-        if process.state == "starting":
+    def _replace(self, process: HandlerProcess, how: str) -> None:
+        if process.state is ProcessState.STARTING:
             self._deaths_before_ready += 1
         delay = _backoff(self._deaths_before_ready)
         when = f" in {delay:g} s (replacements keep dying before they are ready)" if delay else ""
@@ -776,9 +559,9 @@ class HandlerPool:
             now = time.monotonic()
             for process in list(self.processes):
                 if process.exit_fd is None and process.popen.poll() is not None:
-                    self._exited(process)
+                    self.exited(process)
                     continue
-                if process.state != "ready":
+                if process.state is not ProcessState.READY:
                     continue
                 age = process.oldest_call_age(now)
                 if limit is not None and age is not None and age > limit:
@@ -786,7 +569,7 @@ class HandlerPool:
                 else:
                     self._check_memory(process)
 
-    def _recycle_stuck(self, process: _Process) -> None:
+    def _recycle_stuck(self, process: HandlerProcess) -> None:
         config = self._config
         _log.error(
             "a handler call in worker %s has been running for more than %g s (timeout %g s + "
@@ -797,17 +580,17 @@ class HandlerPool:
             config.grace_period,
         )
         _log.warning("recycling worker %s, whose handler is stuck", process.pid)
-        self._set_state(process, "stopping")
+        self._set_state(process, ProcessState.STOPPING)
         process.kill()
         self._count_restart("stuck")
         if not self.stopping:
             self._ensure_spawn()
 
-    def _check_memory(self, process: _Process) -> None:
+    def _check_memory(self, process: HandlerProcess) -> None:
         limit = self._config.max_worker_memory
         if not limit or process.retiring:
             return
-        resident = _resident(process.pid)
+        resident = resident_memory(process.pid)
         if resident is not None and resident > limit:
             self._retire(
                 process,
@@ -825,7 +608,7 @@ class HandlerPool:
             handle.cancel()
         self._respawns.clear()
         for process in self.processes:
-            self._set_state(process, "stopping")
+            self._set_state(process, ProcessState.STOPPING)
             if not process.sent:
                 process.close_socket()
         if not self.processes:
@@ -841,44 +624,7 @@ class HandlerPool:
         self.kill_all()
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """An answer nobody awaits any more (a crash after the client left) is no "never
-    retrieved"."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _close_all(fds: tuple[int, ...]) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-def _pidfd(pid: int) -> int | None:
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        return None
-    try:
-        fd: int = pidfd_open(pid)
-    except OSError:
-        return None
-    return fd
-
-
-def _resident(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _backoff(deaths_before_ready: int) -> float:
     if deaths_before_ready <= 1:
         return 0.0
     return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths_before_ready - 2)))
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"

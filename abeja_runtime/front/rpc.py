@@ -23,7 +23,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
 from abeja_runtime.frames import RpcAnswer, RpcCall
 from abeja_runtime.front.calls import CallService
-from abeja_runtime.front.pool import PendingCall
+from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.logs import REQUEST_ID_HEADER, request_id_from
 
 __all__ = ["RpcServer"]

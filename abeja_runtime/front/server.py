@@ -45,7 +45,8 @@ from abeja_runtime.front.arms import (
 from abeja_runtime.front.calls import Body, CallService
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.content_encoding import BodyDecoder, decoder_for
-from abeja_runtime.front.pool import HandlerPool, PendingCall
+from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.limits import BodyCounter, BodyLimits, check_declared_length, check_method
 from abeja_runtime.logs import (
     REQUEST_ID_HEADER,

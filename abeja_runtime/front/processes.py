@@ -1,0 +1,261 @@
+"""The front's handler processes, one :class:`HandlerProcess` each: its start, its socket, the
+frames that cross it, and its end.
+
+A process is a fresh interpreter (``python -m abeja_runtime.worker FD FRONT_PID``), never a
+fork: no state of the front is copied into it, and it does not import aiohttp. Its frames go
+out a loop iteration's worth in one write, descriptors with them; what it sends is read as it
+comes and handed to the pool (:class:`FrameSink`), which decides everything else: which calls
+it gets, when it is replaced (``pool.py``).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import enum
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections import deque
+from typing import Final, Protocol
+
+from abeja_runtime.config import Config
+from abeja_runtime.frames import (
+    FDS_PER_WRITE,
+    VERSION,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    Start,
+    encode_frame,
+    read_buffer,
+    receive,
+)
+from abeja_runtime.front.pending import PendingCall
+
+__all__ = [
+    "FrameSink",
+    "HandlerProcess",
+    "ProcessState",
+    "describe_exit",
+    "pidfd",
+    "resident_memory",
+]
+
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class ProcessState(enum.Enum):
+    """Where a handler process is in its life."""
+
+    #: Loading the handler: no call yet.
+    STARTING = "starting"
+    #: Takes calls.
+    READY = "ready"
+    #: Takes no more calls; finishes once those it has are answered (retired, recycled, or
+    #: the front stops).
+    STOPPING = "stopping"
+
+
+class FrameSink(Protocol):
+    """Where a process's frames go (the pool)."""
+
+    def received(self, process: HandlerProcess, frame: Frame, fd: int | None) -> None: ...
+
+    def broken(self, process: HandlerProcess, exc: ProtocolError) -> None: ...
+
+
+class HandlerProcess:
+    """One handler process: its socket, the calls it was sent, its state."""
+
+    def __init__(self, config: Config, environment: dict[str, str], pool: FrameSink) -> None:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.popen = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "abeja_runtime.worker",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                pass_fds=(theirs.fileno(),),
+                env=environment,
+            )
+        self.pid = self.popen.pid
+        self._pool = pool
+        self._sock = ours
+        ours.setblocking(False)
+        self._decoder = FrameDecoder()
+        self._into = read_buffer()
+        #: Frames of this loop iteration, not written yet, and the descriptors they carry.
+        self._batch: list[bytes] = []
+        self._batch_fds: list[int] = []
+        #: What the socket did not take yet.
+        self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
+        self.loop = asyncio.get_running_loop()
+        self.state = ProcessState.STARTING
+        #: Calls sent and not answered, in the order they were sent.
+        self.sent: dict[int, PendingCall] = {}
+        self.answered = 0
+        #: When its last answer came: its next call was busy from then or from when it was
+        #: sent, whichever is later.
+        self.answered_at = 0.0
+        #: When to look whether calls wait behind a slow one here (see ``HandlerPool``).
+        self.take_back_timer: asyncio.TimerHandle | None = None
+        self.request_limit: int | None = None
+        self.retiring = False
+        self.replaces: HandlerProcess | None = None
+        self._reading = True
+        self.exit_fd = pidfd(self.pid)
+        self.loop.add_reader(ours.fileno(), self.read_available)
+        self.send(Start(VERSION, config))
+
+    # -- the socket ---------------------------------------------------------------------------
+
+    def send(self, frame: Frame, fd: int | None = None) -> None:
+        """Queue ``frame`` (and a duplicate of ``fd``): the frames of one loop iteration go out
+        in one write, and the worker reads them in one."""
+        if not self._batch:
+            self.loop.call_soon(self._flush)
+        elif fd is not None and len(self._batch_fds) == FDS_PER_WRITE:
+            self._seal()  # what one write may carry
+        self._batch.append(encode_frame(frame, has_fd=fd is not None))
+        if fd is not None:
+            self._batch_fds.append(os.dup(fd))  # the caller may close its own meanwhile
+
+    def _seal(self) -> None:
+        """The batch so far becomes one write."""
+        self._out.append((memoryview(b"".join(self._batch)), tuple(self._batch_fds)))
+        self._batch.clear()
+        self._batch_fds.clear()
+
+    def _flush(self) -> None:
+        if self._batch:
+            self._seal()
+        if self._sock.fileno() < 0:  # gone meanwhile
+            self._drop_output()
+            return
+        self._writable()
+        if self._out:
+            self.loop.add_writer(self._sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        while self._out:
+            data, fds = self._out[0]
+            try:
+                if fds:
+                    rights = array.array("i", fds).tobytes()
+                    sent = self._sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                    )
+                else:
+                    sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the process is gone; its exit is handled on its own
+                self._drop_output()
+                break
+            _close_all(fds)  # the kernel holds its own copies now
+            if sent < len(data):
+                self._out[0] = (data[sent:], ())
+                return
+            self._out.popleft()
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_writer(self._sock.fileno())
+
+    def _drop_output(self) -> None:
+        for _, fds in self._out:
+            _close_all(fds)
+        self._out.clear()
+
+    def read_available(self) -> None:
+        """Every frame the socket holds now (also what a process wrote just before it exited)."""
+        while True:
+            try:
+                data, fds = receive(self._sock, self._into)
+                frames = self._decoder.feed(data, fds)
+            except (BlockingIOError, InterruptedError):
+                return
+            except ProtocolError as exc:
+                self._pool.broken(self, exc)
+                return
+            except OSError:
+                data, frames = self._into[:0], []
+            if not data:
+                self.close_socket()
+                return
+            for frame, fd in frames:
+                self._pool.received(self, frame, fd)
+            if len(data) < len(self._into):  # all there was: no read that says "nothing more"
+                return
+
+    def pause(self) -> None:
+        if self._reading and self._sock.fileno() >= 0:
+            self._reading = False
+            self.loop.remove_reader(self._sock.fileno())
+
+    def resume(self) -> None:
+        if not self._reading and self._sock.fileno() >= 0:
+            self._reading = True
+            self.loop.add_reader(self._sock.fileno(), self.read_available)
+
+    def close_socket(self) -> None:
+        """Tells the process to finish (it reads the end of its input), or forgets a dead one."""
+        if self._sock.fileno() < 0:
+            return
+        if self._reading:
+            self.loop.remove_reader(self._sock.fileno())
+        if self._out:
+            self.loop.remove_writer(self._sock.fileno())
+        self._drop_output()
+        self._sock.close()
+        self._decoder.close()
+
+    # -- the process --------------------------------------------------------------------------
+
+    def signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def oldest_call_age(self, now: float) -> float | None:
+        for pending in self.sent.values():
+            return now - pending.sent_at
+        return None
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def pidfd(pid: int) -> int | None:
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:
+        return None
+    return fd
+
+
+def resident_memory(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
