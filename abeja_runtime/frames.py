@@ -141,13 +141,19 @@ def plain_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 class RpcCall(NamedTuple):
-    """Front → handler process: one unary gRPC call, its message as the client's bytes."""
+    """Front → handler process: one unary gRPC call, its message as the client's bytes.
+
+    ``payload`` is the message, or empty when it travels as the frame's descriptor: the first
+    ``size`` bytes of a memfd the front reuses, as a :class:`Call`'s body above
+    :data:`INLINE_LIMIT` (a 50 MiB message pickled into the frame was copied three times).
+    """
 
     id: int
     method: str
     payload: bytes
     metadata: tuple[tuple[str, str], ...]
     request_id: str
+    size: int = 0
 
 
 class Cancel(NamedTuple):
@@ -204,7 +210,8 @@ class End(NamedTuple):
 
 class RpcAnswer(NamedTuple):
     """Handler process → front: the answer to :class:`RpcCall` ``id``: ``code`` 0 (OK) and the
-    response message's bytes, or a gRPC status code's value and its message."""
+    response message's bytes (above :data:`INLINE_LIMIT`, in the frame's descriptor, a memfd,
+    as an :class:`Answer`'s body), or a gRPC status code's value and its message."""
 
     id: int
     code: int

@@ -325,8 +325,11 @@ class HandlerPool:
                 pending.chunks = asyncio.Queue()
                 pending.answer.set_result(frame)
                 return
-            if fd is not None and isinstance(frame, Answer):  # its body came as a memfd
-                frame = frame._replace(body=read_fd(fd))
+            if fd is not None:  # its body (its message) came as a memfd
+                if isinstance(frame, Answer):
+                    frame = frame._replace(body=read_fd(fd))
+                else:
+                    frame = frame._replace(payload=read_fd(fd))
             pending.answer.set_result(frame)
             self._finished(process, pending)
         elif isinstance(frame, Chunk):

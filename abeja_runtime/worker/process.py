@@ -294,9 +294,9 @@ class _Calls:
                     request.close()
         elif isinstance(frame, RpcCall):
             with _RequestIds(frame.request_id, None):
-                result = self._rpc(frame)
+                result = self._rpc(frame, fd)
                 assert isinstance(result, tuple), "a sync style answers at once"
-                self.channel.write(RpcAnswer(frame.id, *result))
+                self._send_rpc(RpcAnswer(frame.id, *result))
 
     async def run_async(self, frame: Frame, fd: int | None) -> None:
         """One call, on this process's event loop."""
@@ -323,15 +323,30 @@ class _Calls:
                     request.close()
         elif isinstance(frame, RpcCall):
             with _RequestIds(frame.request_id, None):
-                result = self._rpc(frame)
+                result = self._rpc(frame, fd)
                 if inspect.isawaitable(result):
                     result = await result
-                self.channel.write(RpcAnswer(frame.id, *result))
+                self._send_rpc(RpcAnswer(frame.id, *result))
 
-    def _rpc(self, call: RpcCall) -> Any:
+    def _rpc(self, call: RpcCall, fd: int | None) -> Any:
         rpc = self._handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
-        return rpc.call(call.method, call.payload, call.metadata)
+        payload = call.payload
+        if fd is not None:  # the message in the front's shared memory: one copy, to parse it
+            with self._shared.open(fd, call.size) as message:
+                payload = message.read()
+        return rpc.call(call.method, payload, call.metadata)
+
+    def _send_rpc(self, answer: RpcAnswer) -> None:
+        """The answer's message in the frame, or above the inline limit as a memfd."""
+        if len(answer.payload) <= INLINE_LIMIT:
+            self.channel.write(answer)
+            return
+        fd = memfd([answer.payload])
+        try:
+            self.channel.write(answer._replace(payload=b""), fd)
+        finally:
+            os.close(fd)
 
     def give_back(self, frame: Call | RpcCall, fd: int | None) -> None:
         """Tell the front that ``frame`` was not run (it sends it elsewhere, or drops it)."""
