@@ -7,6 +7,10 @@ status is counted once, before the answer's first byte leaves (so that a client 
 answer a scrape does not count); a call that ends without one, because its client left before
 it was answered (or an error escaped), is counted as ``499`` (nginx's "client closed request"),
 by the stage it reached. Before, such calls left no access record and no metric at all.
+
+A streamed answer is counted when its stream ends (:meth:`CallEntry.streaming`), so that its
+duration covers the whole stream, with the time to its first byte beside it: a 2.5 s stream
+was logged as the 1.3 ms until its head left.
 """
 
 from __future__ import annotations
@@ -74,9 +78,12 @@ class Accounting:
         received: float,
         request_id: str,
         requester_id: str | None,
+        first_byte: float | None = None,
     ) -> None:
         responded = time.time()
-        self._access_log.record(method, path, status, received, responded, request_id, requester_id)
+        self._access_log.record(
+            method, path, status, received, responded, request_id, requester_id, first_byte
+        )
         self._metrics.observe(status, responded - received)
 
 
@@ -84,7 +91,8 @@ class CallEntry:
     """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over."""
 
     __slots__ = (
-        "_accounting", "method", "path", "received", "request_id", "requester_id", "status",
+        "_accounting", "first_byte", "method", "path", "received", "request_id",
+        "requester_id", "status",
     )  # fmt: skip
 
     def __init__(
@@ -104,6 +112,8 @@ class CallEntry:
         self.requester_id = requester_id
         #: The status counted (0: none yet).
         self.status = 0
+        #: When a streamed answer's head left (0: not streamed).
+        self.first_byte = 0.0
 
     def count(self, status: int) -> None:
         """The call's status, counted now (before its answer leaves); once: a later status is
@@ -117,13 +127,26 @@ class CallEntry:
                 self.method, self.path, status, self.received, self.request_id, self.requester_id
             )
 
+    def streaming(self, status: int) -> None:
+        """A streamed answer's head leaves now: it is counted with ``status`` when the stream
+        ends (:meth:`end`), with this as its first byte's time."""
+        if not self.status:
+            self.status = status
+            self.first_byte = time.time()
+
     def end(self) -> None:
         """The call is over, however it ended: one that was never counted is counted as
-        :data:`CLIENT_CLOSED`. Once: a second call does nothing."""
+        :data:`CLIENT_CLOSED`; a stream, now that it ended. Once: a second call does
+        nothing."""
         accounting = self._accounting
         if accounting is None:
             return
         if not self.status:
             self.count(CLIENT_CLOSED)
+        elif self.first_byte:
+            accounting.record(
+                self.method, self.path, self.status, self.received, self.request_id,
+                self.requester_id, self.first_byte,
+            )  # fmt: skip
         self._accounting = None
         accounting.release()

@@ -308,7 +308,7 @@ class _DirectCall:
         call = self.pending.frame
         assert isinstance(call, Call)
         close = not self._keep_alive or calls.draining
-        self._entry.count(answer.status)
+        self._entry.streaming(answer.status)
         headers = CIMultiDict(answer.headers)
         headers[REQUEST_ID_HEADER] = call.request_id
         headers["Transfer-Encoding"] = "chunked"

@@ -181,11 +181,12 @@ class HttpServer:
             return await self._send_reply(request, reply)
         assert isinstance(answer, Answer)
         headers = (*answer.headers, tag)
-        entry.count(answer.status)
         if not answer.streamed:
+            entry.count(answer.status)
             assert answer.body is not None
             reply = EncodedResponse(answer.status, headers, answer.body)
             return await self._send_reply(request, reply)
+        entry.streaming(answer.status)
         return await self._stream(request, pending, answer.status, headers)
 
     def _pending(self, request: web.BaseRequest, body: Body, entry: CallEntry) -> PendingCall:

@@ -9,6 +9,7 @@
 
 import asyncio
 import json
+import os
 import time
 
 LINES = 3000
@@ -62,3 +63,30 @@ def watching(request, context):
             return {"content": {"noticed": False}}
     _closed(tag, 0, "noticed")
     return {"content": {"noticed": True}}
+
+
+def _held(first: str, until: str):
+    yield first
+    deadline = time.monotonic() + 20
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield "after the release\n"
+
+
+async def _async_held(first: str, until: str):
+    yield first
+    deadline = time.monotonic() + 20
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    yield "after the release\n"
+
+
+def held(request, context):
+    """Yields its first chunk, then waits until the file ``?until=`` exists for the second."""
+    content = _held("before the release\n", request.query["until"])
+    return {"content_type": "text/plain", "content": content}
+
+
+async def async_held(request, context):
+    content = _async_held("before the release\n", request.query["until"])
+    return {"content_type": "text/plain", "content": content}
