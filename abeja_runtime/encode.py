@@ -169,8 +169,23 @@ def encode_result(
         )
     mime, charset = _media_type(content_type)
     headers = _headers(content_type, result.get("metadata"), extra_headers)
+    if mime == _EVENT_STREAM:
+        headers = _event_stream_headers(headers)
     body = _render(result.get("content"), _ElementWriter(mime, charset, dumps))
     return EncodedResponse(status, headers, body)
+
+
+#: Server-Sent Events' media type, and the headers its answers get unless the handler set them:
+#: no caching, and no buffering by proxies (nginx's ``X-Accel-Buffering``), so that each event
+#: reaches the browser as it is sent.
+_EVENT_STREAM: Final = "text/event-stream"
+_EVENT_STREAM_HEADERS: Final = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
+
+
+def _event_stream_headers(headers: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    given = {name.lower() for name, _ in headers}
+    missing = tuple(pair for pair in _EVENT_STREAM_HEADERS if pair[0].lower() not in given)
+    return headers + missing
 
 
 def _describe(value: object) -> str:
@@ -270,6 +285,8 @@ class _ElementWriter:
     def encode(self, element: object) -> bytes:
         if isinstance(element, _BYTES_LIKE):
             out = bytes(element)
+        elif self._mime == _EVENT_STREAM:
+            out = self._event(element)
         elif isinstance(element, str):
             out = self._separator() + self.text(element)
         elif self._mime == "text/csv":
@@ -289,6 +306,17 @@ class _ElementWriter:
             raise HandlerResultError(
                 f"the handler's text cannot be encoded as {self._charset}: {exc}"
             ) from exc
+
+    def _event(self, element: object) -> bytes:
+        """Server-Sent Events: a string as written (the handler's own ``data:`` lines), any
+        other element as one ``data:`` event holding its JSON."""
+        if isinstance(element, str):
+            return self.text(element)
+        try:
+            data = self._dumps(_pairs_to_dict(element))
+        except (TypeError, ValueError) as exc:
+            raise HandlerResultError(f"the handler's content cannot be encoded: {exc}") from exc
+        return f"data: {data}\n\n".encode("ascii")
 
     def _separator(self) -> bytes:
         return b"\n" if self._wrote else b""

@@ -66,3 +66,29 @@ def test_http_status_enum_and_none_status():
 
     assert encode_result({"status_code": http.HTTPStatus.CREATED}).status == 201
     assert encode_result({"status_code": None}).status == 200
+
+
+def test_an_event_stream_frames_each_element_as_a_server_sent_event():
+    def events():
+        yield {"token": "Hello"}
+        yield [1, 2]
+        yield "event: done\ndata: [DONE]\n\n"  # a string is written as the handler wrote it
+
+    reply = encode_result({"content_type": "text/event-stream", "content": events()})
+    assert b"".join(reply.body) == (
+        b'data: {"token": "Hello"}\n\ndata: [1, 2]\n\nevent: done\ndata: [DONE]\n\n'
+    )
+    assert ("Cache-Control", "no-cache") in reply.headers
+    assert ("X-Accel-Buffering", "no") in reply.headers
+
+
+def test_an_event_stream_keeps_the_handler_s_own_cache_control():
+    reply = encode_result(
+        {
+            "content_type": "text/event-stream",
+            "content": iter([{"a": 1}]),
+            "metadata": {"Cache-Control": "no-store"},
+        }
+    )
+    cache = [value for name, value in reply.headers if name.lower() == "cache-control"]
+    assert cache == ["no-store"]

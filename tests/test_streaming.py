@@ -37,3 +37,22 @@ def test_each_chunk_reaches_the_client_before_the_next_is_produced(
     assert record["http_status"] == 200
     # Its duration covers the whole stream: the release came after the first byte left.
     assert 0 < record["time_to_first_byte_microsecs"] < record["elapsed_microsecs"]
+
+
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_server_sent_events_arrive_one_by_one(make_server: ServerFactory, tmp_path: Path, way: str):
+    server = make_server("cn_stream", "--handler", "main:events")
+    release = tmp_path / "release"
+    request = get if way == "direct" else chunked_post
+    sock = send_and_leave(server, request(f"/?until={release}", "sse"))
+    try:
+        head_and_first = read_until(sock, b'data: {"token": "Hello"}\n\n')
+        head = head_and_first.split(b"\r\n\r\n", 1)[0].decode().lower()
+        assert "content-type: text/event-stream" in head
+        assert "cache-control: no-cache" in head and "x-accel-buffering: no" in head
+        assert b"world" not in head_and_first
+        release.touch()
+        rest = read_until(sock, b"data: [DONE]\n\n")
+        assert b'data: {"token": "world"}\n\n' in rest
+    finally:
+        sock.close()

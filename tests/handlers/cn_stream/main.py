@@ -90,3 +90,18 @@ def held(request, context):
 async def async_held(request, context):
     content = _async_held("before the release\n", request.query["until"])
     return {"content_type": "text/plain", "content": content}
+
+
+async def _async_events(until: str):
+    yield {"token": "Hello"}
+    deadline = time.monotonic() + 20
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    yield {"token": "world"}
+    yield "data: [DONE]\n\n"
+
+
+async def events(request, context):
+    """Server-Sent Events from an async generator; the second event waits for ``?until=``."""
+    content = _async_events(request.query["until"])
+    return {"content_type": "text/event-stream", "content": content}
