@@ -17,9 +17,10 @@ from abeja_cli.console import Console
 from abeja_cli.engine import Engine, Server
 from abeja_cli.errors import InputError, ServerError
 from abeja_cli.init import README_CURL
+from abeja_cli.project_request import project_request
 from abeja_cli.readiness import wait_ready
-from abeja_cli.reload import ChangeWatcher
-from abeja_cli.server_log import LogSink
+from abeja_cli.reload import ChangeWatcher, StandIn, unavailable_body
+from abeja_cli.server_log import LogSink, last_error
 from abeja_cli.session import (
     STOP_SIGNALS,
     ModelCommand,
@@ -57,7 +58,7 @@ def run_local_server(**params: Any) -> None:
     """Serve the model in the current folder on 127.0.0.1 until Ctrl+C.
 
     \b
-    abeja model run-local-server -h main:handler -i python:3.11-slim -p 8080
+    abeja model run-local-server -h main:handler -p 8080
     """
     console = Console(verbose=params["verbose"])
     reported(console, lambda: _run(params, console))
@@ -102,7 +103,8 @@ def _run(params: dict[str, Any], console: Console) -> int:
         # Watchers and signal handlers come before the banner: whoever reads it may edit a
         # file or press Ctrl+C at once.
         watchers = _Watchers(options.project) if params["reload"] else None
-        page = TryPage(server.url, example=_example_json(options.project))
+        request = project_request(options.project)
+        page = TryPage(server.url, request, project=options.project, log=sink)
         page.start()
         try:
             with _stop_signals() as stop:
@@ -114,15 +116,6 @@ def _run(params: dict[str, Any], console: Console) -> int:
         server.stop()
     console.info("the model server was stopped and removed")
     return 0
-
-
-def _example_json(project: Path) -> str:
-    """The project's request.json, as the try-it page's first JSON body."""
-    request = project / "request.json"
-    try:
-        return request.read_text("utf-8") if request.is_file() else ""
-    except (OSError, UnicodeDecodeError):
-        return ""
 
 
 def _banner(options: ModelOptions, engine: Engine, server: Server, page: str) -> None:
@@ -197,28 +190,60 @@ def _serve(
     watchers: _Watchers | None,
 ) -> None:
     broken = False  # after a reload that failed to start: wait for the next edit
-    while not stop.wait(_TICK):
-        if watchers is not None:
-            if watchers.requirements.changes():
-                console.warning("requirements.txt changed; restart run-local-server to install it")
-            changed = watchers.code.changes()
-            if changed:
-                names = ", ".join(str(p.relative_to(options.project)) for p in changed[:3])
-                console.info(f"{names} changed; restarting the model server")
-                server.restart()
-                try:
-                    wait_ready(server, timeout=options.startup_timeout, sink=sink)
-                except ServerError as exc:
-                    console.error(f"{exc.message}; waiting for the next change")
-                    broken = True
-                else:
-                    broken = False
-                    console.info(f"the model server is ready again at {server.url}")
-                continue
-        code = server.exit_code()
-        if code is not None and not broken:
-            server.drain_logs()
-            raise ServerError(
-                f"the model server stopped unexpectedly (exit code {code}); its log is above",
-                log=sink.text(),
-            )
+    stand_in: StandIn | None = None  # on the model's port meanwhile, when it could bind
+    try:
+        while not stop.wait(_TICK):
+            if watchers is not None:
+                if watchers.requirements.changes():
+                    console.warning(
+                        "requirements.txt changed; restart run-local-server to install it"
+                    )
+                changed = watchers.code.changes()
+                if changed:
+                    names = ", ".join(str(p.relative_to(options.project)) for p in changed[:3])
+                    console.info(f"{names} changed; restarting the model server")
+                    if stand_in is not None:
+                        stand_in.stop()
+                    broken, stand_in = _restart(options, console, sink, server)
+                    continue
+            code = server.exit_code()
+            if code is not None and not broken:
+                server.drain_logs()
+                raise ServerError(
+                    f"the model server stopped unexpectedly (exit code {code}); its log is above",
+                    log=sink.text(),
+                )
+    finally:
+        if stand_in is not None:
+            stand_in.stop()
+
+
+def _restart(
+    options: ModelOptions, console: Console, sink: LogSink, server: Server
+) -> tuple[bool, StandIn | None]:
+    """Restart the model server after an edit: (whether it failed, and the :class:`StandIn`
+    put on its port until the next edit when it failed for good)."""
+    mark = sink.mark()
+    server.restart()
+    try:
+        wait_ready(server, timeout=options.startup_timeout, sink=sink)
+    except ServerError as exc:
+        failure = exc.message
+    else:
+        console.info(f"the model server is ready again at {server.url}")
+        return False, None
+    console.error(f"{failure}; waiting for the next change")
+    if server.exit_code() is None:
+        return True, None  # still starting (slower than --startup-timeout): its port is its own
+    code_file = options.handler.partition(":")[0].replace(".", "/") + ".py"
+    body = unavailable_body(last_error(sink.since(mark)), failure, code_file)
+    try:
+        stand_in = StandIn(int(server.url.rsplit(":", 1)[1]), body)
+    except OSError as error:
+        console.warning(f"until then {server.url} refuses connections ({error})")
+        return True, None
+    console.info(
+        f"until then {server.url} answers 503 with this error (a fix of {code_file} restarts "
+        "the model server)"
+    )
+    return True, stand_in

@@ -1,5 +1,6 @@
 """The model server's log on the terminal: each JSON line shortened, the lines kept for the
-error report when something fails.
+error report when something fails, for the try-it page (one request's lines) and for
+``--reload`` (the error that stopped the server).
 """
 
 from __future__ import annotations
@@ -7,16 +8,31 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from abeja_cli.console import Console
 
-__all__ = ["LogSink", "format_log_line", "pump_lines", "start_daemon"]
+__all__ = ["LogSink", "LoggedError", "format_log_line", "last_error", "pump_lines", "start_daemon"]
 
 #: How many log lines are kept for error reports; older ones are dropped.
 _LOG_KEEP: Final = 5000
+_ERROR_LEVELS: Final = frozenset({"error", "critical", "fatal", "panic"})
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """The JSON object of a runtime log line, or None for anything else."""
+    stripped = line.strip()
+    if not stripped.startswith("{"):
+        return None
+    try:
+        record = json.loads(stripped)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def format_log_line(line: str) -> str:
@@ -26,14 +42,8 @@ def format_log_line(line: str) -> str:
     message (with its level when it is not info), an access-log record as one short line, and
     anything else (a plain ``print`` that escaped, a traceback line) as is.
     """
-    stripped = line.strip()
-    if not stripped.startswith("{"):
-        return line
-    try:
-        record = json.loads(stripped)
-    except ValueError:
-        return line
-    if not isinstance(record, dict):
+    record = _record(line)
+    if record is None:
         return line
     if record.get("log_type") == "access_log":
         elapsed = record.get("elapsed_microsecs")
@@ -53,30 +63,98 @@ def format_log_line(line: str) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class LoggedError:
+    """An error record of the runtime's log: its message and, when it has one, traceback."""
+
+    message: str
+    traceback: str | None
+
+
+def last_error(lines: Iterable[str]) -> LoggedError | None:
+    """The last error record among ``lines`` (the runtime says why it gave up in one)."""
+    found = None
+    for line in lines:
+        record = _record(line)
+        if record is None or str(record.get("log_level", "")).lower() not in _ERROR_LEVELS:
+            continue
+        message, traceback = record.get("message"), record.get("traceback")
+        if isinstance(message, str):
+            found = LoggedError(message, traceback if isinstance(traceback, str) else None)
+    return found
+
+
 class LogSink:
     """Receives the server's log lines: shows them (formatted) and keeps them for error reports.
 
-    Engines feed it from a reader thread; the CLI reads :meth:`text` when something failed.
+    Engines feed it from a reader thread; the CLI reads :meth:`text` when something failed, the
+    try-it page :meth:`request_lines`, ``--reload`` :meth:`since` a :meth:`mark`.
     """
 
     def __init__(self, console: Console, *, show: bool = True) -> None:
         self._console = console
         self.show = show
         self._lines: collections.deque[str] = collections.deque(maxlen=_LOG_KEEP)
-        self._lock = threading.Lock()
+        self._received = 0  # lines ever received: a mark stays valid as old lines are dropped
+        self._added = threading.Condition()
 
     def __call__(self, line: str) -> None:
         line = line.rstrip("\r\n")
-        with self._lock:
+        with self._added:
             self._lines.append(line)
+            self._received += 1
+            self._added.notify_all()
         if self.show:
             self._console.log(format_log_line(line))
 
+    def _kept(self) -> list[str]:
+        with self._added:
+            return list(self._lines)
+
     def text(self) -> str:
         """The kept lines, formatted the same way as when they were shown."""
-        with self._lock:
-            lines = list(self._lines)
-        return "\n".join(format_log_line(line) for line in lines)
+        return "\n".join(format_log_line(line) for line in self._kept())
+
+    def mark(self) -> int:
+        """A position in the log, for :meth:`since`."""
+        with self._added:
+            return self._received
+
+    def since(self, mark: int) -> list[str]:
+        """The lines received after ``mark`` (those still kept), as they came."""
+        with self._added:
+            count = min(self._received - mark, len(self._lines))
+            return list(self._lines)[len(self._lines) - count :] if count > 0 else []
+
+    def request_lines(self, request_id: str, *, timeout: float) -> tuple[list[str], bool]:
+        """The lines logged for one request (its access record left out), formatted, and
+        whether they are all there: the runtime's front writes the access record once the
+        answer has gone, after every line of the handler's, so its arrival ends the wait; at
+        most ``timeout`` seconds (an access log turned off never sends one)."""
+        quoted = json.dumps(request_id)  # how the id appears in a JSON line
+        deadline = time.monotonic() + timeout
+        with self._added:
+            while True:
+                lines, complete = _lines_of(self._lines, request_id, quoted)
+                remaining = deadline - time.monotonic()
+                if complete or remaining <= 0:
+                    return lines, complete
+                self._added.wait(remaining)
+
+
+def _lines_of(lines: Iterable[str], request_id: str, quoted: str) -> tuple[list[str], bool]:
+    mine, complete = [], False
+    for line in lines:
+        if quoted not in line:
+            continue
+        record = _record(line)
+        if record is None or record.get("request_id") != request_id:
+            continue
+        if record.get("log_type") == "access_log":
+            complete = True
+        else:
+            mine.append(format_log_line(line))
+    return mine, complete
 
 
 def pump_lines(chunks: Iterator[bytes], sink: Callable[[str], None]) -> None:

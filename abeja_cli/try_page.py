@@ -5,6 +5,12 @@ The page is served by the CLI on a port of its own, so it never shadows a path o
 ``/model/...``, which forwards them to the model and passes the answer back as it came (status,
 headers, body) with the time it took in ``X-Abeja-Try-Elapsed-Ms``; the page then shows JSON
 pretty-printed, images as images, text as text, and anything else as a download.
+
+The page opens on the project's own request (``project_request.py``; the files it names are
+served under ``/project-file/``), shows the request as a curl line for the model's port, and,
+after each answer, the log lines of that request (``/log/<request id>``, from the CLI's
+:class:`~abeja_cli.server_log.LogSink`): a handler's error shows its traceback there, where the
+runtime's answer says only ``unexpected error occurred``.
 """
 
 from __future__ import annotations
@@ -14,9 +20,16 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, ClassVar, Final
+
+from abeja_cli.project_request import ProjectRequest
+from abeja_runtime.media import guess_content_type
+
+if TYPE_CHECKING:
+    from abeja_cli.server_log import LogSink
 
 __all__ = ["TryPage"]
 
@@ -24,18 +37,50 @@ _PAGE_FILE: Final = Path(__file__).resolve().parent / "try_page.html"
 #: Headers that describe one hop, not the answer: not passed back to the page.
 _HOP: Final = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 _TIMEOUT: Final = 300.0
+#: The longest wait for a request's log lines: their end (the access record) comes within
+#: the runtime's 0.05 s batch; a turned-off access log never sends it.
+_LOG_WAIT: Final = 3.0
+_JSON: Final = {"Content-Type": "application/json"}
+
+
+def _script_json(value: object) -> str:
+    """``value`` as JavaScript inside ``<script>``: JSON that cannot end the element."""
+    return json.dumps(value).replace("</", "<\\/")
 
 
 class TryPage:
-    """The page's server, on 127.0.0.1, in a daemon thread; ``url`` once started."""
+    """The page's server, on 127.0.0.1, in a daemon thread; ``url`` once started.
 
-    def __init__(self, model_url: str, example: str = "") -> None:
-        page = _PAGE_FILE.read_text("utf-8").replace("__EXAMPLE__", json.dumps(example))
+    ``request`` is what the page opens on (its files are read from ``project``); ``log``, the
+    server's log, gives each answer its log lines.
+    """
+
+    def __init__(
+        self,
+        model_url: str,
+        request: ProjectRequest | None = None,
+        *,
+        project: Path | None = None,
+        log: LogSink | None = None,
+    ) -> None:
+        request = request or ProjectRequest()
+        page = (
+            _PAGE_FILE.read_text("utf-8")
+            .replace("__REQUEST__", _script_json(request.to_json()))
+            .replace("__MODEL_URL__", _script_json(model_url.rstrip("/")))
+        )
         target = urllib.parse.urlsplit(model_url)
+        files = {name: project / name for name in request.files()} if project else {}
         handler: type[_Handler] = type(
             "_Handler",
             (_Handler,),
-            {"page": page.encode(), "host": target.hostname, "port": target.port},
+            {
+                "page": page.encode(),
+                "host": target.hostname,
+                "port": target.port,
+                "files": files,
+                "log": log,
+            },
         )
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
@@ -60,6 +105,9 @@ class _Handler(BaseHTTPRequestHandler):
     port: int | None = None
     #: The page's own port: requests must name it (see _refused).
     page_port: int = 0
+    #: The project files the page may fetch, by name: those of its request, no others.
+    files: ClassVar[Mapping[str, Path]] = {}
+    log: LogSink | None = None
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:
@@ -94,8 +142,31 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, {"Content-Type": "text/html; charset=utf-8"}, self.page)
         elif self.path.startswith("/model/"):
             self._forward()
+        elif self.path.startswith("/project-file/"):
+            self._project_file(urllib.parse.unquote(self.path.removeprefix("/project-file/")))
+        elif self.path.startswith("/log/"):
+            self._request_log(urllib.parse.unquote(self.path.removeprefix("/log/")))
         else:
             self._answer(404, {"Content-Type": "text/plain"}, b"not found")
+
+    def _project_file(self, name: str) -> None:
+        path = self.files.get(name)
+        try:
+            data = path.read_bytes() if path is not None else None
+        except OSError:
+            data = None
+        if data is None:
+            self._answer(404, {"Content-Type": "text/plain"}, b"not found")
+        else:
+            self._answer(200, {"Content-Type": guess_content_type(name)}, data)
+
+    def _request_log(self, request_id: str) -> None:
+        """The log lines of one request: ``{"lines": [...], "complete": bool}``."""
+        lines: list[str] = []
+        complete = False
+        if self.log is not None:
+            lines, complete = self.log.request_lines(request_id, timeout=_LOG_WAIT)
+        self._answer(200, _JSON, json.dumps({"lines": lines, "complete": complete}).encode())
 
     def do_POST(self) -> None:
         if not self._refused():
@@ -121,7 +192,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = answer.read()
         except (OSError, http.client.HTTPException) as exc:
             message = json.dumps({"status": f"the model did not answer: {exc}"}).encode()
-            self._answer(502, {"Content-Type": "application/json"}, message)
+            self._answer(502, _JSON, message)
             return
         finally:
             connection.close()

@@ -1,19 +1,22 @@
 """The try-it page of ``run-local-server``, driven in a real headless Chromium (Debian's, with
 its chromedriver, through selenium): JSON, an image, a multipart form and a binary answer, with
-screenshots checked by looking at their pixels."""
+screenshots checked by looking at their pixels; the project's own request to start from, a
+handler's error with its log lines, and the request as a curl line that is run for real."""
 
 from __future__ import annotations
 
 import http.client
 import io
+import json
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .helpers import SAMPLES, CliProcess
+from .helpers import PROJECTS, SAMPLES, CliProcess, Result, assert_flipped, http_request
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -40,10 +43,15 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
-def page_of(start_abeja: Start, folder: Path, handler: str = "main:handler") -> str:
+def serve(start_abeja: Start, folder: Path, handler: str = "main:handler") -> tuple[str, str]:
+    """Start run-local-server on ``folder``: (the try-it page's URL, the model's endpoint)."""
     cli = start_abeja("model", "run-local-server", "--engine", "local", "-h", handler, cwd=folder)
     line = cli.wait_for(r" Try it :   http://127\.0\.0\.1:\d+/", stream="stdout")
-    return line.split("Try it :", 1)[1].split()[0]
+    return line.split("Try it :", 1)[1].split()[0], cli.endpoint()
+
+
+def page_of(start_abeja: Start, folder: Path, handler: str = "main:handler") -> str:
+    return serve(start_abeja, folder, handler)[0]
 
 
 def send_and_wait(driver: Any) -> str:
@@ -111,21 +119,28 @@ def test_an_image_file_and_an_image_answer(
 
 
 def test_a_multipart_form(browser: Any, start_abeja: Start, tmp_path: Path) -> None:
+    """The page opens on the README's form (two fields, a file); a field edited, one added."""
     from selenium.webdriver.common.by import By
 
-    folder = copy("multipart_form", tmp_path)
-    browser.get(page_of(start_abeja, folder))
-    browser.find_element(By.CSS_SELECTOR, "input[name=kind][value=form]").click()
-    first = browser.find_element(By.CSS_SELECTOR, "#fields .row")
-    first.find_element(By.CLASS_NAME, "field-name").send_keys("title")
-    first.find_element(By.CLASS_NAME, "field-value").send_keys("Q3")
-    browser.find_element(By.ID, "add-file").click()
-    second = browser.find_elements(By.CSS_SELECTOR, "#fields .row")[1]
-    second.find_element(By.CLASS_NAME, "field-name").send_keys("document")
-    second.find_element(By.CLASS_NAME, "field-value").send_keys(str(folder / "report.txt"))
+    browser.get(page_of(start_abeja, copy("multipart_form", tmp_path)))
+    wait_for_example(browser)
+    assert kind_of(browser) == "form"
+    assert shown_request(browser) == [
+        ["title", "Q3"], ["author", "abeja"], ["document", "@report.txt"],
+    ]  # fmt: skip
+    title = browser.find_elements(By.CSS_SELECTOR, "#fields .field-value")[0]
+    title.clear()
+    title.send_keys("Q4")
+    browser.find_element(By.ID, "add-field").click()
+    added = browser.find_elements(By.CSS_SELECTOR, "#fields .row")[-1]
+    added.find_element(By.CLASS_NAME, "field-name").send_keys("extra")
+    added.find_element(By.CLASS_NAME, "field-value").send_keys("yes")
     assert send_and_wait(browser) == "200 OK"
-    answer = browser.find_element(By.ID, "answer-text").text
-    assert '"title": "Q3"' in answer and '"file_name": "report.txt"' in answer
+    answer = answer_json(browser)
+    assert answer["fields"] == {"title": "Q4", "author": "abeja", "extra": "yes"}
+    assert [(f["form_name"], f["file_name"], f["size"]) for f in answer["files"]] == [
+        ("document", "report.txt", (SAMPLES / "multipart_form" / "report.txt").stat().st_size)
+    ]
 
 
 def test_other_answers_are_a_download(browser: Any, start_abeja: Start, tmp_path: Path) -> None:
@@ -177,3 +192,228 @@ def test_only_the_page_itself_may_drive_the_model(
     else:
         assert answer.status == 403, body
         assert body.startswith(b"forbidden: the try-it page serves only itself"), body
+
+
+# -- the project's own request, a handler's error, the curl line ------------------------
+
+
+def wait_for_example(driver: Any) -> None:
+    """Until the page has put the project's request in place (its files fetched)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.execute_script("return document.body.dataset.example") == "loaded"
+    )
+
+
+def kind_of(driver: Any) -> str:
+    return str(
+        driver.execute_script("return document.querySelector('input[name=kind]:checked').value")
+    )
+
+
+def shown_request(driver: Any) -> list[Any]:
+    """What the page would send, by its kind: JSON text, [type, text], the chosen file as
+    [name, type, size], or the form's rows as [name, value] (a file's value ``@`` its name)."""
+    return list(
+        driver.execute_script(
+            """const $ = (id) => document.getElementById(id);
+            const kind = document.querySelector('input[name=kind]:checked').value;
+            if (kind === 'json') return [$('json').value];
+            if (kind === 'text') return [$('text-type').value, $('text').value];
+            if (kind === 'file') {
+              const f = $('file').files[0];
+              return f ? [f.name, f.type, f.size] : [];
+            }
+            return [...document.querySelectorAll('#fields .row')].map((row) => {
+              const value = row.querySelector('.field-value');
+              return [row.querySelector('.field-name').value, value.type === 'file'
+                ? (value.files.length ? '@' + value.files[0].name : '@') : value.value];
+            });"""
+        )
+    )
+
+
+def answer_json(driver: Any) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return json.loads(driver.find_element(By.ID, "answer-text").text)
+
+
+def init_project(abeja: Callable[..., Result], tmp_path: Path, template: str) -> Path:
+    made = abeja("model", "init", template, "--template", template, cwd=tmp_path)
+    assert made.returncode == 0, str(made)
+    return tmp_path / template
+
+
+def test_an_image_project_opens_on_its_request_image(
+    browser: Any, abeja: Callable[..., Result], start_abeja: Start, tmp_path: Path
+) -> None:
+    """``abeja model init --template image``: the page opens on request.jpg, ready to send as
+    a file (not on JSON ``{}``), and sending it as it opened shows the model's image."""
+    from selenium.webdriver.common.by import By
+
+    folder = init_project(abeja, tmp_path, "image")
+    browser.get(page_of(start_abeja, folder))
+    wait_for_example(browser)
+    assert kind_of(browser) == "file"
+    assert browser.find_element(By.ID, "kind-file").is_displayed()
+    assert not browser.find_element(By.ID, "kind-json").is_displayed()
+    size = (folder / "request.jpg").stat().st_size
+    assert shown_request(browser) == ["request.jpg", "image/jpeg", size]
+    assert send_and_wait(browser) == "200 OK"
+    image = browser.find_element(By.ID, "answer-image")
+    assert browser.execute_script("return arguments[0].naturalWidth", image) > 0
+    assert_rendered(browser, tmp_path / "image-project.png")
+
+
+#: What each template's page opens on: its kind, and what it shows (from the project folder).
+OPENS_ON: dict[str, tuple[str, Callable[[Path], list[Any]]]] = {
+    "multipart": ("form", lambda folder: [["title", "notes"], ["document", "@request.txt"]]),
+    "csv": ("text", lambda folder: ["text/csv", (folder / "request.csv").read_text()]),
+}
+
+
+@pytest.mark.parametrize("template", sorted(OPENS_ON))
+def test_a_project_opens_on_its_own_request(
+    browser: Any,
+    abeja: Callable[..., Result],
+    start_abeja: Start,
+    tmp_path: Path,
+    template: str,
+) -> None:
+    """A template's page opens on its README's request, in its kind, answered 200 as it is."""
+    folder = init_project(abeja, tmp_path, template)
+    browser.get(page_of(start_abeja, folder))
+    wait_for_example(browser)
+    kind, shown = OPENS_ON[template]
+    assert kind_of(browser) == kind
+    assert shown_request(browser) == shown(folder)
+    assert send_and_wait(browser) == "200 OK"
+
+
+FAILING = """\
+def handler(request, context):
+    print("dividing by", request["content_type"])
+    return {"ratio": 1 / 0}
+"""
+
+
+def test_a_handler_error_shows_its_log_lines(
+    browser: Any, start_abeja: Start, tmp_path: Path
+) -> None:
+    """A 500 says that the handler failed and shows the log lines of that request, traceback
+    included (the runtime's body says only ``unexpected error occurred``)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    (tmp_path / "main.py").write_text(FAILING)
+    browser.get(page_of(start_abeja, tmp_path))
+    for _ in range(2):  # the second answer shows its own lines, not the first one's as well
+        assert send_and_wait(browser) == "500 Internal Server Error"
+        WebDriverWait(browser, WAIT).until(
+            lambda d: "division by zero" in d.find_element(By.ID, "answer-log").text
+        )
+    failure = browser.find_element(By.ID, "failure").text
+    assert failure == (
+        "The handler failed: its log for this request is below; the whole log is in the "
+        "terminal where run-local-server runs."
+    )
+    log = browser.find_element(By.ID, "answer-log").text
+    assert log.count("dividing by application/json") == 1, log
+    assert "ERROR: unexpected error occurred in the handler main:handler" in log
+    assert 'return {"ratio": 1 / 0}' in log and log.endswith("ZeroDivisionError: division by zero")
+    assert_rendered(browser, tmp_path / "failure.png")
+
+
+def curl_line(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.ID, "curl").text)
+
+
+def run_curl(line: str, folder: Path) -> bytes:
+    """The page's curl line, as a user pastes it into a shell in the project's folder."""
+    done = subprocess.run(["bash", "-c", line], cwd=folder, capture_output=True, timeout=WAIT)
+    assert done.returncode == 0, (line, done.stderr)
+    return done.stdout
+
+
+def test_the_request_as_a_curl_line(browser: Any, start_abeja: Start, tmp_path: Path) -> None:
+    """The page's request as a curl line: the model's port, the header, the JSON inline."""
+    folder = copy("tax", tmp_path)
+    page, endpoint = serve(start_abeja, folder)
+    browser.get(page)
+    wait_for_example(browser)
+    line = curl_line(browser)
+    assert line == (
+        f"curl -s {endpoint}/ -H 'Content-Type: application/json' "
+        """--data-binary '{"total_without_tax":100}'"""
+    )
+    assert run_curl(line, folder) == b'{"total": 108.0}'
+
+
+TRICKY = 'it\'s "quoted" $HOME `id` \\ back\\slash 日本語'
+
+
+@pytest.mark.parametrize("kind", ["json", "text"])
+def test_a_curl_line_quotes_what_a_shell_would_change(
+    browser: Any, start_abeja: Start, tmp_path: Path, kind: str
+) -> None:
+    """Quotes, ``$``, backquotes and backslashes reach the model as typed (an echo handler)."""
+    from selenium.webdriver.common.by import By
+
+    folder = Path(shutil.copytree(PROJECTS / "responder", tmp_path / "responder"))
+    page, endpoint = serve(start_abeja, folder, "main:echo")
+    browser.get(page)
+    wait_for_example(browser)
+    browser.find_element(By.CSS_SELECTOR, f"input[name=kind][value={kind}]").click()
+    body = browser.find_element(By.ID, kind)
+    body.clear()
+    if kind == "json":
+        body.send_keys('{"note": ' + json.dumps(TRICKY, ensure_ascii=False) + ',\n "n": [1.0, 2]}')
+        sent = ('{"note":' + json.dumps(TRICKY, ensure_ascii=False) + ',"n":[1.0,2]}').encode()
+    else:
+        body.send_keys(TRICKY + "\nsecond line")
+        sent = (TRICKY + "\nsecond line").encode()
+    line = curl_line(browser)
+    assert line.startswith(f"curl -s {endpoint}/ -H "), line
+    assert run_curl(line, folder) == sent
+    assert send_and_wait(browser) == "200 OK"  # what the page sends, the line sends
+
+
+@pytest.mark.parametrize(
+    ("sample", "ending"),
+    [
+        ("image_flip", "-H 'Content-Type: image/jpeg' --data-binary @cat.jpg -o flipped_cat.jpg"),
+        ("multipart_form", "-F title=Q3 -F author=abeja -F document=@report.txt"),
+    ],
+    ids=["file", "form"],
+)
+def test_a_curl_line_sends_files_by_name(
+    browser: Any, start_abeja: Start, tmp_path: Path, sample: str, ending: str
+) -> None:
+    """A file (or a form's file) is ``@`` its name, for a shell in the project's folder."""
+    folder = copy(sample, tmp_path)
+    page, endpoint = serve(start_abeja, folder)
+    browser.get(page)
+    wait_for_example(browser)
+    line = curl_line(browser)
+    assert line == f"curl -s {endpoint}/ {ending}"
+    answer = run_curl(line, folder)
+    if sample == "image_flip":
+        assert_flipped(folder / "cat.jpg", (folder / "flipped_cat.jpg").read_bytes())
+    else:
+        assert json.loads(answer)["fields"] == {"title": "Q3", "author": "abeja"}
+
+
+def test_the_page_serves_the_files_of_its_request_only(start_abeja: Start, tmp_path: Path) -> None:
+    """``/project-file/`` serves the files the project's request names, no other file."""
+    folder = copy("image_flip", tmp_path)
+    url = page_of(start_abeja, folder)
+    for name, expected in (
+        ("cat.jpg", (200, (folder / "cat.jpg").read_bytes())),
+        ("main.py", (404, b"not found")),
+        ("..%2Fimage_flip%2Fcat.jpg", (404, b"not found")),
+    ):
+        assert http_request(f"{url}project-file/{name}") == expected, name

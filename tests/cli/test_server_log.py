@@ -1,0 +1,57 @@
+"""``LogSink``'s copies of the server's log: one request's lines (for the try-it page), the lines
+since a mark and the error the runtime gave up with (for ``--reload``'s 503)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from typing import Any
+
+from abeja_cli.console import Console
+from abeja_cli.server_log import LoggedError, LogSink, last_error
+
+
+def line(**record: Any) -> str:
+    return json.dumps(record)
+
+
+def sink() -> LogSink:
+    return LogSink(Console(stream=io.StringIO()))
+
+
+def test_the_lines_of_one_request_end_with_its_access_record() -> None:
+    log = sink()
+    log(line(message="started", log_level="info"))
+    log(line(message="mine", log_level="info", request_id="a1"))
+    log(line(message="other", log_level="info", request_id="b2"))
+    found: list[tuple[list[str], bool]] = []
+    waiter = threading.Thread(target=lambda: found.append(log.request_lines("a1", timeout=30)))
+    waiter.start()
+    # Fed by the reader thread as the server writes them, the waiter sees them as they come.
+    log(line(message="boom", log_level="error", request_id="a1", traceback="Traceback ...\nE: x"))
+    log(line(log_type="access_log", http_status=500, request_id="a1"))
+    waiter.join(30)
+    assert found == [(["mine", "ERROR: boom\nTraceback ...\nE: x"], True)]
+
+
+def test_without_an_access_record_the_lines_so_far() -> None:
+    log = sink()
+    log(line(message="mine", log_level="info", request_id='say "hi"'))
+    log("a plain line naming say hi")
+    assert log.request_lines('say "hi"', timeout=0) == (["mine"], False)
+    assert log.request_lines("nobody", timeout=0) == ([], False)
+
+
+def test_since_a_mark_and_the_last_error() -> None:
+    log = sink()
+    log(line(message="old failure", log_level="error"))
+    mark = log.mark()
+    assert log.since(mark) == []
+    log(line(message="starting", log_level="info"))
+    log(line(message="failed to setup model: X", log_level="error", traceback="Trace\nX"))
+    log("Segmentation fault")
+    assert len(log.since(mark)) == 3
+    assert last_error(log.since(mark)) == LoggedError("failed to setup model: X", "Trace\nX")
+    assert last_error(log.since(mark)[:1]) is None
+    assert last_error([line(message="m", log_level="critical")]) == LoggedError("m", None)
