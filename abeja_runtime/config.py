@@ -158,6 +158,14 @@ class Config:
         help="seconds from the request's arrival (queue wait included) until the handler must "
         "answer, else `504`; `0`: no limit",
     )
+    stream_idle_timeout: float = setting(
+        60.0,
+        kind="seconds",
+        envvar="ABEJA_RUNTIME_STREAM_IDLE_TIMEOUT",
+        server_only=True,
+        help="seconds a streamed answer may go without a chunk once it has begun (`--timeout` "
+        "bounds its first); then it is cut short and its generator closed; `0`: no limit",
+    )
     #: ABEJA Platform had no limit at all; 100 MiB admits large images and small videos while
     #: still stopping a runaway client before it fills the disk.
     max_body_size: int = setting(

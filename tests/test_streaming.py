@@ -56,3 +56,22 @@ def test_server_sent_events_arrive_one_by_one(make_server: ServerFactory, tmp_pa
         assert b'data: {"token": "world"}\n\n' in rest
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_a_stream_silent_past_the_idle_limit_is_cut_short(
+    make_server: ServerFactory, tmp_path: Path, way: str
+):
+    """``--stream-idle-timeout 1``: the generator's second chunk never comes (it waits for a
+    file nobody creates); the answer is cut short (no chunked end), its call withdrawn, and
+    the log says why."""
+    server = make_server("cn_stream", "--handler", "main:held", "--stream-idle-timeout", "1")
+    request = get if way == "direct" else chunked_post
+    sock = send_and_leave(server, request(f"/?until={tmp_path / 'never'}", "silent"))
+    try:
+        received = read_until(sock, b"0\r\n\r\n")  # until the front closes the connection
+    finally:
+        sock.close()
+    assert b"before the release\n" in received and not received.endswith(b"0\r\n\r\n")
+    said = server.wait_for_record(lambda r: "sent nothing for 1 s" in r.get("message", ""))
+    assert said["log_level"] == "warning" and "(request silent)" in said["message"]

@@ -23,6 +23,7 @@ its members; gRPC calls took no place and were never counted when cancelled.
 from __future__ import annotations
 
 import asyncio
+import logging
 import mmap
 import time
 from collections.abc import Callable
@@ -42,13 +43,15 @@ from abeja_runtime.frames import Answer, RpcAnswer
 from abeja_runtime.front.accounting import Accounting
 from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.deadlines import Deadlines
-from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.pending import PendingCall, StreamIdle
 from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch
 
 __all__ = ["Body", "CallService"]
+
+_log = logging.getLogger("abeja_runtime")
 
 #: The access records of this many seconds are written at once: a write per loop iteration
 #: cost 2.5 µs per small request (8 % of the front's work). They are written at shutdown too.
@@ -104,6 +107,8 @@ class CallService:
         #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
         self.loop = asyncio.get_running_loop()
         self._timeout = config.timeout or None
+        #: The longest silence between two chunks of a streamed answer (``None``: no limit).
+        self.stream_idle = config.stream_idle_timeout or None
         self.buffers = BodyBuffers()
         #: The places for bodies above the inline limit.
         self.gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
@@ -219,6 +224,14 @@ class CallService:
         finally:
             if watched is not None:
                 watched.discard(pending)
+
+    def stream_cut(self, pending: PendingCall, exc: RuntimeError) -> None:
+        """A streamed answer ended before its end (its generator failed, its process died, or
+        it went silent): nobody reads on, and the log says why when the front cut it."""
+        self._pool.withdraw(pending)
+        if isinstance(exc, StreamIdle):
+            frame = pending.frame
+            _log.warning("%s (request %s)", exc, frame.request_id)
 
     def withdraw(self, pending: PendingCall) -> None:
         """Nobody waits for ``pending`` any more: a queued call never runs, a running one is

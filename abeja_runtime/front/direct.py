@@ -321,14 +321,15 @@ class _DirectCall:
         try:
             status_line = f"HTTP/1.1 {answer.status} {_reason(answer.status)}"
             await writer.write_headers(status_line, headers)
-            async for chunk in self.pending.stream():
+            async for chunk in self.pending.stream(calls.stream_idle):
                 await writer.write(chunk)
             await writer.write_eof()
         except ConnectionError:
             calls.withdraw(self.pending)
             close = True
-        except RuntimeError:
+        except RuntimeError as exc:
             # Headers are out: the only honest signal left is to cut the chunked body short.
+            calls.stream_cut(self.pending, exc)
             close = True
         except asyncio.CancelledError:  # the client left (client_gone)
             calls.withdraw(self.pending)

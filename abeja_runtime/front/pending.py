@@ -17,11 +17,21 @@ from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
 if TYPE_CHECKING:
     from abeja_runtime.front.processes import HandlerProcess
 
-__all__ = ["STREAM_FAILED", "PendingCall"]
+__all__ = ["STREAM_FAILED", "PendingCall", "StreamIdle"]
 
 #: Put in a streamed answer's chunks where it was cut short (the generator raised, the
 #: process died).
 STREAM_FAILED: Final = object()
+
+
+class StreamIdle(RuntimeError):
+    """A streamed answer sent no chunk for ``--stream-idle-timeout`` seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"the streamed answer sent nothing for {seconds:g} s and was cut short; the limit "
+            "is ABEJA_RUNTIME_STREAM_IDLE_TIMEOUT (--stream-idle-timeout)"
+        )
 
 
 class PendingCall:
@@ -52,12 +62,23 @@ class PendingCall:
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
 
-    async def stream(self) -> Any:
+    async def stream(self, idle: float | None = None) -> Any:
         """The streamed body's chunks as they come (an async iterator); raises
-        ``RuntimeError`` where the handler's generator failed or its process died."""
+        ``RuntimeError`` where the handler's generator failed or its process died, and
+        :class:`StreamIdle` when no chunk came for ``idle`` seconds."""
         chunks = self.chunks
         assert chunks is not None
-        while (item := await chunks.get()) is not None:
+        while True:
+            if idle is None or not chunks.empty():
+                item = await chunks.get()
+            else:
+                try:
+                    async with asyncio.timeout(idle):
+                        item = await chunks.get()
+                except TimeoutError:
+                    raise StreamIdle(idle) from None
+            if item is None:
+                return
             if item is STREAM_FAILED:
                 raise RuntimeError("the streamed answer was cut short")
             process = self.process

@@ -312,13 +312,14 @@ class HttpServer:
         response.enable_chunked_encoding()
         try:
             await response.prepare(request)
-            async for chunk in pending.stream():
+            async for chunk in pending.stream(self.calls.stream_idle):
                 await response.write(chunk)
         except ConnectionError:
             self.calls.withdraw(pending)
             return response
-        except RuntimeError:
+        except RuntimeError as exc:
             # Headers are out: the only honest signal left is to cut the chunked body short.
+            self.calls.stream_cut(pending, exc)
             if request.transport is not None:
                 request.transport.close()
             return response
