@@ -407,22 +407,26 @@ class _Calls:
             return
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
         failed = False
-        cancellations = self.cancellations
         try:
             for chunk in body:
-                if cancellations.is_cancelled(call_id):  # nobody reads on: stop producing
+                if not self._pass_on(call_id, chunk):
                     break
-                if chunk:
-                    self.channel.write(Chunk(call_id, bytes(chunk)))
         except Exception as exc:
-            # Headers are out: the front can only cut the chunked body short.
-            _log.error("the handler's streamed content failed after the response began: %s", exc)
-            failed = True
+            failed = _stream_failed(exc)
         finally:
             close = getattr(body, "close", None)
             if callable(close):
                 close()  # the generator's finally runs now, also when it was stopped early
         self.channel.write(End(call_id, failed))
+
+    def _pass_on(self, call_id: int, chunk: bytes) -> bool:
+        """Write one chunk of a streamed answer; ``False`` once the front cancelled the call
+        (nobody reads on: the generator is to stop producing)."""
+        if self.cancellations.is_cancelled(call_id):
+            return False
+        if chunk:
+            self.channel.write(Chunk(call_id, bytes(chunk)))
+        return True
 
     async def _send_async(self, call_id: int, reply: EncodedResponse) -> None:
         """A streamed answer whose chunks come from an async iterator (an ``async def``
@@ -432,16 +436,12 @@ class _Calls:
         assert isinstance(body, AsyncIterator)
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
         failed = False
-        cancellations = self.cancellations
         try:
             async for chunk in body:
-                if cancellations.is_cancelled(call_id):
+                if not self._pass_on(call_id, chunk):
                     break
-                if chunk:
-                    self.channel.write(Chunk(call_id, bytes(chunk)))
         except Exception as exc:
-            _log.error("the handler's streamed content failed after the response began: %s", exc)
-            failed = True
+            failed = _stream_failed(exc)
         except BaseException:  # its task cancelled (not imported: asyncio only when needed)
             failed = True
             raise
@@ -450,6 +450,12 @@ class _Calls:
             if callable(aclose):
                 await aclose()
             self.channel.write(End(call_id, failed))
+
+
+def _stream_failed(exc: Exception) -> bool:
+    """Headers are out: the front can only cut the chunked body short. Logged; ``True``."""
+    _log.error("the handler's streamed content failed after the response began: %s", exc)
+    return True
 
 
 class _RequestIds:
