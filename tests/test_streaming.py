@@ -9,11 +9,12 @@ would leave the test waiting for ever (its socket's timeout fails it instead).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
-from conftest import ServerFactory, wait_until
-from test_cancellation import chunked_post, get, read_until, records_of, send_and_leave
+from conftest import RunningServer, ServerFactory, wait_until
+from test_cancellation import chunked_post, events, get, read_until, records_of, send_and_leave
 
 
 @pytest.mark.parametrize("handler", ["main:held", "main:async_held"], ids=["def", "async"])
@@ -75,3 +76,47 @@ def test_a_stream_silent_past_the_idle_limit_is_cut_short(
     assert b"before the release\n" in received and not received.endswith(b"0\r\n\r\n")
     said = server.wait_for_record(lambda r: "sent nothing for 1 s" in r.get("message", ""))
     assert said["log_level"] == "warning" and "(request silent)" in said["message"]
+
+
+def front_rss_mib(server: RunningServer) -> float:
+    with open(f"/proc/{server.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_slow_readers_of_big_answers_do_not_fill_the_front(make_server: ServerFactory, way: str):
+    """Four clients that do not read a 64 MiB answer each: the front holds a piece of each,
+    not all of it (before: it read each answer whole, 4 x 64 MiB; measured with 200 MiB
+    answers, 39 -> 839 MiB, now 41 MiB). Then each client reads its answer, byte-exact."""
+    server = make_server("cn_stream", "--handler", "main:big", "--concurrency", "4")
+    at_rest = front_rss_mib(server)
+    request = get if way == "direct" else chunked_post
+    socks = []
+    try:
+        for index in range(4):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            sock.sendall(request(f"/?mib=64&tag=big{index}", f"big{index}"))
+            socks.append(sock)
+        for index, sock in enumerate(socks):  # every answer made, and its head on its way
+            wait_until(lambda i=index: events(server, "answered", f"big{i}"), 20, "the answer")
+            assert sock.recv(64, socket.MSG_PEEK).startswith(b"HTTP/1.1 200 ")
+        assert front_rss_mib(server) < at_rest + 64  # less than one answer's worth
+        expected = bytes(range(251)) * (64 * 1024 * 1024 // 251 + 1)
+        for sock in socks:
+            data = read_until(sock, b"\r\n\r\n")
+            head, start = data.split(b"\r\n\r\n", 1)
+            assert b"content-length: 67108864" in head.lower()
+            body = bytearray(64 * 1024 * 1024)
+            body[: len(start)] = start
+            view, got = memoryview(body), len(start)
+            while got < len(body):
+                taken = sock.recv_into(view[got:])
+                assert taken, "the answer was cut short"
+                got += taken
+            assert body == expected[: 64 * 1024 * 1024]
+    finally:
+        for sock in socks:
+            sock.close()

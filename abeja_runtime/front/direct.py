@@ -266,10 +266,9 @@ class _DirectCall:
             return
         answer = future.result()
         assert isinstance(answer, Answer)
-        if answer.streamed:
+        if answer.body is None:  # streamed, or written from its file (a big body)
             self._streaming = asyncio.create_task(self._stream(answer))
             return
-        assert answer.body is not None
         self._write(answer.status, answer.headers, answer.body)
 
     def refused(self, exc: HttpError) -> None:
@@ -302,26 +301,34 @@ class _DirectCall:
             self._connection.direct_done(close=close or not sent)
 
     async def _stream(self, answer: Answer) -> None:
-        """A streamed answer: chunked, each chunk written as the handler process sends it."""
+        """A streamed answer (chunked, each chunk written as the handler process sends it),
+        or a big one written from its file (with its length), a piece at a time as the client
+        takes it: a slow reader holds a piece of it in the front, not all of it."""
         calls = self._calls
         connection = self._connection
         call = self.pending.frame
         assert isinstance(call, Call)
         close = not self._keep_alive or calls.draining
         self._entry.streaming(answer.status)
+        file = self.pending.answer_file
         headers = CIMultiDict(answer.headers)
         headers[REQUEST_ID_HEADER] = call.request_id
-        headers["Transfer-Encoding"] = "chunked"
+        if file is None:
+            headers["Transfer-Encoding"] = "chunked"
+        else:
+            headers["Content-Length"] = str(file.size)
         headers["Date"] = _http_date(int(time.time()))
         headers["Server"] = SERVER_SOFTWARE
         if close:
             headers["Connection"] = "close"
         writer = StreamWriter(connection, calls.loop)
-        writer.enable_chunking()
+        if file is None:
+            writer.enable_chunking()
         try:
             status_line = f"HTTP/1.1 {answer.status} {_reason(answer.status)}"
             await writer.write_headers(status_line, headers)
-            async for chunk in self.pending.stream(calls.stream_idle):
+            chunks = self.pending.stream(calls.stream_idle) if file is None else file.chunks()
+            async for chunk in chunks:
                 await writer.write(chunk)
             await writer.write_eof()
         except ConnectionError:
@@ -335,6 +342,8 @@ class _DirectCall:
             calls.withdraw(self.pending)
             raise
         finally:
+            if file is not None:
+                file.close()
             self._over = True
             self._entry.end()
         connection.direct_done(close=close)
@@ -347,6 +356,8 @@ class _DirectCall:
         if self._over:
             return
         self._over = True
+        if self.pending.answer_file is not None:  # answered, not written yet
+            self.pending.answer_file.close()
         if self._body is not None and self._body.reading:  # not submitted yet
             self._body.abandon()
             self._entry.end()

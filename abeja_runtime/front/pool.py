@@ -53,7 +53,12 @@ from abeja_runtime.frames import (
     RpcAnswer,
     read_fd,
 )
-from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
+from abeja_runtime.front.pending import (
+    ANSWER_FILE_ABOVE,
+    STREAM_FAILED,
+    AnswerFile,
+    PendingCall,
+)
 from abeja_runtime.front.processes import (
     HandlerProcess,
     ProcessState,
@@ -326,10 +331,12 @@ class HandlerPool:
                 pending.answer.set_result(frame)
                 return
             if fd is not None:  # its body (its message) came as a memfd
-                if isinstance(frame, Answer):
-                    frame = frame._replace(body=read_fd(fd))
-                else:
+                if not isinstance(frame, Answer):
                     frame = frame._replace(payload=read_fd(fd))
+                elif os.fstat(fd).st_size > ANSWER_FILE_ABOVE:  # written from there
+                    pending.answer_file = AnswerFile(fd)
+                else:
+                    frame = frame._replace(body=read_fd(fd))
             pending.answer.set_result(frame)
             self._finished(process, pending)
         elif isinstance(frame, Chunk):

@@ -181,12 +181,11 @@ class HttpServer:
             return await self._send_reply(request, reply)
         assert isinstance(answer, Answer)
         headers = (*answer.headers, tag)
-        if not answer.streamed:
+        if answer.body is not None:
             entry.count(answer.status)
-            assert answer.body is not None
             reply = EncodedResponse(answer.status, headers, answer.body)
             return await self._send_reply(request, reply)
-        entry.streaming(answer.status)
+        entry.streaming(answer.status)  # streamed, or written from its file (a big body)
         return await self._stream(request, pending, answer.status, headers)
 
     def _pending(self, request: web.BaseRequest, body: Body, entry: CallEntry) -> PendingCall:
@@ -306,13 +305,20 @@ class HttpServer:
     async def _stream(
         self, request: web.BaseRequest, pending: PendingCall, status: int, headers: Any
     ) -> web.StreamResponse:
+        """A streamed answer, chunked; or a big one written from its file, a piece at a time
+        as the client takes it (``direct.py``'s ``_stream`` says why)."""
         response = web.StreamResponse(status=status, headers=headers)
         if self.calls.draining:
             response.force_close()
-        response.enable_chunked_encoding()
+        file = pending.answer_file
+        if file is None:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = file.size
         try:
             await response.prepare(request)
-            async for chunk in pending.stream(self.calls.stream_idle):
+            chunks = pending.stream(self.calls.stream_idle) if file is None else file.chunks()
+            async for chunk in chunks:
                 await response.write(chunk)
         except ConnectionError:
             self.calls.withdraw(pending)
@@ -326,6 +332,9 @@ class HttpServer:
         except asyncio.CancelledError:
             self.calls.withdraw(pending)
             raise
+        finally:
+            if file is not None:
+                file.close()
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
@@ -379,6 +388,9 @@ class HttpServer:
                 data = answer.body
                 if answer.streamed:
                     data = b"".join([chunk async for chunk in pending.stream()])
+                elif data is None and pending.answer_file is not None:  # a big body
+                    data = pending.answer_file.read()
+                    pending.answer_file.close()
                 assert data is not None
                 reply = EncodedResponse(answer.status, answer.headers, data)
             await self._results.send_result(async_id, token, reply.with_headers((tag,)))

@@ -105,3 +105,12 @@ async def events(request, context):
     """Server-Sent Events from an async generator; the second event waits for ``?until=``."""
     content = _async_events(request.query["until"])
     return {"content_type": "text/event-stream", "content": content}
+
+
+def big(request, context):
+    """``?mib=N``: an answer of N MiB (not streamed), each byte its offset modulo 251."""
+    size = int(request.query["mib"]) * 1024 * 1024
+    pattern = bytes(range(251))
+    body = (pattern * (size // len(pattern) + 1))[:size]
+    _closed(request.query.get("tag", ""), 0, "answered")
+    return {"content_type": "application/octet-stream", "content": body}
