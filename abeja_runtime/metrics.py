@@ -98,6 +98,15 @@ class FrontMetrics:
         )
         for reason in ("crashed", "stuck", "max_requests", "memory"):
             self._restarts.labels(reason=reason)  # present at 0 from the first scrape
+        self._abandoned = Counter(
+            f"{_PREFIX}_abandoned_requests",
+            "Calls whose client left before their answer (counted 499), by the stage they "
+            "reached: queued (never ran) or running (cancelled in their worker).",
+            ["stage"],
+            registry=registry,
+        )
+        for stage in ("queued", "running"):
+            self._abandoned.labels(stage=stage)
         info = Gauge(
             f"{_PREFIX}_build_info",
             "Always 1; the labels say which runtime serves which handler.",
@@ -111,6 +120,9 @@ class FrontMetrics:
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(reason=reason).inc()
+
+    def abandoned(self, stage: str) -> None:
+        self._abandoned.labels(stage=stage).inc()
 
     def worker_restarted(self, reason: str) -> None:
         self._restarts.labels(reason=reason).inc()

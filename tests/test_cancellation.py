@@ -49,9 +49,9 @@ def started(server: RunningServer, tag: str) -> bool:
     )
 
 
-def counted_499(server: RunningServer) -> float:
+def counted(server: RunningServer, sample: str) -> float:
     metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
-    found = re.search(r'^abeja_runtime_requests_total\{code="499"\} (\S+)$', metrics, re.M)
+    found = re.search(rf"^{re.escape(sample)} (\S+)$", metrics, re.M)
     return float(found.group(1)) if found else 0.0
 
 
@@ -68,7 +68,9 @@ def test_a_running_and_a_queued_call_whose_clients_leave_are_counted_499(
     for request_id in ("left-running", "left-queued"):
         (record,) = wait_until(lambda r=request_id: records_of(sleeper, r), 10, request_id)
         assert record["http_status"] == 499
-    assert counted_499(sleeper) == 2.0
+    assert counted(sleeper, 'abeja_runtime_requests_total{code="499"}') == 2.0
+    assert counted(sleeper, 'abeja_runtime_abandoned_requests_total{stage="queued"}') == 1.0
+    assert counted(sleeper, 'abeja_runtime_abandoned_requests_total{stage="running"}') == 1.0
     answer = sleeper.request("GET", "/?tag=after", headers={"x-abeja-request-id": "after"})
     assert answer.status == 200
     (record,) = wait_until(lambda: records_of(sleeper, "after"), 10, "the next call's record")

@@ -218,8 +218,8 @@ class CallService:
         watched = self.submit(pending, received)
         try:
             return await pending.answer
-        except asyncio.CancelledError:
-            self._pool.withdraw(pending)
+        except asyncio.CancelledError:  # the client left
+            self.abandon(pending)
             raise
         finally:
             if watched is not None:
@@ -233,7 +233,10 @@ class CallService:
             frame = pending.frame
             _log.warning("%s (request %s)", exc, frame.request_id)
 
-    def withdraw(self, pending: PendingCall) -> None:
-        """Nobody waits for ``pending`` any more: a queued call never runs, a running one is
-        cancelled in its handler process (see :mod:`~abeja_runtime.worker.cancellation`)."""
+    def abandon(self, pending: PendingCall) -> None:
+        """The client left before the answer: the call is withdrawn (a queued call never runs,
+        a running one is cancelled in its handler process: see
+        :mod:`~abeja_runtime.worker.cancellation`), and counted by the stage it reached."""
+        self._metrics.abandoned("running" if self._pool.running(pending) else "queued")
         self._pool.withdraw(pending)
+

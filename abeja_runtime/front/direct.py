@@ -332,14 +332,14 @@ class _DirectCall:
                 await writer.write(chunk)
             await writer.write_eof()
         except ConnectionError:
-            calls.withdraw(self.pending)
+            calls.abandon(self.pending)
             close = True
         except RuntimeError as exc:
             # Headers are out: the only honest signal left is to cut the chunked body short.
             calls.stream_cut(self.pending, exc)
             close = True
         except asyncio.CancelledError:  # the client left (client_gone)
-            calls.withdraw(self.pending)
+            calls.abandon(self.pending)
             raise
         finally:
             if file is not None:
@@ -364,7 +364,7 @@ class _DirectCall:
             return
         if self.deadline is not None:
             self.deadline.discard(self.pending)
-        self._calls.withdraw(self.pending)
+        self._calls.abandon(self.pending)
         self._entry.end()
 
 

@@ -196,6 +196,19 @@ class HandlerPool:
         """Calls that may still be admitted before the queue is full."""
         return self._capacity - self.admitted
 
+    def running(self, pending: PendingCall) -> bool:
+        """Whether ``pending`` runs in its process now: one of the first ``concurrency`` calls
+        it was sent (the others wait in its socket, as in the queue)."""
+        process = pending.process
+        if process is None:
+            return False
+        for index, call_id in enumerate(process.sent):
+            if index >= self._config.concurrency:
+                return False
+            if call_id == pending.frame.id:
+                return True
+        return False
+
     def withdraw(self, pending: PendingCall) -> None:
         """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
         answer is dropped when it comes."""

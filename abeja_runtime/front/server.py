@@ -321,7 +321,7 @@ class HttpServer:
             async for chunk in chunks:
                 await response.write(chunk)
         except ConnectionError:
-            self.calls.withdraw(pending)
+            self.calls.abandon(pending)
             return response
         except RuntimeError as exc:
             # Headers are out: the only honest signal left is to cut the chunked body short.
@@ -330,7 +330,7 @@ class HttpServer:
                 request.transport.close()
             return response
         except asyncio.CancelledError:
-            self.calls.withdraw(pending)
+            self.calls.abandon(pending)
             raise
         finally:
             if file is not None:
