@@ -40,6 +40,8 @@ class ModelResponse:
     reason: str
     headers: list[tuple[str, str]]
     body: bytes
+    #: Its body was passed on chunk by chunk as it came (``send``'s ``on_chunk``).
+    passed_on: bool = False
 
     @property
     def ok(self) -> bool:
@@ -59,10 +61,13 @@ def send(
     *,
     timeout: float | None,
     progress: Callable[[str], None] | None = None,
+    on_chunk: Callable[[bytes], None] | None = None,
 ) -> ModelResponse:
     """One request to the server at ``url``; :class:`ServerError` if it cannot be completed,
     or if no answer came within ``timeout`` seconds (``None``: no limit). ``progress`` gets a
-    line every :data:`PROGRESS_EVERY` seconds of waiting."""
+    line every :data:`PROGRESS_EVERY` seconds of waiting. A streamed (chunked) 2xx answer of
+    text goes to ``on_chunk`` piece by piece as it arrives (a model that generates text is
+    seen generating it), and is kept whole as well."""
     host, _, port = url.removeprefix("http://").partition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
@@ -70,9 +75,16 @@ def send(
         with _saying_still_waiting(progress):
             conn.request(request.method, request.target, body=body, headers=request.headers)
             response = conn.getresponse()
+        headers = response.getheaders()
+        if on_chunk is not None and _passed_on(response):
+            pieces = []
+            while piece := response.read1(_PIECE):
+                on_chunk(piece)
+                pieces.append(piece)
             return ModelResponse(
-                response.status, response.reason, response.getheaders(), response.read()
+                response.status, response.reason, headers, b"".join(pieces), passed_on=True
             )
+        return ModelResponse(response.status, response.reason, headers, response.read())
     except TimeoutError:
         raise ServerError(
             f"the model server at {url} did not answer within {timeout:g} s (the runtime's own "
@@ -85,6 +97,17 @@ def send(
         ) from None
     finally:
         conn.close()
+
+
+#: The most one read of a streamed answer takes.
+_PIECE: Final = 64 * 1024
+#: Streamed answers of these types are passed on as they come (text a person reads).
+_TEXT_TYPES: Final = ("text/", "application/x-ndjson", "application/jsonl")
+
+
+def _passed_on(response: http.client.HTTPResponse) -> bool:
+    kind = (response.getheader("Content-Type") or "").lower()
+    return response.chunked and 200 <= response.status < 300 and kind.startswith(_TEXT_TYPES)
 
 
 @contextmanager

@@ -44,6 +44,8 @@ def write_response(
         stdout.write(render_body(response))
         stdout.flush()
         return 1
+    if response.passed_on and output is None:  # written as it came (a streamed text answer)
+        return 0
     problem = _not_json(response)
     if output is not None:
         try:

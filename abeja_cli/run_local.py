@@ -96,12 +96,22 @@ def _run(params: dict[str, Any], console: Console) -> int:
             f"sending request to model: {request.method} {request.target} {request.summary}"
         )
         response = send(
-            server.url, request, timeout=answer_timeout(options.env), progress=console.info
+            server.url,
+            request,
+            timeout=answer_timeout(options.env),
+            progress=console.info,
+            on_chunk=None if output is not None else _print_now,
         )
     # The server is gone now, so its log stream has ended: show its last lines before the answer.
     server.drain_logs()
     console.info(f"finish requesting to model: {response.status} {response.reason}")
     return write_response(response, console=console, stdout=sys.stdout.buffer, output=output)
+
+
+def _print_now(piece: bytes) -> None:
+    """A piece of a streamed answer, on stdout as it arrives."""
+    sys.stdout.buffer.write(piece)
+    sys.stdout.buffer.flush()
 
 
 def _check_body_size(

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -632,3 +633,22 @@ def test_startup_wait_is_bounded(abeja: Abeja, project: Project) -> None:
     assert line.startswith("[error] the model server was not ready after 2 s (it answered 503 on ")
     assert line.endswith("raise --startup-timeout if loading the model takes longer")
     assert not _runtime_processes(cwd)
+
+
+def test_a_streamed_answer_is_printed_as_it_arrives(
+    start_abeja: Callable[..., Any], project: Project, tmp_path: Path
+) -> None:
+    """The handler's second line is produced only once the test has seen the first on the
+    CLI's stdout (issue 29: run-local prints chunks as they arrive)."""
+    cwd = project("responder")
+    release = tmp_path / "release"
+    cli = start_abeja(
+        "model", "run-local", *LOCAL, "-h", "main:held_stream", "--input", "request.json",
+        "-e", f"RELEASE={release}", cwd=cwd,
+    )  # fmt: skip
+    cli.wait_for(r"^first$", stream="stdout")
+    assert "second" not in cli.stdout
+    release.touch()
+    assert cli.process.wait(60) == 0, cli.output()
+    cli.wait_for(r"^second$", stream="stdout")
+    assert cli.stdout[-2:] == ["first", "second"]

@@ -67,3 +67,20 @@ def environ(request, context):
 def mislabelled(request, context):
     """Bytes under a JSON label: what a handler that forgot its content_type answers."""
     return {"content_type": "application/json", "content": bytes(range(256))}
+
+
+def held_stream(request, context):
+    """Streams ``first``, then ``second`` once the file named by ``RELEASE`` exists (20 s at
+    most): the second line is produced only after the first was seen."""
+    import time
+    from pathlib import Path
+
+    def lines():
+        yield b"first\n"
+        release = Path(os.environ["RELEASE"])
+        deadline = time.monotonic() + 20
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield b"second\n"
+
+    return {"content_type": "text/plain", "content": lines()}
