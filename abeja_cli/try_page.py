@@ -37,6 +37,8 @@ _PAGE_FILE: Final = Path(__file__).resolve().parent / "try_page.html"
 #: Headers that describe one hop, not the answer: not passed back to the page.
 _HOP: Final = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 _TIMEOUT: Final = 300.0
+#: The most one read of a streamed answer takes before it is passed on.
+_PIECE: Final = 64 * 1024
 #: The longest wait for a request's log lines: their end (the access record) comes within
 #: the runtime's 0.05 s batch; a turned-off access log never sends it.
 _LOG_WAIT: Final = 3.0
@@ -189,6 +191,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             connection.request(self.command, path, body=body, headers=headers)
             answer = connection.getresponse()
+            elapsed = (time.monotonic() - began) * 1000
+            passed = {k: v for k, v in answer.getheaders() if k.lower() not in _HOP}
+            passed["X-Abeja-Try-Elapsed-Ms"] = f"{elapsed:.1f}"
+            if answer.chunked:  # streamed: passed on as it comes (the page shows it so)
+                self._relay(answer, passed)
+                return
             data = answer.read()
         except (OSError, http.client.HTTPException) as exc:
             message = json.dumps({"status": f"the model did not answer: {exc}"}).encode()
@@ -196,12 +204,26 @@ class _Handler(BaseHTTPRequestHandler):
             return
         finally:
             connection.close()
-        elapsed = (time.monotonic() - began) * 1000
-        passed = {k: v for k, v in answer.getheaders() if k.lower() not in _HOP}
-        passed["X-Abeja-Try-Elapsed-Ms"] = f"{elapsed:.1f}"
         self._answer(answer.status, passed, data)
 
+    def _relay(self, answer: http.client.HTTPResponse, headers: dict[str, str]) -> None:
+        """A streamed answer, each piece passed on as it arrives; its end is the end of the
+        connection. ``X-Abeja-Try-Elapsed-Ms`` is then the time to its head."""
+        self.close_connection = True
+        self.send_response(answer.status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Cache-Control", "no-store")
+        # Else the browser holds the first bytes back to sniff what they are.
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        while piece := answer.read1(_PIECE):
+            self.wfile.write(piece)
+            self.wfile.flush()
+
     def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """A whole answer, with its length."""
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)

@@ -417,3 +417,34 @@ def test_the_page_serves_the_files_of_its_request_only(start_abeja: Start, tmp_p
         ("..%2Fimage_flip%2Fcat.jpg", (404, b"not found")),
     ):
         assert http_request(f"{url}project-file/{name}") == expected, name
+
+
+def test_a_streamed_answer_shows_as_it_arrives(
+    browser: Any, start_abeja: Start, tmp_path: Path
+) -> None:
+    """The handler's second line is produced only once the page shows the first (issue 29:
+    the try-it page shows a streamed answer as it arrives, not once it is complete)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    folder = Path(shutil.copytree(PROJECTS / "responder", tmp_path / "responder"))
+    release = tmp_path / "release"
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:held_stream",
+        "-e", f"RELEASE={release}", cwd=folder,
+    )  # fmt: skip
+    line = cli.wait_for(r" Try it :   http://127\.0\.0\.1:\d+/", stream="stdout")
+    browser.get(line.split("Try it :", 1)[1].split()[0])
+    browser.find_element(By.ID, "send").click()
+
+    def shown(driver: Any) -> str:
+        elements = driver.find_elements(By.ID, "answer-text")
+        return str(elements[0].text) if elements else ""
+
+    WebDriverWait(browser, WAIT).until(lambda d: "first" in shown(d))
+    assert "second" not in shown(browser)
+    assert not browser.find_element(By.ID, "send").is_enabled()  # the answer goes on
+    release.touch()
+    WebDriverWait(browser, WAIT).until(lambda d: "second" in shown(d))
+    assert shown(browser) == "first\nsecond"
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "send").is_enabled())
