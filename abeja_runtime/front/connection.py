@@ -407,11 +407,11 @@ _TOO_MANY_CONNECTIONS_RESPONSE: Final = (
     + _TOO_MANY_CONNECTIONS_BODY
 )
 #: Descriptors kept free below the process's limit for everything but client connections: the
-#: health port's connections, the handler processes' sockets and pidfds, bodies' buffers and
-#: spool files, metrics files.
+#: health port's connections, the handler processes' sockets and pidfds, metrics files; and
+#: one more for each place a body may hold at once (its buffer or spool file), but never more
+#: than half the limit (an async worker at --concurrency 1000 has a thousand places, which
+#: would otherwise leave its thousand clients no room).
 _RESERVED_FDS: Final = 64
-#: ... and this many more for each place a body may hold at once.
-_RESERVED_PER_PLACE: Final = 2
 _warned_at = 0.0
 
 
@@ -436,7 +436,7 @@ def connection_cap(config: Config) -> int | None:
     if soft == resource.RLIM_INFINITY:
         return None
     places = config.workers * (config.concurrency + BODIES_AHEAD)
-    return max(16, soft - _RESERVED_FDS - _RESERVED_PER_PLACE * places)
+    return max(soft // 2, soft - _RESERVED_FDS - places)
 
 
 class _Server(web.Server):
