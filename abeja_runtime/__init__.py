@@ -1,6 +1,8 @@
 """abeja-runtime: an in-process server for ABEJA Platform model handlers."""
 
-__all__ = ["__version__"]
+from abeja_runtime.errors import CallCancelled
+
+__all__ = ["CallCancelled", "__version__"]
 
 #: The one place of the version: pyproject.toml reads it from here. Not looked up through
 #: importlib.metadata, which costs every process (supervisor and each worker) ~15 ms at start.

@@ -287,6 +287,15 @@ class Config:
         default_factory=dict,
         help="JSON object passed as `context`; each call gets its own copy",
     )
+    cancel_raises: bool = setting(
+        False,
+        kind="switch",
+        envvar="ABEJA_RUNTIME_CANCEL_RAISES",
+        server_only=True,
+        help="for `def` handlers: raise `abeja_runtime.CallCancelled` in the handler when "
+        "nobody waits for its answer any more (its client left, its deadline passed), as Cog "
+        "does; without it a handler looks at `request.cancelled` itself",
+    )
     install_requirements: bool = setting(
         False,
         kind="switch",

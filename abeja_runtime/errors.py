@@ -11,6 +11,7 @@ __all__ = [
     "AbejaRuntimeError",
     "BadRequest",
     "BodyTimeout",
+    "CallCancelled",
     "HandlerLoadError",
     "HandlerResultError",
     "HandlerTimeout",
@@ -29,6 +30,13 @@ __all__ = [
 
 class AbejaRuntimeError(Exception):
     """Base class of every error this package raises on purpose."""
+
+
+class CallCancelled(BaseException):
+    """Raised in a ``def`` handler when nobody waits for its answer any more (its client left,
+    its deadline passed), with ``--cancel-raises``. A ``BaseException``, as
+    ``asyncio.CancelledError`` and ``KeyboardInterrupt`` are, so that a handler's ``except
+    Exception`` does not swallow it; its ``finally`` clauses run."""
 
 
 class HandlerLoadError(AbejaRuntimeError):

@@ -144,3 +144,28 @@ def test_a_def_handler_sees_request_cancelled_when_its_client_leaves(
     # The worker is free: the next call starts.
     with send_and_leave(server, request("/?tag=next", "watched-next")):
         wait_until(lambda: events(server, "watching", "next"), 10, "the next call to start")
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "steps"),
+    [("1", "1"), ("2", "1200")],
+    ids=["main thread, in one long sleep", "handler threads, between short sleeps"],
+)
+def test_cancel_raises_interrupts_a_def_handler_whose_client_left(
+    make_server: ServerFactory, concurrency: str, steps: str
+):
+    """``--cancel-raises``: ``CallCancelled`` is raised in the handler (its ``finally`` runs):
+    on the main thread even inside a ``time.sleep``, on a handler thread at its next Python
+    line; and the worker serves the next call."""
+    server = make_server(
+        "cn_stream", "--handler", "main:sleeper", "--cancel-raises", "--concurrency", concurrency
+    )
+    sock = send_and_leave(server, get(f"/?tag=s&steps={steps}", "interrupted"))
+    wait_until(lambda: events(server, "watching", "s"), 10, "the call to start")
+    sock.close()
+    wait_until(lambda: events(server, "finally", "s"), 20, "the handler to be interrupted")
+    (record,) = wait_until(lambda: records_of(server, "interrupted"), 10, "its access record")
+    assert record["http_status"] == 499
+    server.wait_for_record(lambda r: "was interrupted" in r.get("message", ""))
+    with send_and_leave(server, get("/?tag=next", "next")):
+        wait_until(lambda: events(server, "watching", "next"), 10, "the next call to start")

@@ -239,4 +239,3 @@ class CallService:
         :mod:`~abeja_runtime.worker.cancellation`), and counted by the stage it reached."""
         self._metrics.abandoned("running" if self._pool.running(pending) else "queued")
         self._pool.withdraw(pending)
-

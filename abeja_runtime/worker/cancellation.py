@@ -10,27 +10,56 @@ the frame marks it here, and the call's code looks:
   then (made on first use: most handlers never look, and an Event costs more than the rest of
   the bookkeeping of a call).
 
+* with ``--cancel-raises``, a ``def`` handler is interrupted: :class:`~abeja_runtime.errors.
+  CallCancelled` is raised in its thread, as Cog does (on the main thread by a signal, which
+  also ends a ``time.sleep`` or a blocking read; on a handler thread at its next bytecode).
+
 An ``async def`` handler's task is cancelled by the event loop's reader instead
 (``handler_loop.py``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import threading
 
+from abeja_runtime.errors import CallCancelled
+
 __all__ = ["Cancellations"]
+
+#: The signal that interrupts a handler on the main thread (nothing else of the worker uses it).
+_INTERRUPT = signal.SIGUSR1
 
 
 class Cancellations:
     """The calls running in this process, and those of them the front cancelled."""
 
-    __slots__ = ("_cancelled", "_events", "_lock", "_running")
+    __slots__ = ("_cancelled", "_events", "_interruptible", "_lock", "_main", "_running")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: set[int] = set()
         self._cancelled: set[int] = set()
         self._events: dict[int, threading.Event] = {}
+        #: Calls whose handler may be interrupted now, and the thread each runs on.
+        self._interruptible: dict[int, int] = {}
+        self._main = threading.main_thread().ident
+
+    def raise_in_handlers(self) -> None:
+        """From now on :meth:`interruptible` calls are interrupted when cancelled (called on
+        the main thread, once: it installs the signal's handler)."""
+        signal.signal(_INTERRUPT, self._interrupted)
+
+    def interruptible(self, call_id: int) -> None:
+        """The handler of ``call_id`` runs from now on, on this thread, and may be interrupted
+        (until :meth:`uninterruptible`); at once if it was cancelled already."""
+        self._interruptible[call_id] = threading.get_ident()
+        if call_id in self._cancelled:
+            self._interrupt(call_id)
+
+    def uninterruptible(self, call_id: int) -> None:
+        self._interruptible.pop(call_id, None)
 
     def started(self, call_id: int) -> None:
         self._running.add(call_id)
@@ -52,6 +81,26 @@ class Cancellations:
             event = self._events.get(call_id)
         if event is not None:
             event.set()
+        if call_id in self._interruptible:
+            self._interrupt(call_id)
+
+    def _interrupt(self, call_id: int) -> None:
+        thread = self._interruptible.get(call_id)
+        if thread is None:
+            return
+        if thread == self._main:
+            signal.pthread_kill(thread, _INTERRUPT)
+        else:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread), ctypes.py_object(CallCancelled)
+            )
+
+    def _interrupted(self, signum: int, frame: object) -> None:
+        """The signal's handler, on the main thread: raise only in a cancelled handler (a
+        signal that came as it returned does nothing)."""
+        for call_id, thread in list(self._interruptible.items()):
+            if thread == self._main and call_id in self._cancelled:
+                raise CallCancelled()
 
     def is_cancelled(self, call_id: int) -> bool:
         return call_id in self._cancelled

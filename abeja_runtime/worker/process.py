@@ -42,7 +42,7 @@ from typing import IO, Any, Final, NoReturn
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
-from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.errors import CallCancelled, HandlerLoadError
 from abeja_runtime.frames import (
     INLINE_LIMIT,
     VERSION,
@@ -272,6 +272,9 @@ class _Calls:
     ) -> None:
         self.channel = channel
         self.cancellations = cancellations
+        self._raise_cancelled = config.cancel_raises and not calls.handler.is_async
+        if self._raise_cancelled:
+            cancellations.raise_in_handlers()
         self._calls = calls
         self._handler = calls.handler
         self._shared = SharedBodies()
@@ -288,7 +291,11 @@ class _Calls:
                 cancellations.started(frame.id)
                 request.watch_cancellation(cancellations, frame.id)
                 try:
-                    self._send(frame.id, self._calls.answer(request))
+                    if self._raise_cancelled:
+                        reply = self._answer_interruptible(frame.id, request)
+                    else:
+                        reply = self._calls.answer(request)
+                    self._send(frame.id, reply)
                 finally:
                     cancellations.finished(frame.id)
                     request.close()
@@ -419,6 +426,23 @@ class _Calls:
                 close()  # the generator's finally runs now, also when it was stopped early
         self.channel.write(End(call_id, failed))
 
+    def _answer_interruptible(self, call_id: int, request: Request) -> EncodedResponse:
+        """The handler's answer, or :data:`_CANCELLED` when it was interrupted
+        (``--cancel-raises``): the front answered the call already, and drops this."""
+        cancellations = self.cancellations
+        try:
+            cancellations.interruptible(call_id)
+            try:
+                return self._calls.answer(request)
+            finally:
+                cancellations.uninterruptible(call_id)
+        except CallCancelled:
+            _log.info(
+                "the handler %s was interrupted: nobody waits for its answer any more",
+                self._handler.name,
+            )
+            return _CANCELLED
+
     def _pass_on(self, call_id: int, chunk: bytes) -> bool:
         """Write one chunk of a streamed answer; ``False`` once the front cancelled the call
         (nobody reads on: the generator is to stop producing)."""
@@ -450,6 +474,10 @@ class _Calls:
             if callable(aclose):
                 await aclose()
             self.channel.write(End(call_id, failed))
+
+
+#: The answer of an interrupted call, which the front drops (it answered the call already).
+_CANCELLED: Final = EncodedResponse(499, (), b"")
 
 
 def _stream_failed(exc: Exception) -> bool:

@@ -114,3 +114,17 @@ def big(request, context):
     body = (pattern * (size // len(pattern) + 1))[:size]
     _closed(request.query.get("tag", ""), 0, "answered")
     return {"content_type": "application/octet-stream", "content": body}
+
+
+def sleeper(request, context):
+    """Sleeps a minute, in one call (``?steps=1``: a model stuck in native code, as far as
+    Python can tell) or in 50 ms steps, and says whether its ``finally`` ran."""
+    tag = request.query.get("tag", "")
+    steps = int(request.query.get("steps", "1200"))
+    _closed(tag, 0, "watching")
+    try:
+        for _ in range(steps):
+            time.sleep(60 / steps)
+    finally:
+        _closed(tag, 0, "finally")
+    return {"content": {"slept": True}}
