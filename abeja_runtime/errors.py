@@ -11,6 +11,7 @@ __all__ = [
     "AbejaRuntimeError",
     "BadRequest",
     "BodyTimeout",
+    "BodyTooSlow",
     "CallCancelled",
     "HandlerLoadError",
     "HandlerResultError",
@@ -130,6 +131,22 @@ class BodyTimeout(HttpError):
         super().__init__(
             f"request body made no progress for {seconds:g} s; the limit is "
             "ABEJA_RUNTIME_REQUEST_HEAD_TIMEOUT (--request-head-timeout)"
+        )
+
+
+class BodyTooSlow(HttpError):
+    """A body that holds one of the front's places for bodies arrives slower than the minimum
+    rate (a client trickling a byte now and then held every place, and every other upload
+    waited out its deadline)."""
+
+    status = 408
+    ends_connection = True
+
+    def __init__(self, rate: float, minimum: int) -> None:
+        super().__init__(
+            f"request body arriving at {rate:.0f} bytes/s, slower than the {minimum} bytes/s a "
+            "body above 64 KiB must keep while it holds one of the runtime's places for "
+            "bodies; send it faster, or in one go"
         )
 
 

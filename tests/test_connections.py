@@ -394,3 +394,45 @@ def _served(connection: http.client.HTTPConnection) -> bool:
         connection.close()
         return False
     return response.status == 200
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_trickling_bodies_give_their_places_to_an_upload_that_keeps_up(
+    make_server: ServerFactory, framing: str
+):
+    """Five clients trickling a byte every half second held all five places for bodies, and
+    every other upload above 64 KiB waited out its whole deadline (issue 29 point 4): a body
+    that holds a place must average 1 KiB/s once --request-head-timeout has passed."""
+    server = make_server("rq_echo", "--request-head-timeout", "2", "--timeout", "120")
+    size = 200 * 1024
+    if framing == "chunked":
+        head = "POST /?m=read_chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    else:
+        head = f"POST /?m=read_chunks HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
+    tricklers = [connect(server) for _ in range(5)]
+    try:
+        for sock in tricklers:
+            sock.sendall(head.encode())
+        answers: list[bytes] = [b""] * len(tricklers)
+        for _ in range(20):  # the client's pace, a byte each half second, 10 s at most
+            for index, sock in enumerate(tricklers):
+                if answers[index]:
+                    continue
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable:
+                    answers[index] = read_until_closed(sock)
+                else:
+                    sock.sendall(b"1\r\nx\r\n" if framing == "chunked" else b"x")
+            if all(answers):
+                break
+            time.sleep(0.5)  # pacing the tricklers (what is tested), not a wait for the server
+        for answer in answers:
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+            assert b"slower than the 1024 bytes/s" in answer
+        body = os.urandom(size)
+        kept_up = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
+        assert kept_up.status == 200
+        assert base64.b64decode(kept_up.json()["contents"][0]["body"]) == body
+    finally:
+        for sock in tricklers:
+            sock.close()

@@ -45,6 +45,11 @@ class BodyCapture(asyncio.BufferedProtocol):
         self._over = False
 
     @property
+    def received(self) -> int:
+        """The body's bytes read into the buffer so far."""
+        return self._offset
+
+    @property
     def arriving(self) -> bool:
         """Bytes are still expected (neither complete nor given up)."""
         return not self._over

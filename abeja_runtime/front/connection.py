@@ -42,11 +42,28 @@ from aiohttp.streams import StreamReader
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import status_body, status_reply
-from abeja_runtime.errors import BodyTimeout
+from abeja_runtime.errors import BodyTimeout, BodyTooSlow
 from abeja_runtime.front.body_gate import BODIES_AHEAD
 from abeja_runtime.front.capture import BodyCapture
 
-__all__ = ["Connection", "DirectCall", "DirectPath", "connection_cap", "make_web_server"]
+__all__ = [
+    "MIN_BODY_RATE",
+    "Connection",
+    "DirectCall",
+    "DirectPath",
+    "connection_cap",
+    "make_web_server",
+]
+
+#: Bytes a second a body must average while it holds one of the front's places for bodies
+#: (from ``--request-head-timeout`` after it took the place): a trickle far below any real
+#: network, that held every place with a byte every few seconds.
+MIN_BODY_RATE: Final = 1024
+#: A body being read: arriving(), stalled(error), received() (for the rate; None: no rate),
+#: when the watch began, and the bytes received then.
+_Watch = tuple[
+    Callable[[], bool], Callable[[BaseException], None], Callable[[], int] | None, float, int
+]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -105,7 +122,7 @@ class Connection(web_protocol.RequestHandler):
         #: When bytes last arrived, and the watch over a body being read (see watch_body).
         self._last_data = 0.0
         self._body_timer: asyncio.TimerHandle | None = None
-        self._watched: tuple[Callable[[], bool], Callable[[BaseException], None]] | None = None
+        self._watched: _Watch | None = None
         self._direct = direct
         self._direct_call: DirectCall | None = None
         #: aiohttp's request loop (start) has begun.
@@ -320,17 +337,24 @@ class Connection(web_protocol.RequestHandler):
         )
 
     def watch_body(
-        self, arriving: Callable[[], bool], stalled: Callable[[BaseException], None]
+        self,
+        arriving: Callable[[], bool],
+        stalled: Callable[[BaseException], None],
+        received: Callable[[], int] | None = None,
     ) -> None:
         """Call ``stalled`` with :class:`~abeja_runtime.errors.BodyTimeout` if no byte of the
-        body arrives for ``head_timeout`` while it is ``arriving()``.
+        body arrives for ``head_timeout`` while it is ``arriving()``; and, for a body that
+        holds a place (``received()``: its bytes so far), with
+        :class:`~abeja_runtime.errors.BodyTooSlow` when, ``head_timeout`` or more after the
+        watch began, it has arrived slower than :data:`MIN_BODY_RATE` on average.
 
         One timer per connection, which looks at when bytes last came (a float that
         ``data_received`` sets) rather than being reset for every packet, and at the body
         watched now (a timer armed for an earlier body serves the next one).
         """
-        self._last_data = self._loop.time()
-        self._watched = (arriving, stalled)
+        now = self._loop.time()
+        self._last_data = now
+        self._watched = (arriving, stalled, received, now, received() if received else 0)
         if self._body_timer is None:
             self._body_timer = self._loop.call_later(self._head_timeout, self._check_body)
 
@@ -338,16 +362,27 @@ class Connection(web_protocol.RequestHandler):
         self._body_timer = None
         if self._watched is None:
             return
-        arriving, stalled = self._watched
+        arriving, stalled, received, began, at_start = self._watched
         if not arriving():
             self._watched = None
             return
-        idle = self._loop.time() - self._last_data
+        now = self._loop.time()
+        idle = now - self._last_data
         if idle >= self._head_timeout:
             self._watched = None
             stalled(BodyTimeout(self._head_timeout))
-        else:
-            self._body_timer = self._loop.call_later(self._head_timeout - idle, self._check_body)
+            return
+        watched_for = now - began
+        if received is not None and watched_for >= self._head_timeout:
+            rate = (received() - at_start) / watched_for
+            if rate < MIN_BODY_RATE:
+                self._watched = None
+                stalled(BodyTooSlow(rate, MIN_BODY_RATE))
+                return
+        self._body_timer = self._loop.call_later(
+            min(self._head_timeout - idle, max(0.0, self._head_timeout - watched_for) or 1.0),
+            self._check_body,
+        )
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:

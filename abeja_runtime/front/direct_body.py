@@ -118,7 +118,7 @@ class DirectBody:
             self._ready()
             return
         capture = self._capture
-        connection.watch_body(lambda: capture.arriving, self._stalled)
+        connection.watch_body(lambda: capture.arriving, self._stalled, lambda: capture.received)
         self._timer = self._calls.at_deadline(self._received, self._past_deadline)
 
     def _read_whole(self) -> None:

@@ -214,10 +214,10 @@ class HttpServer:
         decoder = decoder_for(request.headers.get("Content-Encoding"))
         declared = request.content_length
         if declared is not None and declared <= INLINE_LIMIT and decoder is None:
-            return await self._read_in_time(request, received, decoder)
+            return await self._read_in_time(request, received, decoder, in_place=False)
         await self.calls.enter_gate()  # a compressed body may grow past the inline limit
         try:
-            body = await self._read_in_time(request, received, decoder)
+            body = await self._read_in_time(request, received, decoder, in_place=True)
         except BaseException:
             self.calls.gate.leave()
             raise
@@ -225,20 +225,28 @@ class HttpServer:
         return body
 
     async def _read_in_time(
-        self, request: web.BaseRequest, received: float, decoder: BodyDecoder | None
+        self,
+        request: web.BaseRequest,
+        received: float,
+        decoder: BodyDecoder | None,
+        *,
+        in_place: bool,
     ) -> Body:
         """The body read whole, or ``408`` when it is still arriving at the request's deadline
-        (a client trickling a byte now and then would otherwise hold its place for ever)."""
+        (a client trickling a byte now and then would otherwise hold its place for ever), or,
+        ``in_place``, when it arrives slower than the minimum rate."""
         left = self.calls.time_left(received)
         if left is None or request.content.is_eof():
-            return await self._read_whole(request, decoder)
+            return await self._read_whole(request, decoder, in_place)
         try:
             async with asyncio.timeout(left):
-                return await self._read_whole(request, decoder)
+                return await self._read_whole(request, decoder, in_place)
         except TimeoutError:
             raise self.calls.body_past_deadline() from None
 
-    async def _read_whole(self, request: web.BaseRequest, decoder: BodyDecoder | None) -> Body:
+    async def _read_whole(
+        self, request: web.BaseRequest, decoder: BodyDecoder | None, in_place: bool
+    ) -> Body:
         """The body, decoded (``decoder``), counted against the limit as it grows."""
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
@@ -250,6 +258,7 @@ class HttpServer:
             protocol.watch_body(  # still arriving
                 lambda: not content.is_eof() and content.exception() is None,
                 content.set_exception,
+                (lambda: content.total_bytes) if in_place else None,
             )
             if request.headers.get("Expect", "").lower() == "100-continue":
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
