@@ -539,3 +539,34 @@ def test_a_container_left_by_a_killed_cli_is_removed_by_the_next_run(
     result = run(cwd, "-h", "main:handler", "--input", "request.json")
     assert result.returncode == 0, str(result)
     assert ours(docker_client, cwd) == [], "the second orphan was not removed"
+
+
+def test_a_streamed_answer_arrives_chunk_by_chunk_from_the_container(
+    start_abeja: Callable[..., CliProcess], docker_projects: Projects, base_image: str
+) -> None:
+    """run-local-server with Docker: the handler's second line is produced only once the
+    client has read the first, through the container's published port (issue 29)."""
+    import socket
+
+    cwd = docker_projects("responder")
+    release = cwd / "release-streamed"  # the project folder is the container's /srv/app
+    release.unlink(missing_ok=True)
+    cli = start_abeja(
+        "model", "run-local-server", "-i", base_image, "--engine", "docker",
+        "-h", "main:held_stream", "-e", "RELEASE=/srv/app/release-streamed", cwd=cwd,
+    )  # fmt: skip
+    host, port = cli.endpoint().removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        data = b""
+        while b"first\n" not in data:
+            chunk = sock.recv(4096)
+            assert chunk, data
+            data += chunk
+        assert b"second" not in data
+        release.touch()
+        while b"second\n" not in data:
+            chunk = sock.recv(4096)
+            assert chunk, data
+            data += chunk
+    release.unlink()
