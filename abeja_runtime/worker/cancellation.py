@@ -54,12 +54,18 @@ class Cancellations:
     def interruptible(self, call_id: int) -> None:
         """The handler of ``call_id`` runs from now on, on this thread, and may be interrupted
         (until :meth:`uninterruptible`); at once if it was cancelled already."""
-        self._interruptible[call_id] = threading.get_ident()
-        if call_id in self._cancelled:
-            self._interrupt(call_id)
+        with self._lock:
+            self._interruptible[call_id] = threading.get_ident()
+            if call_id in self._cancelled:
+                self._interrupt(call_id)
 
     def uninterruptible(self, call_id: int) -> None:
-        self._interruptible.pop(call_id, None)
+        """The handler returned: no interruption from now on, and none still on its way to
+        this thread (a handler thread takes its next call next)."""
+        with self._lock:
+            thread = self._interruptible.pop(call_id, None)
+            if thread is not None and thread != self._main:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
 
     def started(self, call_id: int) -> None:
         self._running.add(call_id)
@@ -81,10 +87,12 @@ class Cancellations:
             event = self._events.get(call_id)
         if event is not None:
             event.set()
-        if call_id in self._interruptible:
+        with self._lock:
             self._interrupt(call_id)
 
     def _interrupt(self, call_id: int) -> None:
+        """Raise in the thread of ``call_id`` if it is interruptible (the lock held: the call
+        cannot leave its handler meanwhile, see :meth:`uninterruptible`)."""
         thread = self._interruptible.get(call_id)
         if thread is None:
             return
