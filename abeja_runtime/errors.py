@@ -145,8 +145,8 @@ class BodyTooSlow(HttpError):
     def __init__(self, rate: float, minimum: int) -> None:
         super().__init__(
             f"request body arriving at {rate:.0f} bytes/s, slower than the {minimum} bytes/s a "
-            "body above 64 KiB must keep while it holds one of the runtime's places for "
-            "bodies; send it faster, or in one go"
+            "body must keep while it holds one of the runtime's places for bodies (one above "
+            "64 KiB, chunked or compressed); send it faster, or in one go"
         )
 
 

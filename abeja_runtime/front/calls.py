@@ -168,7 +168,11 @@ class CallService:
     def held_body(self, size: int) -> tuple[Body, mmap.mmap]:
         """A shared buffer for a body of ``size`` bytes whose place in the gate is held; the
         mapping is the buffer's, to fill, and the body's ``close()`` gives both back."""
-        fd, mapped = self.buffers.take(size)
+        try:
+            fd, mapped = self.buffers.take(size)
+        except BaseException:  # no memory or descriptor for it: the place is given back
+            self.gate.leave()
+            raise
         body = Body(None, fd=fd, size=size, buffers=self.buffers)
         body.gate = self.gate
         return body, mapped
@@ -218,7 +222,7 @@ class CallService:
         watched = self.submit(pending, received)
         try:
             return await pending.answer
-        except asyncio.CancelledError:  # the client left
+        except asyncio.CancelledError:  # the client left (perhaps just as its answer came)
             self.abandon(pending)
             raise
         finally:
@@ -236,6 +240,11 @@ class CallService:
     def abandon(self, pending: PendingCall) -> None:
         """The client left before the answer: the call is withdrawn (a queued call never runs,
         a running one is cancelled in its handler process: see
-        :mod:`~abeja_runtime.worker.cancellation`), and counted by the stage it reached."""
+        :mod:`~abeja_runtime.worker.cancellation`), and counted by the stage it reached. Once;
+        nothing for a call the pool has answered already (its body was being written)."""
+        if pending.answer_file is not None:
+            pending.answer_file.close()
+        if pending.abandoned or (pending.answer.done() and pending.chunks is None):
+            return
         self._metrics.abandoned("running" if self._pool.running(pending) else "queued")
         self._pool.withdraw(pending)

@@ -53,18 +53,25 @@ class _BadEncoding(BadRequest):
 class BodyDecoder:
     """The decoded pieces of one body, fed as its encoded pieces arrive."""
 
-    __slots__ = ("_encoding", "_inflater", "_started")
+    __slots__ = ("_encoding", "_head", "_inflater", "_started")
 
     def __init__(self, encoding: str) -> None:
         self._encoding = encoding
         self._inflater = zlib.decompressobj(_GZIP if encoding == "gzip" else _ZLIB)
-        self._started = False
+        self._started = encoding != "deflate"  # only deflate's wrapper is told from its head
+        #: The first byte of a deflate body, kept until the second tells its wrapper.
+        self._head = b""
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         """The decoded bytes of ``data``, in pieces of at most :data:`_PIECE` bytes."""
-        if not self._started and data:
+        if not self._started:
+            data = self._head + data
+            if len(data) < 2:  # a chunk of one byte: the wrapper is told by the next
+                self._head = data
+                return
             self._started = True
-            if self._encoding == "deflate" and not _zlib_header(data):
+            self._head = b""
+            if not _zlib_header(data):
                 self._inflater = zlib.decompressobj(_RAW)
         while data:
             inflater = self._inflater

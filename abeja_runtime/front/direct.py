@@ -268,6 +268,7 @@ class _DirectCall:
         assert isinstance(answer, Answer)
         if answer.body is None:  # streamed, or written from its file (a big body)
             self._streaming = asyncio.create_task(self._stream(answer))
+            self._streaming.add_done_callback(self._stream_over)
             return
         self._write(answer.status, answer.headers, answer.body)
 
@@ -347,6 +348,17 @@ class _DirectCall:
             self._over = True
             self._entry.end()
         connection.direct_done(close=close)
+
+    def _stream_over(self, task: asyncio.Task[None]) -> None:
+        """Whatever ended the writing task (a cancel before its first step skips its
+        ``finally``): the call is ended, its file closed, and a cancelled one abandoned (each
+        once)."""
+        if task.cancelled():
+            self._calls.abandon(self.pending)
+        if self.pending.answer_file is not None:
+            self.pending.answer_file.close()
+        self._over = True
+        self._entry.end()
 
     def client_gone(self) -> None:
         """The connection was lost before the answer was out: nobody waits for it."""

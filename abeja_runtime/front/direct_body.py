@@ -111,7 +111,16 @@ class DirectBody:
             self._calls.gate.leave()
             self._failed(ServiceUnavailable())
             return
-        self._body, mapped = self._calls.held_body(self.size)
+        try:
+            self._body, mapped = self._calls.held_body(self.size)
+        except OSError as exc:  # its place is given back already
+            self._failed(
+                ServiceUnavailable(
+                    f"the runtime has no room for this request's body now ({exc.strerror}); "
+                    "try again"
+                )
+            )
+            return
         self.fd = self._body.fd
         self._capture = connection.capture_body(payload, mapped, self.size, self._read_whole)
         if self._capture is None:  # it had arrived whole

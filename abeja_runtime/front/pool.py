@@ -211,7 +211,9 @@ class HandlerPool:
 
     def withdraw(self, pending: PendingCall) -> None:
         """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
-        answer is dropped when it comes."""
+        answer is dropped when it comes. Once: a call withdrawn already is left as it is."""
+        if pending.abandoned:
+            return
         pending.abandon()
         if pending.process is not None:
             pending.process.send(Cancel(pending.frame.id))

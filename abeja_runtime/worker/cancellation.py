@@ -73,16 +73,17 @@ class Cancellations:
     def finished(self, call_id: int) -> None:
         """The call is over: nothing is kept of it."""
         self._running.discard(call_id)
-        if self._cancelled or self._events:
+        if self._cancelled or self._events or self._interruptible:
             with self._lock:
                 self._cancelled.discard(call_id)
                 self._events.pop(call_id, None)
+                self._interruptible.pop(call_id, None)
 
     def cancel(self, call_id: int) -> None:
         """The front cancelled ``call_id`` (ignored unless it runs here now)."""
         with self._lock:
-            if call_id not in self._running:
-                return
+            if call_id not in self._running or call_id in self._cancelled:
+                return  # not here, or cancelled already (a second Cancel changes nothing)
             self._cancelled.add(call_id)
             event = self._events.get(call_id)
         if event is not None:

@@ -285,6 +285,7 @@ class _Calls:
             with _RequestIds(frame.request_id, frame.requester_id):
                 request = self._request(frame, fd)
                 if isinstance(request, EncodedResponse):  # none could be built from the call
+                    self.cancellations.finished(frame.id)  # handed to a thread, maybe
                     self._send(frame.id, request)
                     return
                 cancellations = self.cancellations
@@ -301,7 +302,10 @@ class _Calls:
                     request.close()
         elif isinstance(frame, RpcCall):
             with _RequestIds(frame.request_id, None):
-                result = self._rpc(frame, fd)
+                try:
+                    result = self._rpc(frame, fd)
+                finally:
+                    self.cancellations.finished(frame.id)  # handed to a thread, maybe
                 assert isinstance(result, tuple), "a sync style answers at once"
                 self._send_rpc(RpcAnswer(frame.id, *result))
 
@@ -437,6 +441,7 @@ class _Calls:
             finally:
                 cancellations.uninterruptible(call_id)
         except CallCancelled:
+            cancellations.uninterruptible(call_id)  # raised before it could say so itself
             _log.info(
                 "the handler %s was interrupted: nobody waits for its answer any more",
                 self._handler.name,
