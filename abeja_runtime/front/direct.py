@@ -342,17 +342,12 @@ class _DirectCall:
         except asyncio.CancelledError:  # the client left (client_gone)
             calls.abandon(self.pending)
             raise
-        finally:
-            if file is not None:
-                file.close()
-            self._over = True
-            self._entry.end()
-        connection.direct_done(close=close)
+        connection.direct_done(close=close)  # the call ends in _stream_over, on every path
 
     def _stream_over(self, task: asyncio.Task[None]) -> None:
-        """Whatever ended the writing task (a cancel before its first step skips its
-        ``finally``): the call is ended, its file closed, and a cancelled one abandoned (each
-        once)."""
+        """However the writing task ended (also cancelled before its first step, when no code
+        of it ran): the call is ended, its file closed, and a cancelled one abandoned (each
+        once). The one place that ends a streamed or file-written answer's call."""
         if task.cancelled():
             self._calls.abandon(self.pending)
         if self.pending.answer_file is not None:
