@@ -54,6 +54,14 @@ def page_of(start_abeja: Start, folder: Path, handler: str = "main:handler") -> 
     return serve(start_abeja, folder, handler)[0]
 
 
+def text_of(driver: Any, element_id: str) -> str:
+    """The shown text of an element, trimmed as selenium's ``text`` is, or "" while there is none.
+    It is read in one script, so an element that the page replaces while an answer streams in
+    cannot go stale between being found and being read."""
+    script = "const e = document.getElementById(arguments[0]); return e ? e.innerText.trim() : '';"
+    return str(driver.execute_script(script, element_id))
+
+
 def send_and_wait(driver: Any) -> str:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -311,9 +319,7 @@ def test_a_handler_error_shows_its_log_lines(
     browser.get(page_of(start_abeja, tmp_path))
     for _ in range(2):  # the second answer shows its own lines, not the first one's as well
         assert send_and_wait(browser) == "500 Internal Server Error"
-        WebDriverWait(browser, WAIT).until(
-            lambda d: "division by zero" in d.find_element(By.ID, "answer-log").text
-        )
+        WebDriverWait(browser, WAIT).until(lambda d: "division by zero" in text_of(d, "answer-log"))
     failure = browser.find_element(By.ID, "failure").text
     assert failure == (
         "The handler failed: its log for this request is below; the whole log is in the "
@@ -438,8 +444,7 @@ def test_a_streamed_answer_shows_as_it_arrives(
     browser.find_element(By.ID, "send").click()
 
     def shown(driver: Any) -> str:
-        elements = driver.find_elements(By.ID, "answer-text")
-        return str(elements[0].text) if elements else ""
+        return text_of(driver, "answer-text")
 
     WebDriverWait(browser, WAIT).until(lambda d: "first" in shown(d))
     assert "second" not in shown(browser)
