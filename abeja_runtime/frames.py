@@ -1,4 +1,4 @@
-"""The frames between the front and its handler processes, and how they travel (version 2).
+"""The frames between the front and its handler processes, and how they travel (:data:`VERSION`).
 
 The front (``supervisor.py``, ``server.py``) speaks HTTP and gRPC; a handler process
 (``worker.py``) only runs the handler. They talk over one Unix stream socket pair per handler
@@ -23,11 +23,13 @@ answers :class:`Ready` or :class:`LoadFailed`. Then the front sends :class:`Call
 :class:`RpcCall` frames, each with an id; the handler process answers each with :class:`Answer`
 (followed, for a streamed body, by :class:`Chunk` frames and an :class:`End`) or
 :class:`RpcAnswer`, and writes each answer **before** it reads the next request, so that a
-crash can lose only the calls that were running. The front may take back a call the process
-has not started (:class:`Cancel`, :class:`GiveBack`): the process then answers
-:class:`GivenBack` instead. A closed socket tells either side that the
-other is gone: the handler process finishes (the handler's teardown runs), the front fails the
-calls that were running and sends the others to another process.
+crash can lose only the calls that were running. A streamed body runs at most
+:data:`STREAM_WINDOW` chunks ahead of its client: the front gives :class:`Credit` for the chunks
+the client took, and a stream that has none left waits (its generator is not asked for more).
+The front may take back a call the process has not started (:class:`Cancel`,
+:class:`GiveBack`): the process then answers :class:`GivenBack` instead. A closed socket tells
+either side that the other is gone: the handler process finishes (the handler's teardown runs),
+the front fails the calls that were running and sends the others to another process.
 """
 
 from __future__ import annotations
@@ -46,14 +48,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple, NoReturn
 
 __all__ = [
+    "CREDIT_STEP",
     "FDS_PER_WRITE",
     "INLINE_LIMIT",
+    "STREAM_WINDOW",
     "VERSION",
     "Answer",
     "BlockingChannel",
     "Call",
     "Cancel",
     "Chunk",
+    "Credit",
     "End",
     "Frame",
     "FrameDecoder",
@@ -71,7 +76,7 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 3
+VERSION: Final = 4
 #: Bodies (of calls and of answers) above this many bytes travel as a file descriptor.
 INLINE_LIMIT: Final = 64 * 1024
 _HEAD: Final = struct.Struct("!BBBI")
@@ -82,6 +87,13 @@ READ_SIZE: Final = 256 * 1024
 #: and room for them in a read: descriptors beyond a read's room would be lost.
 FDS_PER_WRITE: Final = 32
 _FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * FDS_PER_WRITE)
+#: How many chunks a streamed body may run ahead of its client: what the front holds of a
+#: stream whose client reads slowly (the generator waits), per stream, so that one slow reader
+#: holds up its own stream and no other call of its process.
+STREAM_WINDOW: Final = 8
+#: The front gives credit back in steps of this many chunks (a frame per chunk would double the
+#: frames of a stream).
+CREDIT_STEP: Final = STREAM_WINDOW // 2
 
 
 class Start(NamedTuple):
@@ -201,6 +213,14 @@ class Chunk(NamedTuple):
     data: bytes
 
 
+class Credit(NamedTuple):
+    """Front → handler process: the client of streamed answer ``id`` took ``chunks`` more of its
+    chunks, so that many more may come (see :data:`STREAM_WINDOW`)."""
+
+    id: int
+    chunks: int
+
+
 class End(NamedTuple):
     """The end of a streamed body; ``failed`` when the handler's generator raised."""
 
@@ -223,11 +243,11 @@ class RpcAnswer(NamedTuple):
 
 Frame = (
     Start | Ready | LoadFailed | Call | RpcCall | Cancel | GiveBack
-    | Answer | Chunk | End | RpcAnswer | GivenBack
+    | Answer | Chunk | End | RpcAnswer | GivenBack | Credit
 )  # fmt: skip
 _KINDS: Final[tuple[type[Any], ...]] = (
     Start, Ready, LoadFailed, Call, RpcCall, Cancel, Answer, Chunk, End, RpcAnswer,
-    GiveBack, GivenBack,
+    GiveBack, GivenBack, Credit,
 )  # fmt: skip
 _KIND_OF: Final = {kind: index for index, kind in enumerate(_KINDS)}
 
@@ -370,13 +390,17 @@ class BlockingChannel:
         sock: socket.socket,
         broken: Callable[[ProtocolError], NoReturn] | None = None,
         cancelled: Callable[[int], None] | None = None,
+        granted: Callable[[int, int], None] | None = None,
     ) -> None:
         self._sock = sock
         #: Called with what broke the protocol, on whichever thread read it (else raised).
         self._broken = broken
-        #: Called by :meth:`taken_back` with the id of a call the front cancelled that is not
-        #: waiting here (it runs, or ran).
+        #: Called with the id of each :class:`Cancel` as it is read, whichever thread reads it:
+        #: a call that runs stops if it can (one waiting here is taken back: :meth:`taken_back`).
         self._cancelled = cancelled
+        #: Called with each :class:`Credit` as it is read, which no reader is given: a stream
+        #: waiting for its client goes on whoever reads.
+        self._granted = granted
         self._decoder = FrameDecoder()
         self._into = read_buffer()
         self._ready: deque[tuple[Frame, int | None]] = deque()
@@ -388,28 +412,51 @@ class BlockingChannel:
     def read(self) -> tuple[Frame, int | None] | None:
         """The next frame and its descriptor; ``None`` once the front has closed the socket."""
         with self._read_lock:
-            return self._read()
-
-    def _read(self) -> tuple[Frame, int | None] | None:
-        while not self._ready:
-            try:
-                data, fds = receive(self._sock, self._into)
-                if not data:
+            while not self._ready:
+                if not self._take_in(0):
                     return None
-                self._ready.extend(self._decoder.feed(data, fds))
-            except ConnectionError:
-                return None
-            except ProtocolError as exc:
-                if self._broken is None:
-                    raise
-                self._broken(exc)
-        return self._ready.popleft()
+            return self._ready.popleft()
+
+    def wait_until(self, done: Callable[[], bool]) -> bool:
+        """Read frames as they come until ``done()`` (checked with the reading lock held, so
+        that no other reader takes in what would make it true unseen); ``False`` once the
+        front has closed the socket. For a stream on the thread that reads the frames itself,
+        waiting for its :class:`Credit` (or its :class:`Cancel`); what else comes waits in
+        order for :meth:`read`."""
+        with self._read_lock:
+            while not done():
+                if not self._take_in(0):
+                    return False
+            return True
+
+    def _take_in(self, flags: int) -> bool:
+        """One read's frames into the ready ones (credits granted, cancels said); ``False``
+        when the socket is closed."""
+        try:
+            data, fds = receive(self._sock, self._into, flags)
+            if not data:
+                return False
+            frames = self._decoder.feed(data, fds)
+        except ConnectionError:
+            return False
+        except ProtocolError as exc:
+            if self._broken is None:
+                raise
+            self._broken(exc)
+        for item in frames:
+            frame = item[0]
+            if isinstance(frame, Credit) and self._granted is not None:
+                self._granted(frame.id, frame.chunks)
+                continue
+            if isinstance(frame, Cancel) and self._cancelled is not None:
+                self._cancelled(frame.id)
+            self._ready.append(item)
+        return True
 
     def taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
         """The calls read and not started that the front took back since (a :class:`Cancel`
-        or :class:`GiveBack` came behind them): :meth:`read` will not return them. A
-        :class:`Cancel` of a call not waiting here goes to ``cancelled``. Reads what the socket
-        holds now, without waiting; nothing while another thread reads."""
+        or :class:`GiveBack` came behind them): :meth:`read` will not return them. Reads what
+        the socket holds now, without waiting; nothing while another thread reads."""
         if not self._read_lock.acquire(blocking=False):
             return []
         try:
@@ -418,18 +465,11 @@ class BlockingChannel:
             self._read_lock.release()
 
     def _taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
-        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
-            try:
-                data, fds = receive(self._sock, self._into, socket.MSG_DONTWAIT)
-                self._ready.extend(self._decoder.feed(data, fds))
-            except ProtocolError as exc:
-                if self._broken is None:
-                    raise
-                self._broken(exc)
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            self._take_in(socket.MSG_DONTWAIT)
         wanted = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel | GiveBack)}
         if not wanted:
             return []
-        cancels = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel)}
         taken: list[tuple[Call | RpcCall, int | None]] = []
         kept: deque[tuple[Frame, int | None]] = deque()
         for item in self._ready:
@@ -439,9 +479,6 @@ class BlockingChannel:
             elif not isinstance(frame, Cancel | GiveBack):  # those of calls run already: spent
                 kept.append(item)
         self._ready = kept
-        if self._cancelled is not None:
-            for call_id in cancels.difference(frame.id for frame, _ in taken):
-                self._cancelled(call_id)
         return taken
 
     def write(self, frame: Frame, fd: int | None = None) -> None:

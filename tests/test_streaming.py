@@ -120,3 +120,81 @@ def test_slow_readers_of_big_answers_do_not_fill_the_front(make_server: ServerFa
     finally:
         for sock in socks:
             sock.close()
+
+
+def read_chunked_body(sock: socket.socket) -> bytes:
+    """A chunked answer's whole body (bounded by the socket's timeout; cut short: fails)."""
+    data = read_until(sock, b"\r\n\r\n")
+    head, rest = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head.lower()
+    body = bytearray()
+    buffer = bytearray(rest)
+    while True:
+        while b"\r\n" not in buffer:
+            more = sock.recv(1 << 20)
+            assert more, "the answer was cut short"
+            buffer += more
+        line, _, remainder = bytes(buffer).partition(b"\r\n")
+        size = int(line, 16)
+        buffer = bytearray(remainder)
+        while len(buffer) < size + 2:
+            more = sock.recv(1 << 20)
+            assert more, "the answer was cut short"
+            buffer += more
+        if size == 0:
+            return bytes(body)
+        body += buffer[:size]
+        del buffer[: size + 2]
+
+
+def blocks_expected(count: int, kib: int) -> bytes:
+    return b"".join(bytes([index % 256]) * kib * 1024 for index in range(count))
+
+
+@pytest.mark.parametrize(
+    "handler, options",
+    [("main:blocks", ("--concurrency", "2")), ("main:async_blocks", ("--concurrency", "2"))],
+    ids=["def-threads", "async"],
+)
+def test_a_slow_reader_holds_up_its_own_stream_only(
+    make_server: ServerFactory, handler: str, options: tuple[str, ...]
+):
+    """Two streams from one handler process: a client that reads nothing holds up its own
+    stream's generator (it makes a few chunks past what the socket buffers hold, not its
+    4,000), and the other stream, started after it, arrives whole. Before, the front stopped
+    reading the whole process once a stream ran 8 chunks ahead: the second stream waited for
+    ever behind the first."""
+    server = make_server("cn_stream", "--handler", handler, *options)
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.settimeout(30)
+    slow.connect(("127.0.0.1", server.port))
+    try:
+        slow.sendall(get("/?chunks=4000&kib=256&tag=slow", "slow"))
+        wait_until(lambda: events(server, "ten", "slow"), 20, "the slow stream's tenth chunk")
+        fast = send_and_leave(server, get("/?chunks=40&kib=256&tag=fast", "fast"))
+        fast.settimeout(30)
+        try:
+            assert read_chunked_body(fast) == blocks_expected(40, 256)
+        finally:
+            fast.close()
+    finally:
+        slow.close()
+    (closed,) = wait_until(lambda: events(server, "closed", "slow"), 20, "the slow one closed")
+    # What the socket buffers on the way hold (a few MiB), plus the window: far from 4,000.
+    assert 10 <= closed["sent"] < 100, closed
+
+
+def test_a_stream_on_the_thread_that_reads_the_frames_gets_its_credit(make_server: ServerFactory):
+    """A ``def`` handler at ``--concurrency 1`` runs on the thread that reads the frames: its
+    stream, 25 times the window, reads its own credit while it waits (or it would wait for
+    ever), and arrives whole."""
+    server = make_server("cn_stream", "--handler", "main:blocks")
+    sock = send_and_leave(server, get("/?chunks=200&kib=64&tag=long", "long"))
+    sock.settimeout(30)
+    try:
+        assert read_chunked_body(sock) == blocks_expected(200, 64)
+    finally:
+        sock.close()
+    (closed,) = wait_until(lambda: events(server, "closed", "long"), 20, "the stream's end")
+    assert closed["sent"] == 200

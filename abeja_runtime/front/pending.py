@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
+from abeja_runtime.frames import CREDIT_STEP, Answer, Call, Credit, RpcAnswer, RpcCall
 
 if TYPE_CHECKING:
     from abeja_runtime.front.processes import HandlerProcess
@@ -112,9 +112,15 @@ class PendingCall:
     async def stream(self, idle: float | None = None) -> Any:
         """The streamed body's chunks as they come (an async iterator); raises
         ``RuntimeError`` where the handler's generator failed or its process died, and
-        :class:`StreamIdle` when no chunk came for ``idle`` seconds."""
+        :class:`StreamIdle` when no chunk came for ``idle`` seconds.
+
+        Each chunk asked for after the one before was written gives its credit back to the
+        handler process (:class:`~abeja_runtime.frames.Credit`, in steps): a client that reads
+        slowly holds up its own stream's generator, and the front holds a few of its chunks
+        (:data:`~abeja_runtime.frames.STREAM_WINDOW`)."""
         chunks = self.chunks
         assert chunks is not None
+        taken = 0
         while True:
             if idle is None or not chunks.empty():
                 item = await chunks.get()
@@ -128,9 +134,11 @@ class PendingCall:
                 return
             if item is STREAM_FAILED:
                 raise RuntimeError("the streamed answer was cut short")
-            process = self.process
-            if process is not None and chunks.qsize() < 2:
-                process.resume()
+            taken += 1
+            if taken == CREDIT_STEP:
+                taken = 0
+                if self.process is not None:
+                    self.process.send(Credit(self.frame.id, CREDIT_STEP))
             yield item
 
     def finish(self) -> None:
@@ -142,8 +150,6 @@ class PendingCall:
         """Nobody waits for the answer any more (timeout, client gone): drop it when it comes."""
         self.abandoned = True
         self.answer.add_done_callback(_retrieve)
-        if self.process is not None:
-            self.process.resume()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

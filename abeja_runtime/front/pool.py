@@ -89,9 +89,6 @@ _TICK: Final = 0.25
 #: Back-off before the next replacement while replacements keep dying before they are ready.
 _MAX_BACKOFF: Final = 30.0
 _SPAWN_RETRY: Final = 1.0
-#: A streamed answer may run this many chunks ahead of its client before the front stops
-#: reading from the process that produces it.
-_STREAM_AHEAD: Final = 8
 
 
 class HandlerPool:
@@ -358,8 +355,6 @@ class HandlerPool:
             pending = process.sent.get(frame.id)
             if pending is not None and pending.chunks is not None and not pending.abandoned:
                 pending.chunks.put_nowait(frame.data)
-                if pending.chunks.qsize() >= _STREAM_AHEAD:
-                    process.pause()
         elif isinstance(frame, End):
             pending = process.sent.get(frame.id)
             if pending is not None:

@@ -109,7 +109,6 @@ class HandlerProcess:
         self.request_limit: int | None = None
         self.retiring = False
         self.replaces: HandlerProcess | None = None
-        self._reading = True
         self.exit_fd = pidfd(self.pid)
         self.loop.add_reader(ours.fileno(), self.read_available)
         self.send(Start(VERSION, config))
@@ -193,22 +192,11 @@ class HandlerProcess:
             if len(data) < len(self._into):  # all there was: no read that says "nothing more"
                 return
 
-    def pause(self) -> None:
-        if self._reading and self._sock.fileno() >= 0:
-            self._reading = False
-            self.loop.remove_reader(self._sock.fileno())
-
-    def resume(self) -> None:
-        if not self._reading and self._sock.fileno() >= 0:
-            self._reading = True
-            self.loop.add_reader(self._sock.fileno(), self.read_available)
-
     def close_socket(self) -> None:
         """Tells the process to finish (it reads the end of its input), or forgets a dead one."""
         if self._sock.fileno() < 0:
             return
-        if self._reading:
-            self.loop.remove_reader(self._sock.fileno())
+        self.loop.remove_reader(self._sock.fileno())
         if self._out:
             self.loop.remove_writer(self._sock.fileno())
         self._drop_output()

@@ -28,6 +28,8 @@ class CallRunner(Protocol):
 
     def dropped(self, frame: Call | RpcCall) -> None: ...
 
+    def front_gone(self) -> None: ...
+
 
 def serve_on_loop(calls: CallRunner, concurrency: int, loop: str) -> None:
     """Serve the calls on an event loop (``loop``: ``uvloop`` or ``asyncio``) until the front
@@ -88,6 +90,8 @@ async def _serve(calls: CallRunner, concurrency: int) -> None:
     def read() -> None:
         while True:
             item = calls.channel.read()
+            if item is None:
+                calls.front_gone()  # streams waiting for credit stop
             loop.call_soon_threadsafe(arrived, item)
             if item is None:
                 return

@@ -74,6 +74,7 @@ from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.scheduling import run_as_batch
 from abeja_runtime.worker.calls import HandlerCalls
 from abeja_runtime.worker.cancellation import Cancellations
+from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.request import Request
@@ -97,7 +98,13 @@ def main() -> None:
     _die_with(front)
     run_as_batch()
     cancellations = Cancellations()
-    channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken, cancellations.cancel)
+    credits = StreamCredits()
+
+    def cancelled(call_id: int) -> None:
+        cancellations.cancel(call_id)
+        credits.stop_waiting(call_id)
+
+    channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken, cancelled, credits.grant)
     first = channel.read()
     if first is None or not isinstance(first[0], Start) or first[0].version != VERSION:
         os._exit(2)  # not started by a front of this version
@@ -106,7 +113,7 @@ def main() -> None:
     capture_prints()
     limit_image_pixels(config.max_image_pixels)
     try:
-        code = _serve(config, channel, cancellations)
+        code = _serve(config, channel, cancellations, credits)
     except Exception:
         _log.exception("the worker failed")
         code = 1
@@ -161,7 +168,12 @@ def _die_with(front: int) -> None:
         os._exit(1)
 
 
-def _serve(config: Config, channel: BlockingChannel, cancellations: Cancellations) -> int:
+def _serve(
+    config: Config,
+    channel: BlockingChannel,
+    cancellations: Cancellations,
+    credits: StreamCredits,
+) -> int:
     try:
         handler = load_handler(config.handler, Path.cwd(), config)
     except Exception as exc:
@@ -175,12 +187,13 @@ def _serve(config: Config, channel: BlockingChannel, cancellations: Cancellation
     # handler's teardown still runs.
     with contextlib.suppress(OSError):
         channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
-    calls = _Calls(config, HandlerCalls(config, handler), channel, cancellations)
+    calls = _Calls(config, HandlerCalls(config, handler), channel, cancellations, credits)
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         from abeja_runtime.worker.handler_loop import serve_on_loop  # asyncio only when needed
 
         serve_on_loop(calls, config.concurrency, config.event_loop)
     elif config.concurrency == 1:
+        calls.reads_itself = True
         watch = _SlowCallWatch(calls)
         while (item := channel.read()) is not None:
             watch.calls_started += 1
@@ -234,12 +247,12 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
         thread.start()
     while (item := calls.channel.read()) is not None:
         frame = item[0]
-        if isinstance(frame, Cancel):  # a call handed to a thread: it stops if it can
-            calls.cancellations.cancel(frame.id)
+        if isinstance(frame, Cancel):  # said to the call as it was read (BlockingChannel)
             continue
         if isinstance(frame, Call | RpcCall):
             calls.cancellations.started(frame.id)
         jobs.put(item)
+    calls.front_gone()
     for _ in pool:
         jobs.put(None)
     for thread in pool:
@@ -269,9 +282,14 @@ class _Calls:
         calls: HandlerCalls,
         channel: BlockingChannel,
         cancellations: Cancellations,
+        credits: StreamCredits,
     ) -> None:
         self.channel = channel
         self.cancellations = cancellations
+        self.credits = credits
+        #: This process's main thread reads the frames itself, between the calls it runs (a
+        #: ``def`` handler at ``--concurrency 1``): a stream waiting for credit reads them.
+        self.reads_itself = False
         self._raise_cancelled = config.cancel_raises and not calls.handler.is_async
         if self._raise_cancelled:
             cancellations.raise_in_handlers()
@@ -359,6 +377,10 @@ class _Calls:
         finally:
             os.close(fd)
 
+    def front_gone(self) -> None:
+        """The front closed the socket: streams waiting for credit stop."""
+        self.credits.close()
+
     def give_back(self, frame: Call | RpcCall, fd: int | None) -> None:
         """Tell the front that ``frame`` was not run (it sends it elsewhere, or drops it)."""
         if fd is not None:
@@ -416,15 +438,17 @@ class _Calls:
 
             run_until_done(self._send_async(call_id, reply))
             return
+        self.credits.open(call_id)
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
         failed = False
         try:
             for chunk in body:
-                if not self._pass_on(call_id, chunk):
+                if not self._credit_for(call_id, chunk) or not self._pass_on(call_id, chunk):
                     break
         except Exception as exc:
             failed = _stream_failed(exc)
         finally:
+            self.credits.finished(call_id)
             close = getattr(body, "close", None)
             if callable(close):
                 close()  # the generator's finally runs now, also when it was stopped early
@@ -448,6 +472,36 @@ class _Calls:
             )
             return _CANCELLED
 
+    def _credit_for(self, call_id: int, chunk: bytes) -> bool:
+        """Spend a chunk's credit, waiting for it (blocking this thread) while the client has
+        not taken the chunks before; ``False`` when the call was cancelled or the front is
+        gone meanwhile."""
+        credits = self.credits
+        cancellations = self.cancellations
+        while chunk and not credits.spend(call_id):
+            if cancellations.is_cancelled(call_id) or credits.closed:
+                return False
+            if not self.reads_itself:
+                credits.wait(call_id, lambda: cancellations.is_cancelled(call_id))
+            elif not self.channel.wait_until(
+                lambda: credits.has_credit(call_id) or cancellations.is_cancelled(call_id)
+            ):
+                credits.close()
+        return True
+
+    async def _credit_for_async(self, call_id: int, chunk: bytes) -> bool:
+        """:meth:`_credit_for` for a stream on an event loop, which goes on serving the
+        process's other calls while this one waits (unless this thread reads the frames)."""
+        if self.reads_itself:
+            return self._credit_for(call_id, chunk)
+        credits = self.credits
+        cancellations = self.cancellations
+        while chunk and not credits.spend(call_id):
+            if cancellations.is_cancelled(call_id) or credits.closed:
+                return False
+            await credits.wait_async(call_id, lambda: cancellations.is_cancelled(call_id))
+        return True
+
     def _pass_on(self, call_id: int, chunk: bytes) -> bool:
         """Write one chunk of a streamed answer; ``False`` once the front cancelled the call
         (nobody reads on: the generator is to stop producing)."""
@@ -463,11 +517,14 @@ class _Calls:
         the iterator is closed and the stream ended."""
         body = reply.body
         assert isinstance(body, AsyncIterator)
+        self.credits.open(call_id)
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
         failed = False
         try:
             async for chunk in body:
-                if not self._pass_on(call_id, chunk):
+                if not await self._credit_for_async(call_id, chunk) or not self._pass_on(
+                    call_id, chunk
+                ):
                     break
         except Exception as exc:
             failed = _stream_failed(exc)
@@ -475,6 +532,7 @@ class _Calls:
             failed = True
             raise
         finally:
+            self.credits.finished(call_id)
             aclose = getattr(body, "aclose", None)
             if callable(aclose):
                 await aclose()

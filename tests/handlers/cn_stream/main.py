@@ -128,3 +128,43 @@ def sleeper(request, context):
     finally:
         _closed(tag, 0, "finally")
     return {"content": {"slept": True}}
+
+
+def _blocks(tag: str, count: int, size: int):
+    """``count`` chunks of ``size`` bytes, each byte its chunk's number modulo 256; says when it
+    has made its tenth (past the front's window of 8) and, from its ``finally``, how many."""
+    sent = 0
+    try:
+        for index in range(count):
+            yield bytes([index % 256]) * size
+            sent += 1
+            if sent == 10:
+                _closed(tag, sent, "ten")
+    finally:
+        _closed(tag, sent)
+
+
+async def _async_blocks(tag: str, count: int, size: int):
+    blocks = _blocks(tag, count, size)
+    try:
+        for block in blocks:
+            yield block
+            await asyncio.sleep(0)
+    finally:
+        blocks.close()
+
+
+def _blocks_asked(request):
+    query = request.query
+    return query.get("tag", ""), int(query["chunks"]), int(query["kib"]) * 1024
+
+
+def blocks(request, context):
+    """``?chunks=N&kib=K``: a stream of N chunks of K KiB each (a sync generator)."""
+    return {"content_type": "application/octet-stream", "content": _blocks(*_blocks_asked(request))}
+
+
+async def async_blocks(request, context):
+    """:func:`blocks` from an async generator."""
+    content = _async_blocks(*_blocks_asked(request))
+    return {"content_type": "application/octet-stream", "content": content}
