@@ -9,33 +9,30 @@ reads it into a buffer of shared memory first (``direct_body.py``), straight fro
 (``capture.py``). It does what :meth:`HttpServer.service
 <abeja_runtime.front.server.HttpServer.service>` does for the same request, through the same
 :class:`~abeja_runtime.front.calls.CallService` (call frame, deadline, refusals, access record,
-metrics), with the same answer headers, and leaves every other
-request to it: a chunked or compressed body, one above the spool threshold or awaiting ``100
-Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check and the
-style's own front paths, an async (ARMS) request, a body the queue could not take, and any
-request while no worker is ready or the front is draining.
+metrics), and writes its answer by the same rules (``answers.py``: the head, a bad header's
+``500``, a streamed or file-written answer's loop); what is its own is the transport: a whole
+answer in one :meth:`~abeja_runtime.front.connection.Connection.send_direct` from the answer's
+callback, a streamed one from a task through aiohttp's ``StreamWriter``. It leaves every other
+request to aiohttp's path: a chunked or compressed body, one above the spool threshold or
+awaiting ``100 Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check
+and the style's own front paths, an async (ARMS) request, a body the queue could not take, and
+any request while no worker is ready or the front is draining.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import functools
-import http
-import logging
-import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion11, RawRequestMessage, StreamWriter
+from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
-from multidict import CIMultiDict
 
-from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.errors import HttpError, ServiceBusy
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
 from abeja_runtime.front.accounting import CallEntry
+from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
@@ -52,15 +49,6 @@ if TYPE_CHECKING:
     from abeja_runtime.front.calls import CallService
 
 __all__ = ["DirectRequests"]
-
-_log = logging.getLogger("abeja_runtime")
-
-#: Statuses whose answers have no body, and no Content-Length (as aiohttp sends them).
-_EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
-#: What a header must not hold besides its line's end (aiohttp refuses the same in names
-#: and values, and line breaks: header injection).
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
 
 
 class DirectRequests:
@@ -284,65 +272,24 @@ class _DirectCall:
         close = not self._keep_alive or self._calls.draining
         sent = False
         try:
-            try:
-                head = _response_head(status, headers, call.request_id, body, close=close)
-            except ValueError as exc:  # a header that would split the answer, or not encode
-                _log.error("the handler's answer cannot be sent: %s", exc)
-                status, body = UNEXPECTED_ERROR.status, UNEXPECTED_ERROR.body  # type: ignore[assignment]
-                head = _response_head(
-                    status, UNEXPECTED_ERROR.headers, call.request_id, body, close=close
-                )
-            if status in _EMPTY_BODY_STATUSES:
-                body = b""
-            self._entry.count(status)
-            self._connection.send_direct(head, body)
+            send_whole(
+                self._connection, self._entry, status, headers, call.request_id, body, close=close
+            )
             sent = True
         finally:  # whatever failed above, the call ends (and a connection left unanswered)
             self._entry.end()
             self._connection.direct_done(close=close or not sent)
 
     async def _stream(self, answer: Answer) -> None:
-        """A streamed answer (chunked, each chunk written as the handler process sends it),
-        or a big one written from its file (with its length), a piece at a time as the client
-        takes it: a slow reader holds a piece of it in the front, not all of it."""
-        calls = self._calls
-        connection = self._connection
-        call = self.pending.frame
-        assert isinstance(call, Call)
-        close = not self._keep_alive or calls.draining
-        self._entry.streaming(answer.status)
-        file = self.pending.answer_file
-        headers = CIMultiDict(answer.headers)
-        headers[REQUEST_ID_HEADER] = call.request_id
-        if file is None:
-            headers["Transfer-Encoding"] = "chunked"
-        else:
-            headers["Content-Length"] = str(file.size)
-        headers["Date"] = _http_date(int(time.time()))
-        headers["Server"] = SERVER_SOFTWARE
-        if close:
-            headers["Connection"] = "close"
-        writer = StreamWriter(connection, calls.loop)
-        if file is None:
-            writer.enable_chunking()
-        try:
-            status_line = f"HTTP/1.1 {answer.status} {_reason(answer.status)}"
-            await writer.write_headers(status_line, headers)
-            chunks = self.pending.stream(calls.stream_idle) if file is None else file.chunks()
-            async for chunk in chunks:
-                await writer.write(chunk)
-            await writer.write_eof()
-        except ConnectionError:
-            calls.abandon(self.pending)
-            close = True
-        except RuntimeError as exc:
-            # Headers are out: the only honest signal left is to cut the chunked body short.
-            calls.stream_cut(self.pending, exc)
-            close = True
-        except asyncio.CancelledError:  # the client left (client_gone)
-            calls.abandon(self.pending)
-            raise
-        connection.direct_done(close=close)  # the call ends in _stream_over, on every path
+        """A streamed answer, or a big one written from its file (``answers.py``'s
+        :func:`~abeja_runtime.front.answers.write_stream`, over this connection)."""
+        close = not self._keep_alive or self._calls.draining
+        sink = ConnectionSink(self._connection, self._calls.loop, close=close)
+        whole = await write_stream(
+            sink, self._calls, self.pending, self._entry, answer.status, answer.headers
+        )
+        # The call ends in _stream_over, on every path.
+        self._connection.direct_done(close=close or not whole)
 
     def _stream_over(self, task: asyncio.Task[None]) -> None:
         """However the writing task ended (also cancelled before its first step, when no code
@@ -373,52 +320,3 @@ class _DirectCall:
             self.deadline.discard(self.pending)
         self._calls.abandon(self.pending)
         self._entry.end()
-
-
-def _response_head(
-    status: int,
-    headers: tuple[tuple[str, str], ...],
-    request_id: str,
-    body: bytes,
-    *,
-    close: bool,
-) -> bytes:
-    """The status line and headers of an answer with a body of known length, as aiohttp
-    writes them (the request id, Content-Length, Date, Server; Connection: close when the
-    connection ends). ``ValueError`` for a header that would split the answer or cannot be
-    encoded (the request id cannot: :func:`~abeja_runtime.logs.request_id_from` made sure)."""
-    length = "" if status in _EMPTY_BODY_STATUSES else f"Content-Length: {len(body)}\r\n"
-    date = f"Date: {_http_date(int(time.time()))}\r\n"
-    end = "Connection: close\r\n\r\n" if close else "\r\n"
-    return (
-        f"{_checked_head(status, headers)}{REQUEST_ID_HEADER}: {request_id}\r\n"
-        f"{length}{date}{_SERVER_LINE}{end}"
-    ).encode()
-
-
-@functools.lru_cache(maxsize=256)
-def _checked_head(status: int, headers: tuple[tuple[str, str], ...]) -> str:
-    """The status line and the handler's headers, checked: a handler answers with the same
-    few sets of headers, so each is written and scanned once (0.8 µs a request)."""
-    lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
-    lines += [f"{name}: {value}\r\n" for name, value in headers]
-    given = "".join(lines)
-    # One line each, and no other control character: three scans of the whole text instead
-    # of two per header.
-    ends = len(lines)
-    if given.count("\n") != ends or given.count("\r") != ends or _CONTROL.search(given):
-        raise ValueError("a header holds a line break or a control character")
-    return given
-
-
-@functools.lru_cache(maxsize=2)
-def _http_date(second: int) -> str:
-    return email.utils.formatdate(second, usegmt=True)
-
-
-@functools.cache
-def _reason(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return ""

@@ -1,14 +1,16 @@
 """The front's HTTP: the service port, the health-check port, and their answers.
 
 The front's modules are the only ones that serve HTTP (this one, ``connection.py``,
-``direct.py``) or gRPC (``rpc.py``); ``arms.py``, ``datalake.py`` and ``batch.py`` use aiohttp's
-client. :class:`HttpServer` serves what the direct path (``direct.py``) leaves to aiohttp:
-``/health_check``, then for every other path the request's checks (method, size, a body that
-makes progress), its body read whole (decoded, in memory, or spooled to a file above the spool
-threshold, which travels to the handler process as a descriptor), the call through the
-:class:`~abeja_runtime.front.calls.CallService` (admission, places, deadline, accounting, as
-every way in), and the answer written (from memory, or streamed as the handler process
-produces it). Malformed HTTP and slow request heads are answered by
+``direct.py``, ``answers.py``) or gRPC (``rpc.py``); ``arms.py``, ``datalake.py`` and
+``batch.py`` use aiohttp's client. :class:`HttpServer` serves what the direct path
+(``direct.py``) leaves to aiohttp: ``/health_check``, then for every other path the request's
+checks (method, size, a body that makes progress), its body read whole (decoded, in memory, or
+spooled to a file above the spool threshold, which travels to the handler process as a
+descriptor), the call through the :class:`~abeja_runtime.front.calls.CallService` (admission,
+places, deadline, accounting, as every way in), and the answer written by ``answers.py``, by
+the same rules as on the direct path (from memory, as an aiohttp response; streamed as the
+handler process produces it, or written from its file, through an aiohttp
+``StreamResponse``). Malformed HTTP and slow request heads are answered by
 :class:`~abeja_runtime.front.connection.Connection`, in the same ``{"status": message}`` JSON
 as every other error. :class:`ControlServer` serves the health-check port (readiness,
 liveness, metrics).
@@ -17,13 +19,12 @@ liveness, metrics).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Final
 
-from aiohttp import web, web_protocol
+from aiohttp import web
 from aiohttp.streams import StreamReader
 
 from abeja_runtime.config import Config
@@ -35,6 +36,13 @@ from abeja_runtime.errors import (
 )
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, plain_headers
 from abeja_runtime.front.accounting import CallEntry
+from abeja_runtime.front.answers import (
+    ResponseSink,
+    refuse,
+    send_reply,
+    web_response,
+    write_stream,
+)
 from abeja_runtime.front.arms import (
     ASYNC_ID_HEADER,
     ASYNC_TOKEN_HEADER,
@@ -72,11 +80,6 @@ HEALTH_PATH: Final = "/health_check"
 #: Liveness for kubelets: 200 while the front answers at all (readiness is HEALTH_PATH).
 LIVENESS_PATH: Final = "/livez"
 METRICS_PATH: Final = "/metrics"
-#: After an answer given before the body was read (a 413, a 400), how much more of the body is
-#: read and thrown away, and for how long: enough for a client still sending to see its answer
-#: (and, for a small rest, to keep the connection), far from a whole refused body.
-_REFUSED_BODY_READ: Final = 1024 * 1024
-_REFUSED_BODY_WAIT: Final = 1.0
 #: The access records of this many seconds are written at once: a write per loop iteration
 #: cost 2.5 µs per small request (8 % of the front's work). They are written at shutdown too.
 _ACCESS_LOG_EVERY: Final = 0.05
@@ -85,14 +88,8 @@ _UNAVAILABLE: Final = status_reply(503, "service unavailable")
 _JSON: Final = (("Content-Type", "application/json"),)
 
 
-def _web_response(reply: EncodedResponse) -> web.Response:
-    """An in-memory reply as an aiohttp response."""
-    assert isinstance(reply.body, bytes), "streamed replies are written by HttpServer"
-    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
 def _health_response(ready: bool) -> web.Response:
-    return _web_response(_HEALTHY if ready else _UNAVAILABLE)
+    return web_response(_HEALTHY if ready else _UNAVAILABLE)
 
 
 class HttpServer:
@@ -156,7 +153,6 @@ class HttpServer:
 
     async def _serve(self, request: web.BaseRequest, entry: CallEntry) -> web.StreamResponse:
         received = entry.received
-        tag = (REQUEST_ID_HEADER, entry.request_id)
         try:
             if not self.calls.admitting and not self.calls.draining:
                 raise ServiceUnavailable()
@@ -164,11 +160,10 @@ class HttpServer:
             check_declared_length(request.content_length, self._limits)
             body = await self._read_body(request, received)
         except HttpError as exc:
-            reply = self.calls.refusal(exc).with_headers((tag,))
-            entry.count(reply.status)
+            reply = self.calls.refusal(exc)
             if exc.ends_connection:  # the body was not read whole
-                return await _refuse(request, reply)
-            return await self._send_reply(request, reply)
+                return await refuse(request, entry, reply)
+            return await self._send_reply(request, entry, reply)
         async_id = request.headers.get(ASYNC_ID_HEADER)
         if async_id:
             return await self._accept_async(request, body, async_id, entry)
@@ -176,17 +171,17 @@ class HttpServer:
         try:
             answer = await self.calls.call(pending, received)
         except HttpError as exc:
-            reply = self.calls.refusal(exc).with_headers((tag,))
-            entry.count(reply.status)
-            return await self._send_reply(request, reply)
+            reply = self.calls.refusal(exc)
+            return await self._send_reply(request, entry, reply)
         assert isinstance(answer, Answer)
-        headers = (*answer.headers, tag)
         if answer.body is not None:
-            entry.count(answer.status)
-            reply = EncodedResponse(answer.status, headers, answer.body)
-            return await self._send_reply(request, reply)
-        entry.streaming(answer.status)  # streamed, or written from its file (a big body)
-        return await self._stream(request, pending, answer.status, headers)
+            reply = EncodedResponse(answer.status, answer.headers, answer.body)
+            return await self._send_reply(request, entry, reply)
+        # Streamed, or written from its file (a big body).
+        sink = ResponseSink(request, draining=self.calls.draining)
+        await write_stream(sink, self.calls, pending, entry, answer.status, answer.headers)
+        assert sink.response is not None  # its head was written, or tried
+        return sink.response
 
     def _pending(self, request: web.BaseRequest, body: Body, entry: CallEntry) -> PendingCall:
         url = request.rel_url
@@ -297,56 +292,10 @@ class HttpServer:
         return Body(None, file=file, scratch=scratch)
 
     async def _send_reply(
-        self, request: web.BaseRequest, reply: EncodedResponse
+        self, request: web.BaseRequest, entry: CallEntry, reply: EncodedResponse
     ) -> web.StreamResponse:
-        response = _web_response(reply)
-        if self.calls.draining:
-            response.force_close()
-        with contextlib.suppress(ConnectionError):
-            await response.prepare(request)
-            await response.write_eof()
-            if not self.calls.draining and not request.content.is_eof():
-                # An answer before the body was read (a 405, a 503): take in a small rest so
-                # that the connection can serve the next request.
-                await _discard_rest(request)
-        return response
-
-    async def _stream(
-        self, request: web.BaseRequest, pending: PendingCall, status: int, headers: Any
-    ) -> web.StreamResponse:
-        """A streamed answer, chunked; or a big one written from its file, a piece at a time
-        as the client takes it (``direct.py``'s ``_stream`` says why)."""
-        response = web.StreamResponse(status=status, headers=headers)
-        if self.calls.draining:
-            response.force_close()
-        file = pending.answer_file
-        if file is None:
-            response.enable_chunked_encoding()
-        else:
-            response.content_length = file.size
-        try:
-            await response.prepare(request)
-            chunks = pending.stream(self.calls.stream_idle) if file is None else file.chunks()
-            async for chunk in chunks:
-                await response.write(chunk)
-        except ConnectionError:
-            self.calls.abandon(pending)
-            return response
-        except RuntimeError as exc:
-            # Headers are out: the only honest signal left is to cut the chunked body short.
-            self.calls.stream_cut(pending, exc)
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        except asyncio.CancelledError:
-            self.calls.abandon(pending)
-            raise
-        finally:
-            if file is not None:
-                file.close()
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
-        return response
+        """A whole answer (``answers.py``), the connection ended with it while draining."""
+        return await send_reply(request, entry, reply, draining=self.calls.draining)
 
     async def _accept_async(
         self,
@@ -363,8 +312,7 @@ class HttpServer:
             refusal = self.calls.refusal(ServiceBusy())
         if refusal is not None:
             body.close()
-            entry.count(refusal.status)
-            return await self._send_reply(request, refusal.with_headers((tag,)))
+            return await self._send_reply(request, entry, refusal)
         pending = self._pending(request, body, entry)
         token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
         self.calls.accounting.hold()  # until the result is sent: a graceful shutdown waits for it
@@ -432,41 +380,6 @@ async def _body_pieces(content: StreamReader, decoder: BodyDecoder | None) -> As
         decoder.finish()
 
 
-async def _discard_rest(request: web.BaseRequest) -> None:
-    """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
-    ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
-    # The client may stop, reset, or send a broken chunk: all mean "done" here.
-    with contextlib.suppress(
-        asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
-    ):
-        await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
-
-
-async def _refuse(request: web.BaseRequest, reply: EncodedResponse) -> web.StreamResponse:
-    """Answer now and stop taking in a body we refused (413, 408, 507).
-
-    The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for at
-    most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer rather
-    than a reset; then the connection is closed.
-    """
-    response = _web_response(reply)
-    response.force_close()
-    with contextlib.suppress(ConnectionError):
-        await response.prepare(request)
-        await response.write_eof()
-        if request.content.exception() is None:  # a stalled body: nothing more to read
-            await _discard_rest(request)
-    request.protocol.force_close()
-    return response
-
-
-async def _discard(request: web.BaseRequest, limit: int) -> None:
-    """Read and drop up to ``limit`` bytes of the request's body."""
-    taken = 0
-    while taken < limit and (chunk := await request.content.readany()):
-        taken += len(chunk)
-
-
 class ControlServer:
     """The health-check port, served by the front whatever any handler process does.
 
@@ -484,12 +397,12 @@ class ControlServer:
         if path == HEALTH_PATH:
             return _health_response(self._is_ready())
         if path == LIVENESS_PATH:
-            return _web_response(_HEALTHY)
+            return web_response(_HEALTHY)
         if path == METRICS_PATH:
             return web.Response(
                 body=self._render_metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE}
             )
-        return _web_response(
+        return web_response(
             status_reply(
                 404,
                 f"not found: this port serves only {HEALTH_PATH}, {LIVENESS_PATH} and "
