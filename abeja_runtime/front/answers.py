@@ -329,7 +329,7 @@ async def _write_unsendable(
     if pending.answer_file is not None:
         pending.answer_file.close()
     if pending.chunks is not None:
-        calls.stream_cut(pending, RuntimeError(str(exc)))
+        calls.stream_cut(pending, exc)
     entry.count(reply.status)
     body = reply.body
     assert isinstance(body, bytes)

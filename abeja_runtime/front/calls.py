@@ -229,9 +229,10 @@ class CallService:
             if watched is not None:
                 watched.discard(pending)
 
-    def stream_cut(self, pending: PendingCall, exc: RuntimeError) -> None:
-        """A streamed answer ended before its end (its generator failed, its process died, or
-        it went silent): nobody reads on, and the log says why when the front cut it."""
+    def stream_cut(self, pending: PendingCall, exc: Exception) -> None:
+        """A streamed answer ended before its end (its generator failed, its process died, it
+        went silent, or its head could not be sent): nobody reads on, and the log says why
+        when the front cut it for silence."""
         self._pool.withdraw(pending)
         if isinstance(exc, StreamIdle):
             frame = pending.frame

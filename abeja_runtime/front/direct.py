@@ -22,6 +22,7 @@ any request while no worker is ready or the front is draining.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from abeja_runtime.front.calls import CallService
 
 __all__ = ["DirectRequests"]
+
+_log = logging.getLogger("abeja_runtime")
 
 
 class DirectRequests:
@@ -294,9 +297,15 @@ class _DirectCall:
     def _stream_over(self, task: asyncio.Task[None]) -> None:
         """However the writing task ended (also cancelled before its first step, when no code
         of it ran): the call is ended, its file closed, and a cancelled one abandoned (each
-        once). The one place that ends a streamed or file-written answer's call."""
+        once). The one place that ends a streamed or file-written answer's call. A task that
+        failed otherwise (a defect) is logged, and its connection ended: it never reached its
+        ``direct_done``."""
         if task.cancelled():
             self._calls.abandon(self.pending)
+        elif task.exception() is not None:
+            _log.error("writing the answer failed", exc_info=task.exception())
+            self._calls.abandon(self.pending)
+            self._connection.direct_done(close=True)
         if self.pending.answer_file is not None:
             self.pending.answer_file.close()
         self._over = True
