@@ -272,11 +272,24 @@ class FrameDecoder:
         self._fds: deque[int] = deque()
 
     def feed(self, data: bytes | memoryview, fds: list[int]) -> list[tuple[Frame, int | None]]:
-        """The frames completed by ``data``, each with its descriptor (or None)."""
+        """The frames completed by ``data``, each with its descriptor (or None). On a
+        :class:`ProtocolError` the descriptors of the frames read before it are closed (the
+        rest are :meth:`close`'s)."""
         self._fds.extend(fds)
+        frames: list[tuple[Frame, int | None]] = []
+        try:
+            self._decode(data, frames)
+        except ProtocolError:
+            for _, fd in frames:
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            raise
+        return frames
+
+    def _decode(self, data: bytes | memoryview, frames: list[tuple[Frame, int | None]]) -> None:
         buffer = self._buffer
         buffer += data
-        frames: list[tuple[Frame, int | None]] = []
         start = 0
         end = len(buffer)
         while end - start >= _HEAD.size:
@@ -303,7 +316,6 @@ class FrameDecoder:
             start = stop
         if start:
             del buffer[:start]
-        return frames
 
     def close(self) -> None:
         """Close descriptors that arrived for frames never completed."""
@@ -325,18 +337,21 @@ def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memo
     closed) and any descriptors that came with them. ``flags``: ``recvmsg``'s."""
     size, ancillary, flags, _ = sock.recvmsg_into([into], _FD_SPACE, flags)
     data = into[:size]
-    if flags & socket.MSG_CTRUNC:  # descriptors were dropped: their frames are lost
-        raise ProtocolError(
-            "descriptors sent with frames were lost: this process has no room for more open "
-            f"files (ulimit -n is {_open_files_limit()}; a handler that opens files and never "
-            "closes them runs out)"
-        )
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             received = array.array("i")
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
+    if flags & socket.MSG_CTRUNC:  # descriptors were dropped: their frames are lost
+        for fd in fds:  # and those that came are of no use
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise ProtocolError(
+            "descriptors sent with frames were lost: this process has no room for more open "
+            f"files (ulimit -n is {_open_files_limit()}; a handler that opens files and never "
+            "closes them runs out)"
+        )
     return data, fds
 
 

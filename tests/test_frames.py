@@ -8,7 +8,17 @@ import socket
 import pytest
 
 from abeja_runtime import frames
-from abeja_runtime.frames import Answer, BlockingChannel, Call, Chunk, FrameDecoder, encode_frame
+from abeja_runtime.frames import (
+    Answer,
+    BlockingChannel,
+    Call,
+    Cancel,
+    Chunk,
+    Credit,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+)
 
 CALL = Call(7, "POST", "/p", "a=1", (("Content-Type", "text/plain"),), "rid", None, b"hi", "", 0)
 
@@ -42,6 +52,59 @@ def test_descriptors_travel_with_their_frames():
     assert fd is not None
     with os.fdopen(fd, "rb") as received:
         assert received.read() == b"body"
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_protocol_error_closes_the_descriptors_of_the_frames_read_before_it():
+    """A frame with its descriptor, then bytes that are no frame, in one read: nobody gets the
+    frame (the read raised), so its descriptor is closed rather than lost open."""
+    readable, writable = os.pipe()
+    os.close(writable)
+    data = encode_frame(CALL._replace(body=None), has_fd=True) + b"not a frame at all......"
+    with pytest.raises(ProtocolError, match="bytes that are not a frame"):
+        FrameDecoder().feed(data, [readable])
+    assert not is_open(readable)
+
+
+def test_credit_goes_to_its_stream_and_cancel_is_said_as_it_is_read():
+    """Credit is given to ``granted`` by whichever read takes it in, never returned by read();
+    a Cancel is said to ``cancelled`` at once and still read in order (a call waiting behind
+    it is taken back)."""
+    granted: list[tuple[int, int]] = []
+    cancelled: list[int] = []
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        receiver = BlockingChannel(
+            theirs, None, cancelled.append, lambda i, n: granted.append((i, n))
+        )
+        sender = BlockingChannel(ours)
+        for frame in (Credit(3, 4), CALL, Cancel(5), Credit(3, 4)):
+            sender.write(frame)
+        assert receiver.read() == (CALL, None)
+        assert granted == [(3, 4), (3, 4)] and cancelled == [5]
+        assert receiver.read() == (Cancel(5), None)
+
+
+def test_waiting_until_reads_frames_until_it_is_done_or_the_socket_closes():
+    granted: list[tuple[int, int]] = []
+    ours, theirs = socket.socketpair()
+    with theirs:
+        receiver = BlockingChannel(theirs, None, None, lambda i, n: granted.append((i, n)))
+        sender = BlockingChannel(ours)
+        sender.write(CALL)
+        sender.write(Credit(3, 4))
+        assert receiver.wait_until(lambda: bool(granted))
+        assert granted == [(3, 4)]
+        assert receiver.read() == (CALL, None)  # kept, in order, for the next read
+        ours.close()
+        assert not receiver.wait_until(lambda: False)
 
 
 def test_an_anonymous_file_without_memfds_leaves_no_name_behind(monkeypatch, tmp_path):
