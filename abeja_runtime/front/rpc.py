@@ -10,6 +10,24 @@ it (``styles/kserve/grpc_service.py``, ``styles/seldon/grpc_service.py``). Each 
 in the access log and the metrics as ``POST /package.Service/Method`` with the HTTP status that
 corresponds to its gRPC status, and waited for at shutdown. The request id travels as
 ``x-abeja-request-id`` metadata, both ways. grpcio is imported only when the port is asked for.
+
+**Memory.** grpcio's server reads a unary call's whole message (into its own buffers, then as
+``bytes``) before the method's coroutine runs, and it matches every call that comes at once:
+its ``maximum_concurrent_rpcs`` refuses calls beyond it (``RESOURCE_EXHAUSTED``), it does not
+make them wait. Twenty concurrent 50 MiB Seldon ``Predict`` calls took the front to 1.7-2.1 GB,
+while the body places bounded only what was forwarded. So each method is served as
+client-streaming (the same on the wire), and a call takes a body place (``calls.enter_gate``)
+before it reads its message with ``context.read()``; a message up to the inline limit gives the
+place back at once, a bigger one keeps it until its answer is sent. A call waiting for a place
+leaves its message in its client: HTTP/2 flow control lets 64 KiB of it come, no more, as long
+as BDP probing does not widen the window (it is turned off: it grew the windows of waiting
+calls until they were read anyway, 1.2-1.35 GB). The front then holds at most, besides its base
+(50-80 MiB), two copies of each message a place holds (grpcio's and ``bytes`` while it is read,
+``bytes`` and the shared buffer while it is copied, the answer's ``bytes`` and grpcio's copy
+while it is sent) and 64 KiB per waiting call: with one process (1 + 4 places), 0.55-0.63 GB for
+the twenty calls; ``tests/test_grpc_memory.py`` checks ``base + places x 3 x size``. A small
+message's answer takes no place: a big answer to a small message is not bounded here, as on the
+HTTP port.
 """
 
 from __future__ import annotations
@@ -23,7 +41,13 @@ from typing import Any, Final
 import grpc
 
 from abeja_runtime.config import Config
-from abeja_runtime.errors import HandlerLoadError, HandlerTimeout, HttpError, ServiceBusy
+from abeja_runtime.errors import (
+    BadRequest,
+    HandlerLoadError,
+    HandlerTimeout,
+    HttpError,
+    ServiceBusy,
+)
 from abeja_runtime.frames import INLINE_LIMIT, RpcAnswer, RpcCall
 from abeja_runtime.front.calls import CallService
 from abeja_runtime.front.pending import PendingCall
@@ -67,12 +91,18 @@ class RpcServer:
             options=[
                 ("grpc.max_receive_message_length", config.max_body_size or -1),
                 ("grpc.max_send_message_length", -1),
+                # A call waiting for its place is left unread in a window of HTTP/2's 64 KiB,
+                # which BDP probing would widen (see the module). A message being read is
+                # asked for whole, its window opened to its size (measured: as fast as before).
+                ("grpc.http2.bdp_probe", 0),
             ]
         )
         services: dict[str, dict[str, Any]] = {}
         for method in methods:  # "/package.Service/Method"
             service, name = method.lstrip("/").split("/", 1)
-            forward: Any = grpc.unary_unary_rpc_method_handler(self._forwarder(method))
+            # Served as client-streaming (the same on the wire as a unary call) so that the
+            # message is read only when ``_forward`` asks for it: see the module.
+            forward: Any = grpc.stream_unary_rpc_method_handler(self._forwarder(method))
             services.setdefault(service, {})[name] = forward
         self._server.add_generic_rpc_handlers(
             [grpc.method_handlers_generic_handler(name, calls) for name, calls in services.items()]
@@ -94,14 +124,12 @@ class RpcServer:
         await self._server.stop(grace if grace > 0 else _NO_LIMIT)
 
     def _forwarder(self, method: str) -> Any:
-        async def forward(payload: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            return await self._forward(method, payload, context)
+        async def forward(_: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            return await self._forward(method, context)
 
         return forward
 
-    async def _forward(
-        self, method: str, payload: bytes, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> bytes:
+    async def _forward(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         received = time.time()
         metadata = tuple(
             (key, value)
@@ -114,12 +142,13 @@ class RpcServer:
         # Ended however the call ends: a call the client cancels (or whose own deadline
         # passes) is counted as 499 then.
         entry = calls.accounting.open("POST", method, received, request_id)
+        size = 0
         try:
             if not calls.admitting:
                 code, message, status = grpc.StatusCode.UNAVAILABLE, "service unavailable", 503
             else:
                 try:
-                    pending = await self._pending(method, payload, metadata, request_id)
+                    pending, size = await self._pending(method, metadata, request_id, context)
                     answer = await calls.call(pending, received)
                 except HttpError as exc:
                     calls.refusal(exc)  # counted as on the HTTP port
@@ -133,7 +162,7 @@ class RpcServer:
             entry.count(status)
         finally:
             entry.end()
-            if len(payload) > INLINE_LIMIT:
+            if size > INLINE_LIMIT:
                 self._trim_soon()
         await context.abort(code, message)
         raise AssertionError("abort raises")  # pragma: no cover
@@ -143,8 +172,9 @@ class RpcServer:
 
         grpcio receives and sends a message in pieces from the heap, which the front keeps
         (it keeps freed memory for its next requests: ``supervisor._keep_freed_memory``):
-        twenty 50 MiB Seldon calls left the front 650-850 MiB larger for good. ``malloc_trim``
-        returns the free pages, a second after the last big call."""
+        before the body places bounded what grpcio reads, twenty 50 MiB Seldon calls left the
+        front 650-850 MiB larger for good; bounded, up to its peak of 0.55-0.63 GB (see the
+        module). ``malloc_trim`` returns the free pages, a second after the last big call."""
         if self._trim is not None:
             self._trim.cancel()
         self._trim = self._calls.loop.call_later(_TRIM_AFTER, _trim_heap)
@@ -152,21 +182,40 @@ class RpcServer:
     async def _pending(
         self,
         method: str,
-        payload: bytes,
         metadata: tuple[tuple[str, str], ...],
         request_id: str,
-    ) -> PendingCall:
-        """The call of a message: in the frame up to the inline limit; above it, in a shared
-        buffer that takes a place as an HTTP body does (waiting for one counts as waiting in
-        the queue: ``RESOURCE_EXHAUSTED`` when the queue could not take it, and
-        ``DEADLINE_EXCEEDED`` at the deadline)."""
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> tuple[PendingCall, int]:
+        """The call of the message, read once it has a body's place (its size is not known
+        before: see the module), and the message's size. Waiting for the place counts as
+        waiting in the queue: ``RESOURCE_EXHAUSTED`` when the queue could not take the call,
+        ``DEADLINE_EXCEEDED`` at the deadline; a client that leaves meanwhile (or whose own
+        deadline passes) cancels the wait. Up to the inline limit the message travels in the
+        frame and the place is given back at once; above it, in a shared buffer, and the place
+        is kept until the call's answer is sent or the call ends otherwise."""
         calls = self._calls
+        await calls.enter_gate()
+        try:
+            payload = await context.read()
+        except BaseException:  # too big, or the client left
+            calls.gate.leave()
+            raise
+        if payload is grpc.aio.EOF:  # a client that half-closed without its one message
+            calls.gate.leave()
+            raise BadRequest("the call sent no request message")
         size = len(payload)
         if size <= INLINE_LIMIT:
+            calls.gate.leave()
             call = RpcCall(calls.next_id(), method, payload, metadata, request_id)
-            return PendingCall(call, calls.loop)
-        await calls.enter_gate()
+            return PendingCall(call, calls.loop), size
         body, mapped = calls.held_body(size)
+        # Kept until grpcio is done with the call (its answer sent, or the client gone), not
+        # only until the answer comes: grpcio holds the answer twice until then. The buffer
+        # alone is given back when the answer comes, as an HTTP body's.
+        body.gate = None
+        # grpc-stubs types the callback as a class of its own, which no function is
+        context.add_done_callback(lambda _: calls.gate.leave())  # type: ignore[arg-type]
         mapped[:size] = payload
+        del payload  # the front holds the message once, in the buffer, while the call runs
         call = RpcCall(calls.next_id(), method, b"", metadata, request_id, size)
-        return PendingCall(call, calls.loop, body.fd, body.close)
+        return PendingCall(call, calls.loop, body.fd, body.close), size
