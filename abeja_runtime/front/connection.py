@@ -36,13 +36,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
 
-from aiohttp import web, web_protocol
-from aiohttp.http import HttpRequestParser, RawRequestMessage
+from aiohttp import web
+from aiohttp.http import RawRequestMessage
 from aiohttp.streams import StreamReader
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import status_body, status_reply
 from abeja_runtime.errors import BodyTimeout, BodyTooSlow
+from abeja_runtime.front.aiohttp_private import HandlerInternals, handler_kwargs, server_loop
 from abeja_runtime.front.body_gate import BODIES_AHEAD
 from abeja_runtime.front.capture import BodyCapture
 
@@ -100,9 +101,10 @@ class _Taking:
 _TAKING: Final = _Taking()
 
 
-class Connection(web_protocol.RequestHandler):
+class Connection(HandlerInternals):
     """One client connection of the service port (or of the health port, without a direct
-    path); see the module's docstring."""
+    path); see the module's docstring. aiohttp's private state is reached only through
+    :class:`~abeja_runtime.front.aiohttp_private.HandlerInternals` (the ``aio_*`` names)."""
 
     def __init__(
         self,
@@ -133,7 +135,7 @@ class Connection(web_protocol.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         most = self._max_connections
-        if most is not None and self._manager is not None and len(self._manager.connections) > most:
+        if most is not None and self.open_connections() > most:
             # Each connection holds a descriptor: past the cap, the health port could not
             # accept its probes, nor the front open a body's buffer.
             if self.transport is not None:
@@ -148,32 +150,28 @@ class Connection(web_protocol.RequestHandler):
         if self._direct_call is not None:
             # The direct path took the first request before this loop began: aiohttp's turn
             # comes when it leaves one (as when aiohttp waits for a request).
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self.wait_as_idle()
         await super().start()
 
     def data_received(self, data: bytes) -> None:
-        self._last_data = self._loop.time()
-        waiter = self._waiter
+        self._last_data = self.aio_loop.time()
+        waiter = self.aio_waiter
         if self._direct is not None and (
             (waiter is not None and not waiter.done()) or not self._aiohttp_started
         ):
             # aiohttp waits for a request, or its loop has not begun (on Python 3.11 it starts
             # on the next iteration, often after the first request came): it is woken only
             # for one the direct path leaves.
-            self._waiter = None
+            self.aio_waiter = None
             try:
                 super().data_received(data)
             finally:
-                self._waiter = waiter
+                self.aio_waiter = waiter
             taken = self._take_requests()
         else:
             super().data_received(data)
             taken = False
-        if taken or self._messages or self._current_request is not None or self._direct_call:
+        if taken or self.aio_messages or self.aio_current_request is not None or self._direct_call:
             self._disarm_head_timer()  # a whole head arrived
         elif data:
             self._head_started = True
@@ -181,24 +179,38 @@ class Connection(web_protocol.RequestHandler):
 
     def _take_requests(self) -> bool:
         """Serve the parsed requests from the first on, one at a time, while the direct path
-        takes them; wake aiohttp for the first it leaves. Whether any was taken."""
+        takes them; wake aiohttp for the first it leaves. Whether any was taken.
+
+        A client may pipeline more requests than aiohttp's queue holds: reading is then held
+        (``aio_buffer_paused``) until the queue drains, which aiohttp's own loop would see to;
+        here :meth:`~abeja_runtime.front.aiohttp_private.HandlerInternals.release_queue_hold`
+        does, while the connection is busy (a parse then queues requests, takes none)."""
         direct = self._direct
         assert direct is not None
         taken = False
-        while self._direct_call is None and self._messages and not self._force_close:
-            message, payload = self._messages[0]
+        messages = self.aio_messages
+        while self._direct_call is None and not self.aio_force_close:
+            if not messages:
+                if not self.aio_buffer_paused:
+                    break
+                self._direct_call = _TAKING
+                try:
+                    self.release_queue_hold()
+                finally:
+                    if self._direct_call is _TAKING:
+                        self._direct_call = None
+                if not messages:
+                    break
+                continue
+            message, payload = messages[0]
             if not isinstance(message, RawRequestMessage) or not direct.accepts(
                 self, message, payload
             ):
-                waiter = self._waiter
+                waiter = self.aio_waiter
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
                 break
-            self._messages.popleft()
-            if self._parser is not None:
-                self._parser.message_consumed()
-            if self._manager is not None:
-                self._manager.requests_count += 1
+            self.pop_message()
             taken = True
             # Busy while it is taken: reading its body may resume the transport's reading,
             # which parses (and would take) the requests behind it.
@@ -206,6 +218,8 @@ class Connection(web_protocol.RequestHandler):
             call = direct.take(self, message, payload)
             if self._direct_call is _TAKING:  # else answered at once (direct_done)
                 self._direct_call = call
+            if self.aio_buffer_paused and self._direct_call is not None:
+                self.release_queue_hold()
         return taken
 
     def send_direct(self, data: bytes, body: bytes = b"") -> None:
@@ -225,15 +239,9 @@ class Connection(web_protocol.RequestHandler):
         if close:
             self.force_close()  # the transport closes once what was written is sent
             return
-        if self._force_close or self.transport is None:
+        if self.aio_force_close or self.transport is None:
             return
-        loop = self._loop
-        if self._keepalive_timeout > 0:
-            self._next_keepalive_close_time = loop.time() + self._keepalive_timeout
-            if self._keepalive_handle is None:
-                self._keepalive_handle = loop.call_at(
-                    self._next_keepalive_close_time, self._process_keepalive
-                )
+        self.arm_keepalive()
         if not taking:
             self._take_requests()
 
@@ -241,14 +249,11 @@ class Connection(web_protocol.RequestHandler):
         """aiohttp calls this each time a body is read below its low-water mark, and it then
         parses the buffer again (one more ``data_received``) even when reading was never
         paused: only a paused connection has anything to resume."""
-        if self._reading_paused:
+        if self.aio_reading_paused:
             super().resume_reading(resume_parser)
 
-    def _process_keepalive(self) -> None:
-        if self._direct_call is not None:  # not idle: armed again when the answer is out
-            self._keepalive_handle = None
-            return
-        super()._process_keepalive()
+    def keepalive_deferred(self) -> bool:
+        return self._direct_call is not None  # not idle: armed again when the answer is out
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm_head_timer()
@@ -283,7 +288,7 @@ class Connection(web_protocol.RequestHandler):
         if payload.is_eof():
             return None
         # Every byte received so far is parsed (reading is on): the rest is to come.
-        assert self.transport is not None and not self._reading_paused
+        assert self.transport is not None and not self.aio_reading_paused
         capture = BodyCapture(self, memoryview(into)[offset:size], done)
         self.transport.set_protocol(capture)
         return capture
@@ -292,7 +297,7 @@ class Connection(web_protocol.RequestHandler):
         """Read no more of the current request's body until it is captured: a body waiting
         for a place stays in the socket (and the client), not in the front's memory, and
         it is then read straight into its buffer rather than through the parser."""
-        if not payload.is_eof() and not self._reading_paused:
+        if not payload.is_eof() and not self.aio_reading_paused:
             self.pause_reading()
 
     def _parsed_body(self, payload: StreamReader) -> Iterator[bytes]:
@@ -302,7 +307,7 @@ class Connection(web_protocol.RequestHandler):
         while True:
             while chunk := payload.read_nowait(-1):
                 yield chunk
-            if payload.is_eof() or not self._reading_paused:
+            if payload.is_eof() or not self.aio_reading_paused:
                 return
             self.resume_reading()
 
@@ -313,28 +318,21 @@ class Connection(web_protocol.RequestHandler):
         return (
             transport is not None
             and not transport.is_closing()
-            and not self._buffer_paused
-            and not self._force_close
-            and not self._upgraded
+            and not self.aio_buffer_paused
+            and not self.aio_force_close
+            and not self.aio_upgraded
         )
 
     def body_progress(self) -> None:
         """Bytes of a captured body arrived (the stall watch looks at when)."""
-        self._last_data = self._loop.time()
+        self._last_data = self.aio_loop.time()
 
     def body_captured(self) -> None:
         """The captured body is whole: the connection reads again, with a fresh parser (the
         old one is still waiting for the body's bytes)."""
         assert self.transport is not None
         self.transport.set_protocol(self)
-        self._parser = HttpRequestParser(
-            self,
-            self._loop,
-            self._read_bufsize,
-            payload_exception=web_protocol.RequestPayloadError,
-            max_msg_queue_size=web_protocol.MAX_MSG_QUEUE_SIZE,
-            **self._parser_options,
-        )
+        self.replace_parser(self._parser_options)
 
     def watch_body(
         self,
@@ -352,11 +350,11 @@ class Connection(web_protocol.RequestHandler):
         ``data_received`` sets) rather than being reset for every packet, and at the body
         watched now (a timer armed for an earlier body serves the next one).
         """
-        now = self._loop.time()
+        now = self.aio_loop.time()
         self._last_data = now
         self._watched = (arriving, stalled, received, now, received() if received else 0)
         if self._body_timer is None:
-            self._body_timer = self._loop.call_later(self._head_timeout, self._check_body)
+            self._body_timer = self.aio_loop.call_later(self._head_timeout, self._check_body)
 
     def _check_body(self) -> None:
         self._body_timer = None
@@ -366,7 +364,7 @@ class Connection(web_protocol.RequestHandler):
         if not arriving():
             self._watched = None
             return
-        now = self._loop.time()
+        now = self.aio_loop.time()
         idle = now - self._last_data
         if idle >= self._head_timeout:
             self._watched = None
@@ -379,14 +377,14 @@ class Connection(web_protocol.RequestHandler):
                 self._watched = None
                 stalled(BodyTooSlow(rate, MIN_BODY_RATE))
                 return
-        self._body_timer = self._loop.call_later(
+        self._body_timer = self.aio_loop.call_later(
             min(self._head_timeout - idle, max(0.0, self._head_timeout - watched_for) or 1.0),
             self._check_body,
         )
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self._loop.call_later(self._head_timeout, self._head_timed_out)
+            self._head_timer = self.aio_loop.call_later(self._head_timeout, self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -396,7 +394,7 @@ class Connection(web_protocol.RequestHandler):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        busy = self._messages or self._current_request is not None or self._direct_call
+        busy = self.aio_messages or self.aio_current_request is not None or self._direct_call
         if busy or self.transport is None:
             return
         if self._head_started:  # a partial request: it can still be told why
@@ -495,15 +493,15 @@ class _Server(web.Server):
             if name in kwargs
         }
 
-    def __call__(self) -> web_protocol.RequestHandler:
+    def __call__(self) -> Connection:
         return Connection(
             self,
-            loop=self._loop,
+            loop=server_loop(self),
             head_timeout=self._head_timeout,
             direct=self._direct,
             parser_options=self._parser_options,
             max_connections=self._max_connections,
-            **self._kwargs,
+            **handler_kwargs(self),
         )
 
 

@@ -1,8 +1,8 @@
 """Helpers of the CLI tests: run the real ``abeja`` command and look at what it left.
 
-Imported by the test modules and by ``conftest.py`` of this package
-(``from .helpers import ...``): never ``from conftest import``, which would pick whichever
-conftest module pytest imported last.
+Imported by the CLI test modules and by ``tests/cli/conftest.py`` (``from helpers.cli import
+...``): never ``from conftest import``, which would pick whichever conftest module pytest
+imported last.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import io
 import os
 import queue
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "samples"
-PROJECTS = Path(__file__).parent / "projects"
+PROJECTS = REPO / "tests" / "cli" / "projects"
 REQUIRE_DOCKER = os.environ.get("ABEJA_REQUIRE_DOCKER") == "1"
 BASE_IMAGE = os.environ.get("BASE_IMAGE", "python:3.11-slim")
 LABEL = "org.abeja-runtime"
@@ -299,3 +300,12 @@ class HeldIndex:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(10)
+
+
+def readme_run_local(project: Path) -> list[str]:
+    line = next(
+        line
+        for line in (project / "README.md").read_text().splitlines()
+        if line.startswith("abeja model run-local ")
+    )
+    return shlex.split(line)[1:]

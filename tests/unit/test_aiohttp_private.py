@@ -1,0 +1,189 @@
+"""aiohttp's private names that the front relies on (``front/aiohttp_private.py``) exist on the
+installed aiohttp: an upgrade that removes or renames any fails here, with the list of all that
+are gone. And the facade does with them what aiohttp's own request loop does: a connection whose
+client pipelines more requests than aiohttp's queue holds is served to the end."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import types
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http import RawRequestMessage
+from aiohttp.streams import StreamReader
+
+from abeja_runtime.front.aiohttp_private import (
+    PRIVATE_NAMES,
+    HandlerInternals,
+    handler_kwargs,
+    server_loop,
+)
+from abeja_runtime.front.connection import Connection
+
+
+def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+
+
+async def _not_found(request: web.BaseRequest) -> web.StreamResponse:
+    return web.Response(status=404)
+
+
+def _resolve(owner: str) -> Any:
+    """The module, or the class, that ``owner`` names (``None``: gone)."""
+    module_name, _, rest = owner.rpartition(".")
+    try:
+        return importlib.import_module(owner)
+    except ImportError:
+        pass
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    return getattr(module, rest, None)
+
+
+def _missing_names() -> list[str]:
+    """Every name of PRIVATE_NAMES the installed aiohttp lacks: a class's on a live instance
+    (where aiohttp sets it in ``__init__``), else on the class (methods); a module's on it."""
+
+    async def probes() -> list[object]:
+        server = web.Server(_not_found)
+        return [server, server()]  # a server and one of its connection handlers
+
+    instances = run(probes)
+    missing = []
+    for owner, names in PRIVATE_NAMES.items():
+        found = _resolve(owner)
+        if found is None:
+            missing += [f"{owner}.{name} (no {owner})" for name in names]
+            continue
+        if isinstance(found, type):
+            found = next((each for each in instances if isinstance(each, found)), found)
+        missing += [f"{owner}.{name}" for name in names if not hasattr(found, name)]
+    return missing
+
+
+def test_every_private_name_the_front_relies_on_exists() -> None:
+    missing = _missing_names()
+    assert not missing, (
+        "the installed aiohttp lacks private names abeja_runtime.front.aiohttp_private "
+        "relies on:\n  " + "\n  ".join(missing)
+    )
+
+
+def test_the_facades_attributes_are_aiohttps_slots_as_fast_as_the_private_names() -> None:
+    """Each ``aio_*`` name is aiohttp's own ``__slots__`` descriptor: no property, no call, on
+    the direct path's reads (an aiohttp without the slot falls back to a slower property)."""
+    aliases = {name: value for name, value in vars(HandlerInternals).items() if name[:4] == "aio_"}
+    assert aliases
+    slow = [
+        name for name, value in aliases.items() if not isinstance(value, types.MemberDescriptorType)
+    ]
+    assert not slow, f"no longer aiohttp's slots (reached by name, slower): {slow}"
+    named = {value.__name__ for value in aliases.values()}
+    listed = {name for names in PRIVATE_NAMES.values() for name in names}
+    assert named <= listed, f"not in PRIVATE_NAMES: {sorted(named - listed)}"
+
+
+def test_a_replaced_parser_queues_requests_as_aiohttps_own() -> None:
+    async def scenario() -> tuple[list[str], int, bool]:
+        server = web.Server(_not_found)
+        handler = HandlerInternals(server, loop=server_loop(server), **handler_kwargs(server))
+        handler.replace_parser({"max_line_size": 100})
+        handler.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\n")
+        handler.data_received(b"Host: x\r\nContent-Length: 2\r\n\r\n{}")
+        paths = [message.path for message, _ in handler.aio_messages]
+        handler.pop_message()
+        return paths, len(handler.aio_messages), server.requests_count == 1
+
+    assert run(scenario) == (["/a", "/b"], 1, True)
+
+
+class _Transport(asyncio.Transport):
+    """What a connection writes and whether its reading is paused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.paused = False
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Call:
+    def client_gone(self) -> None:
+        pass
+
+
+class _Direct:
+    """Takes every request, answered later (one at a time, as the direct path does)."""
+
+    def __init__(self) -> None:
+        self.taken: list[str] = []
+
+    def accepts(self, connection: Connection, message: RawRequestMessage, payload: Any) -> bool:
+        return True
+
+    def take(
+        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+    ) -> _Call:
+        self.taken.append(message.path)
+        return _Call()
+
+
+def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served() -> None:
+    """aiohttp holds reading once its queue is full (32 parsed requests) and releases it from
+    its own request loop; requests the direct path takes never reach that loop, so the
+    connection releases it (release_queue_hold). Before it did, the 33rd request waited for
+    ever."""
+    count = 100
+
+    async def scenario() -> tuple[list[str], bool]:
+        server = web.Server(_not_found)
+        direct = _Direct()
+        connection = Connection(
+            server,
+            loop=server_loop(server),
+            head_timeout=30,
+            direct=direct,
+            parser_options={},
+            max_connections=None,
+            **handler_kwargs(server),
+        )
+        transport = _Transport()
+        connection.connection_made(transport)
+        await asyncio.sleep(0)  # aiohttp's request loop begins, and waits
+        connection.data_received(
+            b"".join(f"GET /{n} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for n in range(count))
+        )
+        for _ in range(count):
+            if len(direct.taken) == count and not transport.paused:
+                break
+            connection.direct_done(close=False)  # the answer is out: the next request
+        connection.connection_lost(None)
+        return direct.taken, transport.paused
+
+    taken, paused = run(scenario)
+    assert taken == [f"/{n}" for n in range(count)]
+    assert not paused
