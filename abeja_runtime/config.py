@@ -1,37 +1,53 @@
 """The runtime's settings: one frozen, picklable ``Config`` built once and passed down.
 
 The core's settings are declared here, once each (:mod:`abeja_runtime.settings`): name,
-variable, default and help; each style declares its own in its options dataclass
+variable, kind, default and help; each style declares its own in its options dataclass
 (:mod:`abeja_runtime.styles`), carried in ``Config.style_options``. ``main.py`` maps flags and
-environment variables onto them; worker processes receive the same object. Nothing below the
-command line reads ``os.environ`` for settings.
+environment variables onto them; worker processes receive the same object. A setting's kind is
+its validator (:data:`VALIDATORS`, as gunicorn's settings each name theirs): ``Config`` checks
+every declared value with it, however the value came, and says what is wrong and what to give
+instead. Nothing below the command line reads ``os.environ`` for the runtime's settings; the
+one variable read further down is another platform's own: the Seldon style reads seldon-core's
+``INCLUDE_METRICS_IN_CLIENT_RESPONSE`` in the handler process, as seldon-core does.
+
+Importing this module imports no style and nothing of :mod:`abeja_runtime.worker`: ``--style``'s
+choices come from the styles' static table (:data:`abeja_runtime.styles.REGISTERED`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
+import math
+import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime.errors import handler_format_message
 from abeja_runtime.pixels import DEFAULT_MAX_IMAGE_PIXELS
-from abeja_runtime.settings import setting
-from abeja_runtime.styles import Style, registered, style_named, style_names
+from abeja_runtime.settings import Setting, setting, settings_of
+from abeja_runtime.styles import REGISTERED, module_alone_allowed, style_names
+
+if TYPE_CHECKING:
+    from abeja_runtime.styles import Style
 
 __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "LOOPS",
+    "VALIDATORS",
     "Config",
     "PlatformIds",
-    "module_alone_allowed",
     "parse_bool",
     "parse_context",
+    "parse_size",
     "resolve_training_result_dir",
+    "setting_problems",
 ]
 
 #: The event loops a worker can run on (``--loop``).
@@ -41,13 +57,6 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 #: How log records are written (``--log-format``); ``auto`` is resolved by each process against
 #: the stream its records go to (:func:`abeja_runtime.logs.configure_logging`).
 LOG_FORMATS: Final = ("auto", "json", "text")
-
-
-def module_alone_allowed(style: str) -> bool:
-    """Whether HANDLER may name a module alone with ``style`` (``auto``: if a style takes it)."""
-    if style == "auto":
-        return any(candidate.module_only for candidate in registered())
-    return style_named(style).module_only
 
 
 @dataclass(frozen=True)
@@ -309,7 +318,7 @@ class Config:
         envvar="ABEJA_RUNTIME_STYLE",
         choices=style_names(),
         help="the handler's style: "
-        + ", ".join(f"`{style.name}` ({style.summary})" for style in registered())
+        + ", ".join(f"`{listed.name}` ({listed.summary})" for listed in REGISTERED)
         + "; `auto` detects it from what HANDLER names",
     )
     #: Served by the front with the style's services; every worker binds it.
@@ -342,56 +351,32 @@ class Config:
         return options
 
     def __post_init__(self) -> None:
-        problems = list(self._problems())
+        problems = setting_problems(self, keep=True)
+        for options in self.style_options.values():
+            if dataclasses.is_dataclass(options) and not isinstance(options, type):
+                problems += setting_problems(options)
+        if not problems:  # the values are of their kinds: how they go together
+            problems = self._problems()
         if problems:
             raise ValueError("; ".join(problems))
 
     def _problems(self) -> list[str]:
+        """What the settings' kinds cannot see alone: how the settings go together."""
         problems = []
-        if self.style not in style_names():
-            problems.append(f"style must be one of {', '.join(style_names())}, got {self.style!r}")
         colons = self.handler.count(":")
         if colons != 1 and not (colons == 0 and module_alone_allowed(self.style)):
             problems.append(handler_format_message(self.handler))
-        for name in ("port", "healthcheck_port"):
-            value = getattr(self, name)
-            if not 0 <= value <= 65535:
-                problems.append(f"{name} must be from 0 to 65535, got {value}")
         if self.port == self.healthcheck_port and self.port != 0:
-            problems.append(f"port and healthcheck port must differ, both are {self.port}")
-        if self.grpc_port is not None:
-            if not 1 <= self.grpc_port <= 65535:  # every worker binds it: no "any free port"
-                problems.append(f"gRPC port must be from 1 to 65535, got {self.grpc_port}")
-            elif self.grpc_port in (self.port, self.healthcheck_port):
-                problems.append(f"the gRPC port must differ from the HTTP ports ({self.grpc_port})")
-        for name, minimum in (("workers", 1), ("concurrency", 1), ("max_queue", 0)):
-            if getattr(self, name) < minimum:
-                problems.append(f"{name} must be at least {minimum}, got {getattr(self, name)}")
-        for name in ("timeout", "grace_period"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must not be negative, got {getattr(self, name)}")
-        for name in ("keepalive_timeout", "request_head_timeout"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be more than 0, got {getattr(self, name)}")
-        for name in (
-            "max_body_size",
-            "spool_threshold",
-            "max_parts",
-            "max_image_pixels",
-            "max_requests",
-            "max_worker_memory",
-        ):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.log_level not in LOG_LEVELS:
-            problems.append(f"log level must be one of {', '.join(LOG_LEVELS)}")
-        if self.log_format not in LOG_FORMATS:
             problems.append(
-                f"log format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}"
+                f"--port and --healthcheck-port must differ, both are {self.port}; "
+                "give each its own port"
             )
-        if self.loop not in LOOPS:
-            problems.append(f"loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
-        elif self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        if self.grpc_port is not None and self.grpc_port in (self.port, self.healthcheck_port):
+            problems.append(
+                f"--grpc-port must differ from the HTTP ports ({self.grpc_port}); "
+                "give it a port of its own"
+            )
+        if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             problems.append(
                 "--loop uvloop needs the uvloop package, which is not installed; "
                 "pip install 'abeja-runtime[fast]' (or use --loop auto)"
@@ -402,6 +387,177 @@ class Config:
     def stuck_after(self) -> float | None:
         """Seconds after which a still-running handler makes its worker be recycled (A1)."""
         return self.timeout + self.grace_period if self.timeout else None
+
+
+# --- the kinds' validators -----------------------------------------------------------------------
+#
+# One per kind of :data:`abeja_runtime.settings.KINDS`: it takes a value as the setting may be
+# given (typed, or as the text of its flag or variable) and returns it as the runtime keeps it,
+# or raises ValueError saying what the value must be. A setting declares its kind; the kind is
+# its validator; :func:`setting_problems` runs them, naming the flag and the variable.
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, str):
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError
+
+
+def _in_range(low: int, high: int | None, requirement: str) -> Callable[[Setting, Any], int]:
+    def validate(declared: Setting, value: Any) -> int:
+        try:
+            number = _whole(value)
+        except ValueError:
+            raise ValueError(requirement) from None
+        if number < low or (high is not None and number > high):
+            raise ValueError(requirement)
+        return number
+
+    return validate
+
+
+_port_from_1: Final = _in_range(
+    1, 65535, "must be a port number from 1 to 65535 (every worker binds it), or unset for off"
+)
+
+
+def _optional_port(declared: Setting, value: Any) -> int | None:
+    return None if value is None else _port_from_1(declared, value)
+
+
+def _seconds(above_zero: bool) -> Callable[[Setting, Any], float]:
+    requirement = (
+        "must be a number of seconds above 0 (e.g. 2.5)"
+        if above_zero
+        else "must be a number of seconds, 0 or more (e.g. 2.5; 0: no limit)"
+    )
+
+    def validate(declared: Setting, value: Any) -> float:
+        try:
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise ValueError
+            number = float(value)
+        except ValueError:
+            raise ValueError(requirement) from None
+        if math.isnan(number) or number < 0 or (above_zero and number == 0):
+            raise ValueError(requirement)
+        return number
+
+    return validate
+
+
+_SIZE: Final = re.compile(r"^\s*(\d+)\s*([kmg]i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``'1048576'``, ``'512KiB'``, ``'100MiB'``, ``'1GiB'`` (KB, MB, GB, K, M, G: 1024-based
+    too) → bytes; ``ValueError`` for anything else."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size in bytes (e.g. 1048576 or 100MiB)")
+    number, unit = match.groups()
+    power = " kmg".index(unit[0].lower()) if unit else 0
+    return int(number) * (1 << (10 * power))
+
+
+def _size(declared: Setting, value: Any) -> int:
+    requirement = (
+        "must be a size in bytes, 0 or more: a number, or one with KiB, MiB or GiB (e.g. 100MiB)"
+    )
+    try:
+        size = parse_size(value) if isinstance(value, str) else _whole(value)
+    except ValueError:
+        raise ValueError(requirement) from None
+    if size < 0:
+        raise ValueError(requirement)
+    return size
+
+
+def _choice(declared: Setting, value: Any) -> str:
+    if isinstance(value, str):
+        for choice in declared.choices:
+            if value.strip().lower() == choice.lower():
+                return choice
+    raise ValueError(f"must be one of {', '.join(declared.choices)}")
+
+
+def _json_object(declared: Setting, value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        return dict(value)
+    requirement = 'must be a JSON object (e.g. {"key": "value"})'
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            found = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{requirement}; this is not JSON ({exc})") from None
+        if isinstance(found, dict):
+            return found
+        requirement += f"; this is a JSON {type(found).__name__}"
+    raise ValueError(requirement)
+
+
+def _switch(declared: Setting, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_bool(value)
+        except ValueError:
+            pass
+    raise ValueError("must be on or off: true or false (yes/no, on/off, 1/0)")
+
+
+def _text(declared: Setting, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be text")
+    return value
+
+
+#: Each kind's validator: ``(setting, value) → the value kept``, else ValueError saying what
+#: the value must be; one for every kind of :data:`abeja_runtime.settings.KINDS` (a test checks).
+VALIDATORS: Final[Mapping[str, Callable[[Setting, Any], Any]]] = {
+    "text": _text,
+    "port": _in_range(0, 65535, "must be a port number from 0 to 65535 (0: any free port)"),
+    "optional_port": _optional_port,
+    "positive": _in_range(1, None, "must be a whole number, 1 or more"),
+    "count": _in_range(0, None, "must be a whole number, 0 or more"),
+    "seconds": _seconds(above_zero=False),
+    "positive_seconds": _seconds(above_zero=True),
+    "bytes": _size,
+    "choice": _choice,
+    "log_level": _choice,
+    "json_object": _json_object,
+    "switch": _switch,
+}
+
+
+@functools.cache
+def _declared(cls: type) -> tuple[Setting, ...]:
+    return settings_of(cls)
+
+
+def setting_problems(obj: Any, *, keep: bool = False) -> list[str]:
+    """Each of the settings of the dataclass ``obj`` checked by its kind's validator: a sentence
+    per bad value, naming its flag and variable, what it must be and what it is. With ``keep``,
+    a good value is stored as its validator returns it (``'100MiB'`` → 104857600), even in a
+    frozen dataclass (for its ``__post_init__``)."""
+    problems = []
+    cls: type = type(obj)
+    for declared in _declared(cls):
+        value = getattr(obj, declared.name)
+        try:
+            kept = VALIDATORS[declared.kind](declared, value)
+        except ValueError as exc:
+            where = f" ({declared.envvar})" if declared.envvar else ""
+            problems.append(f"{declared.flag}{where} {exc}, got {value!r}")
+            continue
+        if keep and kept is not value:
+            object.__setattr__(obj, declared.name, kept)
+    return problems
 
 
 _TRUE: Final = frozenset({"y", "yes", "t", "true", "on", "1"})

@@ -1,16 +1,22 @@
 """Handler styles: handlers written for other serving platforms, served unchanged next to ABEJA's.
 
-A style turns what ``HANDLER`` names into an ABEJA-style ``handler(request, context)`` that
-returns the usual result dict, so that the front's queue, deadlines, health checks, metrics and
-logs apply to every style alike (no second server). A style with a gRPC protocol also brings an
-``RpcService`` for ``--grpc-port``.
+A style turns what ``HANDLER`` names into a :class:`LoadedHandler`: an ABEJA-style
+``handler(request, context)`` (an adapter's answers are already encoded: an
+:class:`~abeja_runtime.encode.EncodedResponse`, in the other platform's own form), so that the
+front's queue, deadlines, health checks, metrics and logs apply to every style alike (no second
+server). A style with a gRPC protocol also brings an :class:`RpcService` for ``--grpc-port``.
+This module is that contract, between the styles and the handler process
+(:mod:`abeja_runtime.worker`), and it imports neither.
 
 Each style is a module or package of this folder that defines ``STYLE``, a :class:`Style`, and
-is named in :data:`REGISTERED`: adding one is that module and one line there. Its settings are
-its own options dataclass (:mod:`abeja_runtime.settings`), which the command line, the docs and
-:class:`~abeja_runtime.config.Config` take from it. What declares a style stays light: the
-front imports every style for its options; what a style needs to serve (numpy, Pillow,
-onnxruntime, kserve, protobuf) is imported by its :meth:`Style.load`, in the handler process.
+is listed in :data:`REGISTERED` (its name, its module and a few words for ``--help``): adding one
+is that module and one line there. ``--style``'s choices and help come from that table alone, so
+that :mod:`abeja_runtime.config` (and the front, which imports it) loads no style. Its settings
+are its own options dataclass (:mod:`abeja_runtime.settings`), which the command line
+(:mod:`abeja_runtime.options`, the one place besides the handler process that imports every
+style) and the docs take from it. What declares a style stays light; what a style needs to
+serve (numpy, Pillow, onnxruntime, kserve, protobuf) is imported by its :meth:`Style.load`, in
+the handler process.
 
 * ``abeja``: ``handler(request, context)`` (ABEJA Platform 19.04+), served as it is.
 * ``abeja-v1``: ``handler(iterable, context)`` generators of the 18.10 images.
@@ -26,38 +32,105 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from abeja_runtime.errors import HandlerLoadError
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = [
     "REGISTERED",
     "Choice",
     "ClassStyle",
+    "Listed",
+    "LoadedHandler",
+    "RpcResult",
+    "RpcService",
     "Style",
     "Target",
     "choose",
     "class_named_like",
     "defined_classes",
     "misfit",
+    "module_alone_allowed",
     "registered",
     "style_named",
     "style_names",
 ]
 
-#: The styles, by the module (or package) of this folder that declares each, in the order
-#: ``auto`` tries them: the first whose :meth:`Style.detect` recognises what HANDLER names
-#: serves it; ``abeja``, last, takes what no other does.
-REGISTERED: Final = ("abeja_v1", "cortex", "kserve", "seldon", "abeja")
+
+class Listed(NamedTuple):
+    """A style as :data:`REGISTERED` lists it, without importing it."""
+
+    #: What ``--style`` takes; the ``name`` of its ``STYLE``.
+    name: str
+    #: The module (or package) of this folder that defines ``STYLE``.
+    module: str
+    #: What it serves, a few words for ``--style``'s help.
+    summary: str
+
+
+#: The styles, in the order ``auto`` tries them: the first whose :meth:`Style.detect`
+#: recognises what HANDLER names serves it; ``abeja``, last, takes what no other does. A static
+#: table, so that ``--style``'s choices and help cost no import (a test checks it against the
+#: styles themselves).
+REGISTERED: Final = (
+    Listed("abeja-v1", "abeja_v1", "18.10 generator handlers"),
+    Listed("cortex", "cortex", "pre_inference/post_inference + ONNX model"),
+    Listed("kserve", "kserve", "kserve.Model class"),
+    Listed("seldon", "seldon", "class with predict"),
+    Listed("abeja", "abeja", "handler(request, context)"),
+)
 _MISSING: Final = object()
+
+
+#: What a gRPC call gives back: the gRPC status code's value (0: OK), the response message's
+#: bytes, the error message, and the HTTP status the access log counts for it.
+RpcResult = tuple[int, bytes, str, int]
+
+
+class RpcService(Protocol):
+    """A style's gRPC services (KServe's Open Inference protocol, Seldon Core's services), run
+    in the handler process; the front's gRPC server (``rpc.py``) forwards each call's method
+    and message bytes."""
+
+    #: The full names of the methods served (``/package.Service/Method``).
+    methods: tuple[str, ...]
+    #: Whether :meth:`call` returns an awaitable (run on the handler process's event loop).
+    is_async: bool
+
+    def call(
+        self, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]
+    ) -> RpcResult | Awaitable[RpcResult]: ...
+
+
+@dataclass(frozen=True)
+class LoadedHandler:
+    """What a style's :meth:`Style.load` hands the handler process: the handler, and whether it
+    must be awaited (decided once, at load time).
+
+    ``func`` is always called as ABEJA's ``handler(request, context)``. For the ``abeja`` style
+    it is the user's function, returning ABEJA's result dict; other styles' adapters wrap the
+    user's code and return an :class:`~abeja_runtime.encode.EncodedResponse` (the other
+    platform's answer, encoded once); ``style`` says which one.
+    """
+
+    func: Any
+    is_async: bool
+    name: str
+    style: str = "abeja"
+    #: The style's gRPC services; None for styles that have no gRPC protocol.
+    rpc: RpcService | None = None
+    #: The style's teardown, called once at shutdown after the last request (KServe's
+    #: ``Model.stop()``, which its ModelServer calls as it stops).
+    stop: Callable[[], object] | None = None
+    #: Paths of the service port that the front answers itself (KServe's ``/metrics``).
+    front_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,10 +163,8 @@ class Choice:
 class Style:
     """What a style is to the rest of the runtime; each style's ``STYLE`` is one of these."""
 
-    #: The name ``--style`` takes.
+    #: The name ``--style`` takes, as :data:`REGISTERED` lists it.
     name: str = ""
-    #: What it serves, a few words for ``--style``'s help.
-    summary: str = ""
     #: Its settings: a frozen dataclass of :func:`~abeja_runtime.settings.setting` fields (and
     #: plain fields that only a command sets), or None.
     options: type | None = None
@@ -148,22 +219,36 @@ class ClassStyle(Style):
         return subject
 
 
+def _imported(listed: Listed) -> Style:
+    style: Style = importlib.import_module(f"{__name__}.{listed.module}").STYLE
+    return style
+
+
 @functools.cache
 def registered() -> tuple[Style, ...]:
-    """Every style, in :data:`REGISTERED`'s order."""
-    return tuple(importlib.import_module(f"{__name__}.{name}").STYLE for name in REGISTERED)
+    """Every style, imported, in :data:`REGISTERED`'s order."""
+    return tuple(_imported(listed) for listed in REGISTERED)
 
 
 def style_names() -> tuple[str, ...]:
-    """What ``--style`` takes: ``auto`` and each style's name."""
-    return ("auto", *(style.name for style in registered()))
+    """What ``--style`` takes: ``auto`` and each style's name (no style is imported)."""
+    return ("auto", *(listed.name for listed in REGISTERED))
 
 
 def style_named(name: str) -> Style:
-    for style in registered():
-        if style.name == name:
-            return style
+    """The style called ``name``; only its own module is imported."""
+    for listed in REGISTERED:
+        if listed.name == name:
+            return _imported(listed)
     raise ValueError(f"style must be one of {', '.join(style_names())}, got {name!r}")
+
+
+def module_alone_allowed(style: str) -> bool:
+    """Whether HANDLER may name a module alone with ``style`` (``auto``: if a style takes it).
+    Imports the style (every style, for ``auto``)."""
+    if style == "auto":
+        return any(candidate.module_only for candidate in registered())
+    return style_named(style).module_only
 
 
 def choose(target: Target, requested: str) -> Choice:

@@ -1,4 +1,4 @@
-"""What every adapter needs: result dicts, bodies, headers, optional imports.
+"""What every adapter needs: encoded answers, bodies, headers, optional imports.
 
 Adapters answer with encoded responses (:func:`json_result`, :func:`text_result`), not ABEJA
 result dicts: the runtime's own serialisation rules (a list becomes JSON Lines) never reshape

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from abeja_runtime.errors import HandlerLoadError, handler_format_message
-from abeja_runtime.styles import Choice, Style, Target
-from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.styles import Choice, LoadedHandler, Style, Target
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
@@ -22,7 +21,6 @@ __all__ = ["STYLE", "checked_handler"]
 
 class _Abeja(Style):
     name = "abeja"
-    summary = "handler(request, context)"
 
     def detect(self, target: Target) -> Choice:
         if target.obj is Target.MISSING:

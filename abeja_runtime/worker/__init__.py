@@ -4,6 +4,8 @@ A handler process (:mod:`.process`, started as ``python -m abeja_runtime.worker`
 user's handler (:mod:`.loader`, with the style that :mod:`abeja_runtime.styles` chooses), reads
 a call frame, builds ABEJA's request from it (:mod:`.decode`, :mod:`.request`), calls the handler
 (:mod:`.calls`; ``async def`` handlers on :mod:`.handler_loop`), encodes the result and writes
-the answer frame before it reads the next call. A batch run (:mod:`.batch`, with
-:mod:`.datalake`) calls the handler the same way, without a front. Nothing here imports aiohttp.
+the answer frame (a ``def`` handler at ``--concurrency 1`` before it reads the next call; on
+threads or an event loop, calls overlap). A batch run (:mod:`.batch`, with :mod:`.datalake`)
+calls the handler the same way, without a front; only those two import aiohttp (the batch
+run's HTTP client), never a handler process.
 """

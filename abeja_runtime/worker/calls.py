@@ -1,6 +1,6 @@
 """One handler call, on the handler's side: request in, encoded answer out, every error an answer.
 
-A handler process (``worker.py``) and a batch run (``batch.py``) both go through here: the
+A handler process (``worker/process.py``) and a batch run (``batch.py``) both go through here: the
 request is built (``decode.py``: the file-like body, multipart parts spooled to disk), the
 handler is called with a fresh copy of the context, and its result is checked and encoded
 (``encode.py``). What goes wrong on the way becomes a reply through
@@ -24,8 +24,8 @@ from abeja_runtime.errors import HandlerResultError, HttpError, ImageTooLarge
 from abeja_runtime.limits import BodyLimits
 from abeja_runtime.logs import user_exc_info
 from abeja_runtime.pixels import is_image_bomb
+from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.worker.decode import decode_request
-from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.request import Request
 
 __all__ = [

@@ -19,9 +19,9 @@ from pathlib import Path
 from types import ModuleType
 
 from abeja_runtime import styles
-from abeja_runtime.config import Config, module_alone_allowed
+from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError, handler_format_message
-from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.styles import LoadedHandler, module_alone_allowed
 
 __all__ = ["load_handler"]
 

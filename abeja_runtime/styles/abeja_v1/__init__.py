@@ -7,19 +7,17 @@ import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from abeja_runtime.styles import Choice, Style, Target
+from abeja_runtime.styles import Choice, LoadedHandler, Style, Target
 from abeja_runtime.styles.abeja import checked_handler
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE"]
 
 
 class _AbejaV1(Style):
     name = "abeja-v1"
-    summary = "18.10 generator handlers"
 
     def detect(self, target: Target) -> Choice | None:
         obj = target.obj

@@ -24,8 +24,8 @@ from typing import Any, Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, encoded_reply, json_dumps, status_reply
+from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.styles._common import JSON, media_type, require
-from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]

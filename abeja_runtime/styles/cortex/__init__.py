@@ -11,11 +11,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime.settings import setting
-from abeja_runtime.styles import Choice, Style, Target
+from abeja_runtime.styles import Choice, LoadedHandler, Style, Target
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE", "CortexOptions"]
 
@@ -43,7 +42,6 @@ class CortexOptions:
 
 class _Cortex(Style):
     name = "cortex"
-    summary = "pre_inference/post_inference + ONNX model"
     options = CortexOptions
     module_only = True
 

@@ -37,6 +37,7 @@ from typing import Any, Final, Protocol
 from abeja_runtime.config import Config, resolve_training_result_dir
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.styles._common import (
     BodyNotJson,
     json_result,
@@ -46,7 +47,6 @@ from abeja_runtime.styles._common import (
     text_result,
 )
 from abeja_runtime.styles.cortex import CortexOptions
-from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]

@@ -13,11 +13,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.settings import setting
-from abeja_runtime.styles import Choice, ClassStyle, Target, class_named_like, defined_classes
+from abeja_runtime.styles import (
+    Choice,
+    ClassStyle,
+    LoadedHandler,
+    Target,
+    class_named_like,
+    defined_classes,
+)
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE", "KserveOptions", "is_kserve_model"]
 
@@ -47,7 +53,6 @@ class KserveOptions:
 
 class _Kserve(ClassStyle):
     name = "kserve"
-    summary = "kserve.Model class"
     options = KserveOptions
     expected = "a kserve.Model subclass (or an instance of one)"
 

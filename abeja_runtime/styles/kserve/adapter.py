@@ -39,6 +39,7 @@ from typing import Any, Final, Union
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.styles._common import (
     JSON,
     BodyNotJson,
@@ -52,7 +53,6 @@ from abeja_runtime.styles._common import (
     text_result,
 )
 from abeja_runtime.styles.kserve import KserveOptions
-from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]

@@ -22,8 +22,8 @@ from typing import Any, Final, NamedTuple
 
 import grpc
 
+from abeja_runtime.styles import RpcResult
 from abeja_runtime.styles._common import finish_now, require
-from abeja_runtime.worker.handler import RpcResult
 
 __all__ = ["HTTP_STATUS", "GrpcService"]
 

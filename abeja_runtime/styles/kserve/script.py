@@ -32,8 +32,8 @@ from abeja_runtime.styles._common import require
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
+    from abeja_runtime.styles import LoadedHandler
     from abeja_runtime.styles.kserve import KserveOptions
-    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["ScriptModels", "load_script", "run_main_script"]
 

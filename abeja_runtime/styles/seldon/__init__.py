@@ -11,12 +11,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime.settings import setting
-from abeja_runtime.styles import Choice, ClassStyle, Target, class_named_like, defined_classes
+from abeja_runtime.styles import (
+    Choice,
+    ClassStyle,
+    LoadedHandler,
+    Target,
+    class_named_like,
+    defined_classes,
+)
 from abeja_runtime.styles.kserve import is_kserve_model
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
-    from abeja_runtime.worker.handler import LoadedHandler
 
 __all__ = ["STYLE", "SeldonOptions"]
 
@@ -88,7 +94,6 @@ class SeldonOptions:
 
 class _Seldon(ClassStyle):
     name = "seldon"
-    summary = "class with predict"
     options = SeldonOptions
     expected = "a class with a predict(X, features_names) method (or an instance of one)"
 

@@ -36,13 +36,13 @@ from abeja_runtime.config import Config, parse_bool
 from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.metrics import reported_metrics
-from abeja_runtime.styles import tftensor
+from abeja_runtime.styles import LoadedHandler, tftensor
 from abeja_runtime.styles._common import json_result, media_type, read_body, require, text_result
 from abeja_runtime.styles.seldon import SeldonOptions
-from abeja_runtime.worker.handler import LoadedHandler
+from abeja_runtime.styles.seldon.errors import SeldonError
 from abeja_runtime.worker.request import Request
 
-__all__ = ["adapt", "grpc_error_text"]
+__all__ = ["adapt"]
 
 _log = logging.getLogger("abeja_runtime")
 _METRIC_TYPES: Final = ("COUNTER", "GAUGE", "TIMER")
@@ -84,24 +84,6 @@ _METADATA_DEFAULTS: Final = {
 
 #: ``_call``'s fallback for a method that seldon-core refuses to do without.
 _UNDEFINED: Final = object()
-
-
-class _SeldonError(Exception):
-    """Seldon's ``SeldonMicroserviceException``: a status code and a reason for the client."""
-
-    def __init__(self, message: str, status: int = 400, reason: str = "MICROSERVICE_BAD_DATA"):
-        super().__init__(message)
-        self.message, self.status_code, self.reason = message, status, reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": {"status": 1, "info": self.message, "code": -1, "reason": self.reason}}
-
-
-def grpc_error_text(exc: Exception) -> str:
-    """What grpcio says of ``exc`` after "Exception calling application: " in seldon-core: the
-    exception's text, which for its own ``SeldonMicroserviceException`` is empty (it does not
-    pass its message to ``Exception``)."""
-    return "" if isinstance(exc, _SeldonError) else str(exc)
 
 
 def adapt(subject: Any, *, config: Config, options: SeldonOptions, workdir: Path) -> LoadedHandler:
@@ -285,7 +267,9 @@ class _Component:
         self.metadata = self._init_metadata(environment_metadata)
         self._error_handlers = error_handlers
         #: seldon-core's INCLUDE_METRICS_IN_CLIENT_RESPONSE (default true): with false, custom
-        #: metrics are exported on /metrics but left out of the client's ``meta.metrics``.
+        #: metrics are exported on /metrics but left out of the client's ``meta.metrics``. Not
+        #: a setting of the runtime: seldon-core's own variable, read here as seldon-core reads
+        #: it (the one ``os.environ`` read below the command line; see config.py).
         self._metrics_to_client = (
             os.environ.get("INCLUDE_METRICS_IN_CLIENT_RESPONSE", "true").lower() == "true"
         )
@@ -295,10 +279,10 @@ class _Component:
     def handle(self, request: Request, context: dict[str, Any]) -> EncodedResponse:
         route = _ROUTES.get(request.path.rstrip("/") or "/")
         if route is None:
-            return json_result(_SeldonError(f"not found: {request.path}").to_dict(), 404)
+            return json_result(SeldonError(f"not found: {request.path}").to_dict(), 404)
         methods, action = route
         if request["http_method"] not in methods:
-            error = _SeldonError(f"method {request['http_method']} is not allowed here")
+            error = SeldonError(f"method {request['http_method']} is not allowed here")
             return json_result(error.to_dict(), 405)
         try:
             if action == "ping":
@@ -307,7 +291,7 @@ class _Component:
                 return json_result(self._health())
             if action == "metadata":
                 if self.metadata is None:
-                    raise _SeldonError(
+                    raise SeldonError(
                         "Model metadata unavailable", 500, "MICROSERVICE_BAD_METADATA"
                     )
                 return json_result(self.metadata)
@@ -349,7 +333,7 @@ class _Component:
         features, meta = self._features(message)
         routing = self._call("route", features, _names(message), meta, _UNDEFINED)
         if not isinstance(routing, int):
-            raise _SeldonError(f"Routing response must be int but got {routing}")
+            raise SeldonError(f"Routing response must be int but got {routing}")
         routed = self._np.array([[routing]])
         return self._response(message, routed, meta, self._to_client(self._metrics([])), {})
 
@@ -360,12 +344,12 @@ class _Component:
             return answer
         messages = message.get("seldonMessages") if isinstance(message, dict) else None
         if not isinstance(messages, list) or not messages:
-            raise _SeldonError(f"Invalid request data type: {message}")
+            raise SeldonError(f"Invalid request data type: {message}")
         features_list = [self._features(item)[0] for item in messages]
         names_list = [_names(item) for item in messages]
         method = getattr(self._model, "aggregate", None)
         if not callable(method):  # seldon-core's words, for a component that is no combiner
-            raise _SeldonError("Aggregate not defined")
+            raise SeldonError("Aggregate not defined")
         result = method(features_list, names_list)
         data, tags, metrics = _unpack(result)
         first_meta = messages[0].get("meta") if isinstance(messages[0], dict) else None
@@ -376,7 +360,7 @@ class _Component:
     def _feedback(self, message: Any, raw_message: Any) -> Any:
         """``send_feedback(X, names, reward, truth, routing=...)`` for a ``Feedback`` message."""
         if not isinstance(message, dict) or not isinstance(message.get("request"), dict):
-            raise _SeldonError(f"Invalid request data type: {message}")
+            raise SeldonError(f"Invalid request data type: {message}")
         reward = message.get("reward")
         if reward and isinstance(reward, int | float) and not isinstance(reward, bool):
             exported = reported_metrics()
@@ -440,13 +424,13 @@ class _Component:
                 if not _not_implemented(exc):
                     raise
         if fallback is _UNDEFINED:
-            raise _SeldonError(f"{name.capitalize()} not defined")
+            raise SeldonError(f"{name.capitalize()} not defined")
         return fallback
 
     def _features(self, message: Any) -> tuple[Any, Any]:
         """Seldon's ``extract_request_parts_json``: the payload as the model receives it."""
         if not isinstance(message, dict):
-            raise _SeldonError(f"Invalid request data type: {message}")
+            raise SeldonError(f"Invalid request data type: {message}")
         meta = message.get("meta")
         if "data" in message:
             data = message["data"] or {}
@@ -455,14 +439,14 @@ class _Component:
                 try:
                     return self._np.array(tensor["values"]).reshape(tensor["shape"]), meta
                 except (KeyError, TypeError, ValueError) as exc:
-                    raise _SeldonError(f"Invalid tensor in request: {exc}") from exc
+                    raise SeldonError(f"Invalid tensor in request: {exc}") from exc
             if "ndarray" in data:
                 return self._np.array(data["ndarray"]), meta
             if "tftensor" in data:
                 try:
                     return tftensor.to_array(data["tftensor"], self._np), meta
                 except tftensor.TensorError as exc:
-                    raise _SeldonError(f"Invalid tftensor in request: {exc}") from None
+                    raise SeldonError(f"Invalid tftensor in request: {exc}") from None
             return self._np.array([]), meta
         if "jsonData" in message:
             return message["jsonData"], meta
@@ -472,8 +456,8 @@ class _Component:
             try:
                 return base64.b64decode(message["binData"]), meta
             except (binascii.Error, TypeError, ValueError) as exc:
-                raise _SeldonError(f"binData is not base64: {exc}") from exc
-        raise _SeldonError(f"Invalid request data type: {message}")
+                raise SeldonError(f"binData is not base64: {exc}") from exc
+        raise SeldonError(f"Invalid request data type: {message}")
 
     def _response(
         self, request: Any, data: Any, meta: Any, metrics: list[Any], tags: dict[str, Any]
@@ -488,7 +472,7 @@ class _Component:
             response["strData"] = data
         else:
             if not isinstance(data, list | self._np.ndarray):
-                raise _SeldonError(
+                raise SeldonError(
                     "Unknown data type returned as payload (must be list or np array):" + str(data)
                 )
             array = data if isinstance(data, self._np.ndarray) else self._np.array(data)
@@ -541,7 +525,7 @@ class _Component:
 
     def _metrics(self, runtime: list[Any]) -> list[Any]:
         if not _valid_metrics(runtime):
-            raise _SeldonError(
+            raise SeldonError(
                 f"Bad metric created during request: {json.dumps(runtime, default=str)}",
                 500,
                 "MICROSERVICE_BAD_METRIC",
@@ -550,7 +534,7 @@ class _Component:
         if custom is None:
             return list(runtime)
         if not _valid_metrics(custom):
-            raise _SeldonError(
+            raise SeldonError(
                 f"Bad metric created during request: {json.dumps(custom, default=str)}",
                 500,
                 "MICROSERVICE_BAD_METRIC",
@@ -618,7 +602,7 @@ class _Component:
             _log.error("%s", body)
             return json_result(body, status)
         _log.exception("the Seldon model raised an error")
-        error = _SeldonError(str(exc), 500, "MICROSERVICE_INTERNAL_ERROR")
+        error = SeldonError(str(exc), 500, "MICROSERVICE_INTERNAL_ERROR")
         return json_result(error.to_dict(), 500)
 
 
@@ -645,7 +629,7 @@ def _message(request: Request) -> Any:
         return _json(text)
     body = read_body(request) if request["http_method"] != "GET" else b""
     if not body.strip():
-        raise _SeldonError("Can't find JSON in data")
+        raise SeldonError("Can't find JSON in data")
     return _json(body)
 
 
@@ -653,7 +637,7 @@ def _json(value: str | bytes) -> Any:
     try:
         return json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _SeldonError(f"Can't find JSON in data: {exc}") from exc
+        raise SeldonError(f"Can't find JSON in data: {exc}") from exc
 
 
 def _names(message: Any) -> list[Any]:

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from abeja_runtime.styles import RpcResult
 from abeja_runtime.styles._common import require
-from abeja_runtime.styles.seldon.adapter import grpc_error_text
-from abeja_runtime.worker.handler import RpcResult
+from abeja_runtime.styles.seldon.errors import SeldonError
 
-__all__ = ["SeldonGrpcService"]
+__all__ = ["SeldonGrpcService", "grpc_error_text"]
 
 _log = logging.getLogger("abeja_runtime")
 _DESCRIPTORS: Final = Path(__file__).with_name("protos") / "seldon.desc"
@@ -138,6 +138,13 @@ class SeldonGrpcService:
     def _to_json(self, message: Any) -> Any:
         """A message in its JSON form, as seldon-core's ``seldon_message_to_json``."""
         return self._json_format.MessageToDict(message, descriptor_pool=self._pool)
+
+
+def grpc_error_text(exc: Exception) -> str:
+    """What grpcio says of ``exc`` after "Exception calling application: " in seldon-core: the
+    exception's text, which for its own ``SeldonMicroserviceException`` (:class:`SeldonError`
+    here) is empty: it does not pass its message to ``Exception``."""
+    return "" if isinstance(exc, SeldonError) else str(exc)
 
 
 def _class_maker(message_factory: Any, pool: Any) -> Callable[[Any], Any]:

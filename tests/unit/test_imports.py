@@ -1,0 +1,86 @@
+"""What importing the settings and the front brings in (issue 32): no style and nothing of the
+handler side. Each import runs in a fresh interpreter, so that what this test process imported
+already cannot hide a module that the import would load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from abeja_runtime import styles
+
+
+def loaded_after(module: str) -> list[str]:
+    """The runtime's modules that importing ``module`` in a fresh interpreter loads."""
+    code = (
+        "import json, sys\n"
+        f"import {module}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('abeja_runtime'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def handler_side(modules: list[str]) -> list[str]:
+    return [name for name in modules if name.split(".")[:2] == ["abeja_runtime", "worker"]]
+
+
+def style_modules(modules: list[str]) -> list[str]:
+    """The styles' own modules (the base module, ``abeja_runtime.styles``, is the contract)."""
+    return [name for name in modules if name.startswith("abeja_runtime.styles.")]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "abeja_runtime.config",
+        "abeja_runtime.front.supervisor",  # what `abeja-runtime` runs (main._run)
+        "abeja_runtime.front.server",
+    ],
+)
+def test_the_settings_and_the_front_import_no_style_and_no_handler_side(module):
+    modules = loaded_after(module)
+    assert module in modules
+    assert handler_side(modules) == []
+    assert style_modules(modules) == []
+
+
+def test_the_command_line_imports_the_styles_for_their_options_but_no_handler_side():
+    """The command line declares each style's options: it imports the styles' packages, which
+    stay light (no adapter, nothing of the handler process)."""
+    modules = loaded_after("abeja_runtime.main")
+    assert handler_side(modules) == []
+    assert {f"abeja_runtime.styles.{listed.module}" for listed in styles.REGISTERED} <= set(modules)
+    assert [name for name in style_modules(modules) if name.count(".") > 2] == []
+
+
+def test_the_static_table_lists_the_styles_as_they_name_themselves():
+    """``--style``'s choices come from REGISTERED without importing a style: it must say what
+    the styles, once imported, say of themselves, in the order ``auto`` tries them."""
+    assert tuple(style.name for style in styles.registered()) == tuple(
+        listed.name for listed in styles.REGISTERED
+    )
+    assert styles.style_names() == ("auto", *(style.name for style in styles.registered()))
+    for listed in styles.REGISTERED:
+        assert styles.style_named(listed.name).name == listed.name
+    assert styles.REGISTERED[-1].name == "abeja"  # takes what no other style does
+
+
+def test_a_style_named_alone_imports_only_its_own_module():
+    code = (
+        "import sys\n"
+        "from abeja_runtime.styles import style_named\n"
+        "style_named('abeja')\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('abeja_runtime.styles.'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["abeja_runtime.styles.abeja"]
