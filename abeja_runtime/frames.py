@@ -1,11 +1,16 @@
 """The frames between the front and its handler processes, and how they travel (:data:`VERSION`).
 
-The front (``supervisor.py``, ``server.py``) speaks HTTP and gRPC; a handler process
-(``worker.py``) only runs the handler. They talk over one Unix stream socket pair per handler
-process, in frames::
+The front (:mod:`abeja_runtime.front`) speaks HTTP and gRPC; a handler process
+(:mod:`abeja_runtime.worker.process`) only runs the handler. They talk over one Unix stream
+socket pair per handler process (the front's end: ``front/processes.py``; what the front does
+with the frames it reads: ``front/pool.py``), in frames::
 
     mark (1 byte, 0xAB) | kind (1 byte) | has_fd (1 byte) | length (4 bytes, big endian)
     | payload (length bytes)
+
+The kind is the frame's class, numbered by :class:`FrameKind` (each class is given its number
+where it is defined: ``@_kind(FrameKind.CALL)``); a new frame takes a new number, and a
+number that changes changes :data:`VERSION`.
 
 The mark makes bytes that are not a frame (a handler that writes to this socket's descriptor)
 a :class:`ProtocolError` at once, where a length read from them would have made the front
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import enum
 import mmap
 import os
 import pickle
@@ -45,7 +51,10 @@ import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Final, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn, TypeVar
+
+if TYPE_CHECKING:  # for the type only: config imports every style, and mapped.py imports this
+    from abeja_runtime.config import Config
 
 __all__ = [
     "CREDIT_STEP",
@@ -62,6 +71,7 @@ __all__ = [
     "End",
     "Frame",
     "FrameDecoder",
+    "FrameKind",
     "GiveBack",
     "GivenBack",
     "LoadFailed",
@@ -96,13 +106,52 @@ STREAM_WINDOW: Final = 8
 CREDIT_STEP: Final = STREAM_WINDOW // 2
 
 
+class FrameKind(enum.IntEnum):
+    """The kind byte of each frame class: its number on the wire (see :data:`VERSION`)."""
+
+    START = 0
+    READY = 1
+    LOAD_FAILED = 2
+    CALL = 3
+    RPC_CALL = 4
+    CANCEL = 5
+    ANSWER = 6
+    CHUNK = 7
+    END = 8
+    RPC_ANSWER = 9
+    GIVE_BACK = 10
+    GIVEN_BACK = 11
+    CREDIT = 12
+
+
+_F = TypeVar("_F", bound=type[tuple[Any, ...]])
+#: Each frame class's kind (plain ints: what ``encode_frame`` packs), and each kind's class.
+_KIND_OF: Final[dict[type[Any], int]] = {}
+_CLASS_OF: Final[dict[FrameKind, type[Any]]] = {}
+
+
+def _kind(kind: FrameKind) -> Callable[[_F], _F]:
+    """Gives the frame class it decorates its kind (a kind given twice fails at import)."""
+
+    def give(cls: _F) -> _F:
+        if kind in _CLASS_OF:
+            raise RuntimeError(f"{kind!r} is {_CLASS_OF[kind].__name__}'s, not {cls.__name__}'s")
+        _KIND_OF[cls] = int(kind)
+        _CLASS_OF[kind] = cls
+        return cls
+
+    return give
+
+
+@_kind(FrameKind.START)
 class Start(NamedTuple):
-    """Front → handler process, first: the settings (a :class:`~abeja_runtime.config.Config`)."""
+    """Front → handler process, first: the settings."""
 
     version: int
-    config: Any
+    config: Config
 
 
+@_kind(FrameKind.READY)
 class Ready(NamedTuple):
     """Handler process → front: the handler is loaded; requests may come."""
 
@@ -115,6 +164,7 @@ class Ready(NamedTuple):
     rpc_methods: tuple[str, ...]
 
 
+@_kind(FrameKind.LOAD_FAILED)
 class LoadFailed(NamedTuple):
     """Handler process → front: the handler could not be loaded; the process exits."""
 
@@ -122,6 +172,7 @@ class LoadFailed(NamedTuple):
     details: str
 
 
+@_kind(FrameKind.CALL)
 class Call(NamedTuple):
     """Front → handler process: one HTTP request, its body read whole by the front.
 
@@ -152,6 +203,7 @@ def plain_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple([(str(name), value) for name, value in headers.items()])
 
 
+@_kind(FrameKind.RPC_CALL)
 class RpcCall(NamedTuple):
     """Front → handler process: one unary gRPC call, its message as the client's bytes.
 
@@ -168,6 +220,7 @@ class RpcCall(NamedTuple):
     size: int = 0
 
 
+@_kind(FrameKind.CANCEL)
 class Cancel(NamedTuple):
     """Front → handler process: nobody waits for call ``id`` any more (its deadline passed, its
     client left). A call not started yet is :class:`GivenBack`; a running ``async def``
@@ -177,6 +230,7 @@ class Cancel(NamedTuple):
     id: int
 
 
+@_kind(FrameKind.GIVE_BACK)
 class GiveBack(NamedTuple):
     """Front → handler process: if call ``id`` has not started, do not run it but give it back
     (:class:`GivenBack`), for another process. The front asks for the calls waiting in a
@@ -186,12 +240,14 @@ class GiveBack(NamedTuple):
     id: int
 
 
+@_kind(FrameKind.GIVEN_BACK)
 class GivenBack(NamedTuple):
     """Handler process → front: call ``id`` was not run (see :class:`GiveBack`, :class:`Cancel`)."""
 
     id: int
 
 
+@_kind(FrameKind.ANSWER)
 class Answer(NamedTuple):
     """Handler process → front: the answer to :class:`Call` ``id``.
 
@@ -208,11 +264,15 @@ class Answer(NamedTuple):
     failed: bool = False
 
 
+@_kind(FrameKind.CHUNK)
 class Chunk(NamedTuple):
+    """Handler process → front: the next piece of streamed answer ``id``'s body."""
+
     id: int
     data: bytes
 
 
+@_kind(FrameKind.CREDIT)
 class Credit(NamedTuple):
     """Front → handler process: the client of streamed answer ``id`` took ``chunks`` more of its
     chunks, so that many more may come (see :data:`STREAM_WINDOW`)."""
@@ -221,6 +281,7 @@ class Credit(NamedTuple):
     chunks: int
 
 
+@_kind(FrameKind.END)
 class End(NamedTuple):
     """The end of a streamed body; ``failed`` when the handler's generator raised."""
 
@@ -228,6 +289,7 @@ class End(NamedTuple):
     failed: bool
 
 
+@_kind(FrameKind.RPC_ANSWER)
 class RpcAnswer(NamedTuple):
     """Handler process → front: the answer to :class:`RpcCall` ``id``: ``code`` 0 (OK) and the
     response message's bytes (above :data:`INLINE_LIMIT`, in the frame's descriptor, a memfd,
@@ -245,11 +307,8 @@ Frame = (
     Start | Ready | LoadFailed | Call | RpcCall | Cancel | GiveBack
     | Answer | Chunk | End | RpcAnswer | GivenBack | Credit
 )  # fmt: skip
-_KINDS: Final[tuple[type[Any], ...]] = (
-    Start, Ready, LoadFailed, Call, RpcCall, Cancel, Answer, Chunk, End, RpcAnswer,
-    GiveBack, GivenBack, Credit,
-)  # fmt: skip
-_KIND_OF: Final = {kind: index for index, kind in enumerate(_KINDS)}
+#: The frame class of each kind byte, by index (every kind has one: a gap fails at import).
+_KINDS: Final[tuple[type[Any], ...]] = tuple(_CLASS_OF[kind] for kind in FrameKind)
 
 
 def encode_frame(frame: Frame, *, has_fd: bool = False) -> bytes:

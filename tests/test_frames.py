@@ -1,9 +1,11 @@
-"""frames.py on its own: frames survive any split, descriptors stay with their frames."""
+"""frames.py on its own: each frame class has a kind of its own, frames survive any split,
+descriptors stay with their frames."""
 
 from __future__ import annotations
 
 import os
 import socket
+import typing
 
 import pytest
 
@@ -16,6 +18,7 @@ from abeja_runtime.frames import (
     Chunk,
     Credit,
     FrameDecoder,
+    FrameKind,
     ProtocolError,
     encode_frame,
 )
@@ -31,6 +34,32 @@ def test_frames_split_at_every_byte_come_out_whole_and_in_order():
     for index in range(len(data)):
         out.extend(decoder.feed(data[index : index + 1], []))
     assert out == [(frame, None) for frame in frames_in]
+
+
+FRAME_CLASSES = typing.get_args(frames.Frame)
+
+
+def test_every_frame_class_has_a_kind_of_its_own_and_every_kind_a_class():
+    kinds = [frames._KIND_OF[cls] for cls in FRAME_CLASSES]
+    assert len(set(kinds)) == len(kinds) == len(FRAME_CLASSES)
+    assert sorted(kinds) == sorted(FrameKind)
+    assert all(frames._KINDS[kind] is cls for kind, cls in zip(kinds, FRAME_CLASSES, strict=True))
+
+
+@pytest.mark.parametrize("cls", FRAME_CLASSES, ids=lambda cls: cls.__name__)
+def test_a_frame_goes_out_with_its_kind_and_comes_back_as_its_class(cls):
+    frame = cls._make(range(len(cls._fields)))
+    data = encode_frame(frame)
+    assert data[1] == frames._KIND_OF[cls]
+    assert FrameKind(data[1]).name.replace("_", "") == cls.__name__.upper()
+    assert FrameDecoder().feed(data, []) == [(frame, None)]
+
+
+def test_a_kind_byte_that_is_no_frame_class_is_a_protocol_error():
+    data = bytearray(encode_frame(Cancel(1)))
+    data[1] = len(FrameKind)
+    with pytest.raises(ProtocolError, match="bytes that are not a frame"):
+        FrameDecoder().feed(bytes(data), [])
 
 
 def test_descriptors_travel_with_their_frames():

@@ -35,7 +35,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, get_args
 
 from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HttpError, ServiceBusy, ServiceUnavailable, WorkerCrashed
@@ -327,49 +327,96 @@ class HandlerPool:
         return max(0, self.admitted - running)
 
     def received(self, process: HandlerProcess, frame: Frame, fd: int | None) -> None:
-        """A frame from ``process``."""
-        if isinstance(frame, Answer | RpcAnswer):
-            pending = process.sent.get(frame.id)
-            if pending is None or pending.abandoned or pending.answer.done():
-                if fd is not None:
-                    os.close(fd)
-                if pending is not None and not (isinstance(frame, Answer) and frame.streamed):
-                    self._finished(process, pending)
-                elif pending is not None:
-                    pending.chunks = None  # chunks until End are dropped
+        """A frame from ``process``, to the receiver of its class (:attr:`_RECEIVERS`)."""
+        self._RECEIVERS[type(frame)](self, process, frame, fd)
+
+    def _answer_received(self, process: HandlerProcess, frame: Answer, fd: int | None) -> None:
+        pending = process.sent.get(frame.id)
+        if pending is None or pending.abandoned or pending.answer.done():
+            if fd is not None:
+                os.close(fd)
+            if pending is None:
                 return
-            if isinstance(frame, Answer) and frame.streamed:
-                pending.chunks = asyncio.Queue()
-                pending.answer.set_result(frame)
-                return
-            if fd is not None:  # its body (its message) came as a memfd
-                if not isinstance(frame, Answer):
-                    frame = frame._replace(payload=read_fd(fd))
-                elif os.fstat(fd).st_size > ANSWER_FILE_ABOVE:  # written from there
-                    pending.answer_file = AnswerFile(fd)
-                else:
-                    frame = frame._replace(body=read_fd(fd))
-            pending.answer.set_result(frame)
-            self._finished(process, pending)
-        elif isinstance(frame, Chunk):
-            pending = process.sent.get(frame.id)
-            if pending is not None and pending.chunks is not None and not pending.abandoned:
-                pending.chunks.put_nowait(frame.data)
-        elif isinstance(frame, End):
-            pending = process.sent.get(frame.id)
-            if pending is not None:
-                if pending.chunks is not None:
-                    pending.chunks.put_nowait(STREAM_FAILED if frame.failed else None)
-                self._finished(process, pending)
-        elif isinstance(frame, GivenBack):
-            self._given_back(process, frame.id)
-        elif isinstance(frame, Ready):
-            self._ready(process, frame)
-        elif isinstance(frame, LoadFailed):
-            if self.ever_ready:
-                _log.error("worker %s could not load the handler: %s", process.pid, frame.text)
+            if frame.streamed:
+                pending.chunks = None  # chunks until End are dropped
             else:
-                self._load_failed(frame.text, frame.details)
+                self._finished(process, pending)
+            return
+        if frame.streamed:
+            pending.chunks = asyncio.Queue()
+            pending.answer.set_result(frame)
+            return
+        if fd is not None:  # its body came as a memfd
+            if os.fstat(fd).st_size > ANSWER_FILE_ABOVE:  # written from there
+                pending.answer_file = AnswerFile(fd)
+            else:
+                frame = frame._replace(body=read_fd(fd))
+        pending.answer.set_result(frame)
+        self._finished(process, pending)
+
+    def _rpc_answer_received(
+        self, process: HandlerProcess, frame: RpcAnswer, fd: int | None
+    ) -> None:
+        pending = process.sent.get(frame.id)
+        if pending is None or pending.abandoned or pending.answer.done():
+            if fd is not None:
+                os.close(fd)
+            if pending is not None:
+                self._finished(process, pending)
+            return
+        if fd is not None:  # its message came as a memfd
+            frame = frame._replace(payload=read_fd(fd))
+        pending.answer.set_result(frame)
+        self._finished(process, pending)
+
+    def _chunk_received(self, process: HandlerProcess, frame: Chunk, fd: int | None) -> None:
+        pending = process.sent.get(frame.id)
+        if pending is not None and pending.chunks is not None and not pending.abandoned:
+            pending.chunks.put_nowait(frame.data)
+
+    def _end_received(self, process: HandlerProcess, frame: End, fd: int | None) -> None:
+        pending = process.sent.get(frame.id)
+        if pending is not None:
+            if pending.chunks is not None:
+                pending.chunks.put_nowait(STREAM_FAILED if frame.failed else None)
+            self._finished(process, pending)
+
+    def _given_back_received(
+        self, process: HandlerProcess, frame: GivenBack, fd: int | None
+    ) -> None:
+        self._given_back(process, frame.id)
+
+    def _ready_received(self, process: HandlerProcess, frame: Ready, fd: int | None) -> None:
+        self._ready(process, frame)
+
+    def _load_failed_received(
+        self, process: HandlerProcess, frame: LoadFailed, fd: int | None
+    ) -> None:
+        if self.ever_ready:
+            _log.error("worker %s could not load the handler: %s", process.pid, frame.text)
+        else:
+            self._load_failed(frame.text, frame.details)
+
+    def _not_for_the_front(self, process: HandlerProcess, frame: Frame, fd: int | None) -> None:
+        """A frame the front sends and never receives (a handler process does not send it)."""
+        if fd is not None:
+            os.close(fd)
+
+    #: The receiver of each frame class, by the frame's exact class: one lookup per frame (an
+    #: ``isinstance`` ladder tried the classes in turn; ``match`` with class patterns does
+    #: too, and makes a set and a list for each pattern that matches).
+    _RECEIVERS: Final[
+        dict[type[Any], Callable[[HandlerPool, HandlerProcess, Any, int | None], None]]
+    ] = {
+        **dict.fromkeys(get_args(Frame), _not_for_the_front),
+        Answer: _answer_received,
+        RpcAnswer: _rpc_answer_received,
+        Chunk: _chunk_received,
+        End: _end_received,
+        GivenBack: _given_back_received,
+        Ready: _ready_received,
+        LoadFailed: _load_failed_received,
+    }
 
     def broken(self, process: HandlerProcess, exc: ProtocolError) -> None:
         """``process`` sent what is not a frame: nothing more it sends can be trusted. It is

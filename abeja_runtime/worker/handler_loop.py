@@ -18,7 +18,7 @@ __all__ = ["CallRunner", "run_until_done", "serve_on_loop"]
 
 
 class CallRunner(Protocol):
-    """What runs the calls (``worker._Calls``)."""
+    """What runs the calls (:class:`abeja_runtime.worker.process._Calls`)."""
 
     channel: BlockingChannel
 
@@ -80,12 +80,16 @@ async def _serve(calls: CallRunner, concurrency: int) -> None:
             read_all.set_result(None)
             return
         frame, fd = item
-        if isinstance(frame, Cancel | GiveBack):
-            take_back(frame.id, cancel_running=isinstance(frame, Cancel))
-            return
-        assert isinstance(frame, Call | RpcCall)
-        waiting.append((frame, fd))
-        start_waiting()
+        match frame:
+            case Call() | RpcCall():
+                waiting.append((frame, fd))
+                start_waiting()
+            case Cancel():
+                take_back(frame.id, cancel_running=True)
+            case GiveBack():
+                take_back(frame.id, cancel_running=False)
+            case _:  # the channel keeps Credit; Start came first, and only once
+                raise AssertionError(f"a {type(frame).__name__} frame among the calls")
 
     def read() -> None:
         while True:

@@ -1,13 +1,13 @@
 """A handler process: load the handler, then answer the front's calls, each before the next.
 
-``python -m abeja_runtime.worker FD FRONT_PID``, started by the front (``supervisor.py``) with
+``python -m abeja_runtime.worker FD FRONT_PID``, started by the front (``front/processes.py``) with
 its end of a socket pair, on which frames travel (``frames.py``). This process imports no HTTP
 server: it reads a :class:`~abeja_runtime.frames.Call`, builds the ABEJA request from it, calls
-the handler, encodes the result and writes the :class:`~abeja_runtime.frames.Answer`, and only
-then reads the next call. A crash (``os._exit``, a segfault, the OOM killer) can therefore lose
-only the calls that were running: every finished answer is in the socket already, and the calls
-the front had sent but this process had not started are still the front's to give to another
-process.
+the handler, encodes the result and writes the :class:`~abeja_runtime.frames.Answer`, and (on
+the main thread, a ``def`` handler at ``--concurrency 1``) only then reads the next call. A
+crash (``os._exit``, a segfault, the OOM killer) can therefore lose only the calls that were
+running: every finished answer is in the socket already, and the calls the front had sent but
+this process had not started are still the front's to give to another process.
 
 How calls run, by the handler:
 
@@ -72,10 +72,10 @@ from abeja_runtime.logs import (
 from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.scheduling import run_as_batch
+from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.worker.calls import HandlerCalls
 from abeja_runtime.worker.cancellation import Cancellations
 from abeja_runtime.worker.credits import StreamCredits
-from abeja_runtime.worker.handler import LoadedHandler
 from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.request import Request
 
@@ -106,9 +106,10 @@ def main() -> None:
 
     channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken, cancelled, credits.grant)
     first = channel.read()
-    if first is None or not isinstance(first[0], Start) or first[0].version != VERSION:
+    start = first[0] if first is not None else None
+    if not isinstance(start, Start) or start.version != VERSION:
         os._exit(2)  # not started by a front of this version
-    config: Config = first[0].config
+    config = start.config
     configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     capture_prints()
     limit_image_pixels(config.max_image_pixels)
@@ -246,11 +247,11 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
     for thread in pool:
         thread.start()
     while (item := calls.channel.read()) is not None:
-        frame = item[0]
-        if isinstance(frame, Cancel):  # said to the call as it was read (BlockingChannel)
-            continue
-        if isinstance(frame, Call | RpcCall):
-            calls.cancellations.started(frame.id)
+        match item[0]:
+            case Call(id=call_id) | RpcCall(id=call_id):
+                calls.cancellations.started(call_id)
+            case Cancel():  # said to the call as it was read (BlockingChannel)
+                continue
         jobs.put(item)
     calls.front_gone()
     for _ in pool:
