@@ -321,29 +321,14 @@ class ImageBuilder:
                 pending += str(chunk["stream"])
                 *lines, pending = pending.split("\n")
                 for line in lines:
-                    log.append(line + "\n")
-                    self._log(line)
-                    self._phases.output(line)
-                    step = _STEP_RE.match(line)
-                    if step:
-                        self._dockerfile_step(step.group(1).upper(), step.group(2))
-                    layer = _LAYER_RE.match(line)
-                    if layer:
-                        layers.append(layer.group(1))
+                    self._output_line(line, log, layers)
             elif "error" in chunk:
                 if pending:
                     log.append(pending + "\n")
                     self._log(pending)
                 message = str(chunk.get("errorDetail", {}).get("message") or chunk["error"])
                 log.append(message + "\n")
-                if "requirements.txt" in message:
-                    return BuildError(
-                        "pip could not install the project's requirements.txt (see its error in "
-                        "the build log); fix the file and run again"
-                    )
-                return BuildError(
-                    f"building the image failed: {_first_line(message)} (see the build log)"
-                )
+                return _build_failed(message)
             elif "aux" in chunk and isinstance(chunk["aux"], dict):
                 image_id = str(chunk["aux"].get("ID", image_id))
             elif "status" in chunk:  # pull progress of a FROM image
@@ -352,6 +337,28 @@ class ImageBuilder:
             log.append(pending)
             self._log(pending)
         return image_id
+
+    def _output_line(self, line: str, log: list[str], layers: list[str]) -> None:
+        """A line of the build's output: logged, shown as progress, its step and layer noted."""
+        log.append(line + "\n")
+        self._log(line)
+        self._phases.output(line)
+        step = _STEP_RE.match(line)
+        if step:
+            self._dockerfile_step(step.group(1).upper(), step.group(2))
+        layer = _LAYER_RE.match(line)
+        if layer:
+            layers.append(layer.group(1))
+
+
+def _build_failed(message: str) -> BuildError:
+    """The error for the engine's ``message``, said for what users can do about it."""
+    if "requirements.txt" in message:
+        return BuildError(
+            "pip could not install the project's requirements.txt (see its error in the build "
+            "log); fix the file and run again"
+        )
+    return BuildError(f"building the image failed: {_first_line(message)} (see the build log)")
 
 
 def _megabytes(size: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -89,46 +89,71 @@ def _from_curl(project: Path, rest: str) -> ProjectRequest | None:
     except ValueError:
         return None
     path = words.pop(0) if words and words[0].startswith(("/", "?")) else "/"
-    method, content_type, output = None, None, None
-    body: str | None = None
-    body_file: str | None = None
-    fields: list[FormField] = []
+    line = _CurlLine()
     for option, value in _options(words):
-        if option in ("-X", "--request"):
-            method = value.upper()
-        elif option in ("-H", "--header"):
-            name, _, given = value.partition(":")
-            if name.strip().lower() == "content-type":
-                content_type = given.strip()
-        elif option in _DATA and option != "--data-raw" and value.startswith("@"):
-            body, body_file = None, value[1:]
-        elif option in _DATA:
-            body, body_file = value, None
-        elif option in ("-F", "--form", "--form-string"):
-            name, _, given = value.partition("=")
-            if option != "--form-string" and given.startswith("@"):
-                file_name = given[1:].split(";", 1)[0].strip('"')
-                if _project_file(project, file_name) is None:
-                    return None
-                fields.append(FormField(name, file_name, is_file=True))
-            else:
-                fields.append(FormField(name, given))
-        elif option in ("-o", "--output"):
-            output = value
-    source = f"the curl line of {project.name}/README.md"
-    if fields:
-        return ProjectRequest("form", method or "POST", path, fields=tuple(fields), source=source)
-    if body_file is not None:
-        if _project_file(project, body_file) is None:
+        if not line.take(project, option, value):
             return None
-        found = _from_file(project, body_file, content_type or guess_content_type(body_file))
-        return replace(found, method=method or "POST", path=path, output=output, source=source)
-    if body is None:
+    source = f"the curl line of {project.name}/README.md"
+    method, content_type = line.method, line.content_type
+    if line.fields:
+        return ProjectRequest(
+            "form", method or "POST", path, fields=tuple(line.fields), source=source
+        )
+    if line.body_file is not None:
+        if _project_file(project, line.body_file) is None:
+            return None
+        found = _from_file(
+            project, line.body_file, content_type or guess_content_type(line.body_file)
+        )
+        return replace(found, method=method or "POST", path=path, output=line.output, source=source)
+    if line.body is None:
         return ProjectRequest(method=method or "GET", path=path, source=source)
     kind: Kind = "json" if _is_json(content_type or _JSON) else "text"
     return ProjectRequest(
-        kind, method or "POST", path, content_type or _JSON, body, output=output, source=source
+        kind,
+        method or "POST",
+        path,
+        content_type or _JSON,
+        line.body,
+        output=line.output,
+        source=source,
     )
+
+
+@dataclass
+class _CurlLine:
+    """What a curl line's options say about its request."""
+
+    method: str | None = None
+    content_type: str | None = None
+    output: str | None = None
+    body: str | None = None
+    body_file: str | None = None
+    fields: list[FormField] = field(default_factory=list)
+
+    def take(self, project: Path, option: str, value: str) -> bool:
+        """Note one option; ``False`` for a form field naming a file the project lacks."""
+        if option in ("-X", "--request"):
+            self.method = value.upper()
+        elif option in ("-H", "--header"):
+            name, _, given = value.partition(":")
+            if name.strip().lower() == "content-type":
+                self.content_type = given.strip()
+        elif option in _DATA and option != "--data-raw" and value.startswith("@"):
+            self.body, self.body_file = None, value[1:]
+        elif option in _DATA:
+            self.body, self.body_file = value, None
+        elif option in ("-F", "--form", "--form-string"):
+            name, _, given = value.partition("=")
+            if option == "--form-string" or not given.startswith("@"):
+                self.fields.append(FormField(name, given))
+                return True
+            file_name = given[1:].split(";", 1)[0].strip('"')
+            self.fields.append(FormField(name, file_name, is_file=True))
+            return _project_file(project, file_name) is not None
+        elif option in ("-o", "--output"):
+            self.output = value
+        return True
 
 
 def _options(words: list[str]) -> Iterator[tuple[str, str]]:

@@ -362,14 +362,19 @@ def _render(content: object, writer: _ElementWriter) -> Body:
         return bytes(content)  # raw: contract A3 (ABEJA Platform sent decimal byte values)
     if type(content) is dict or isinstance(content, str | Mapping):
         return writer.encode(content)
-    if isinstance(content, io.BytesIO):
-        return content.read()
-    if isinstance(content, io.StringIO):
-        return writer.text(content.read())
     if type(content).__module__ == "numpy" and hasattr(content, "tolist"):
         content = content.tolist()  # an array is encoded like the list it holds
         if not isinstance(content, list):
             return writer.encode(content)
+    return _render_many(content, writer)
+
+
+def _render_many(content: object, writer: _ElementWriter) -> Body:
+    """:func:`_render` for content that holds many pieces: a file, an iterable of elements."""
+    if isinstance(content, io.BytesIO):
+        return content.read()
+    if isinstance(content, io.StringIO):
+        return writer.text(content.read())
     if callable(getattr(content, "read", None)):
         return _stream_file(content, writer)
     if isinstance(content, AsyncIterable):  # an async generator: streamed as it yields
