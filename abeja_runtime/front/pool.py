@@ -229,15 +229,11 @@ class HandlerPool:
         when it has a free slot; else, pipelined, one whose calls are quick. A call never waits
         in a process behind a slow one: it waits in the queue, for whichever process frees a
         slot first."""
-        processes = self.processes
-        most_held = self._config.concurrency + PIPELINE
         if self.call_seconds < _QUICK_CALL:
-            now = time.monotonic()
-            for process in processes:
-                if process.state is ProcessState.READY and 0 < len(process.sent) < most_held:
-                    age = process.oldest_call_age(now)
-                    if age is not None and age < _JOIN_WHILE_YOUNGER:
-                        return process
+            serving = self._serving_young()
+            if serving is not None:
+                return serving
+        processes = self.processes
         count = len(processes)
         best: HandlerProcess | None = None
         start = self._turn
@@ -255,10 +251,22 @@ class HandlerPool:
         concurrency = self._config.concurrency
         if held < concurrency:
             return best
-        if held < most_held:
+        if held < concurrency + PIPELINE:
             age = best.oldest_call_age(time.monotonic())
             if age is not None and age < _PIPELINE_WHILE_YOUNGER:
                 return best
+        return None
+
+    def _serving_young(self) -> HandlerProcess | None:
+        """A ready process that serves calls, the oldest of them younger than
+        :data:`_JOIN_WHILE_YOUNGER`, with room in its pipeline (for a quick call to join)."""
+        most_held = self._config.concurrency + PIPELINE
+        now = time.monotonic()
+        for process in self.processes:
+            if process.state is ProcessState.READY and 0 < len(process.sent) < most_held:
+                age = process.oldest_call_age(now)
+                if age is not None and age < _JOIN_WHILE_YOUNGER:
+                    return process
         return None
 
     def _send(self, process: HandlerProcess, pending: PendingCall) -> None:
@@ -528,24 +536,7 @@ class HandlerPool:
     def exited(self, process: HandlerProcess) -> None:
         """``process`` has exited (its pidfd said so, or the watch saw it): its running calls
         fail, the others go back to the queue, and it is replaced if it should be."""
-        if process.exit_fd is not None:
-            asyncio.get_running_loop().remove_reader(process.exit_fd)
-            os.close(process.exit_fd)
-            process.exit_fd = None
-        code = process.popen.wait()
-        with contextlib.suppress(
-            OSError
-        ):  # frames it wrote before it exited (an answer, load_failed)
-            process.read_available()
-        process.close_socket()
-        self.processes.remove(process)
-        if process.state is ProcessState.READY:
-            self._ready_count -= 1
-        if self.metrics is not None:
-            self.metrics.worker_gone(process.pid)
-        if process.replaces is not None:  # died before it was ready: the retiree may try again
-            process.replaces.retiring = False
-        how = describe_exit(code)
+        how = describe_exit(self._forget(process))
         self._fail_or_requeue(process, how)
         if self.stopping:
             if not self.processes:
@@ -555,19 +546,7 @@ class HandlerPool:
         if process.state is ProcessState.STARTING and not self.ever_ready:
             self._load_failed(f"the worker exited ({how}) while loading the handler", "")
             return
-        if process.state is ProcessState.STOPPING and process.popen.returncode == 0:
-            pass  # retired or recycled: its replacement exists already
-        elif process.state is ProcessState.STOPPING:
-            pass  # killed as stuck: replaced when it was recycled
-        elif process.retiring:
-            _log.error(
-                "worker %s exited unexpectedly (%s); its replacement is starting already",
-                process.pid,
-                how,
-            )
-            self._count_restart("crashed")
-        else:
-            self._replace(process, how)
+        self._replace_exited(process, how)
         if not self.admitting:  # no process will take the queued calls soon
             self._fail_queue(
                 ServiceUnavailable(
@@ -577,6 +556,40 @@ class HandlerPool:
             )
         self._dispatch()
         self._on_change()
+
+    def _forget(self, process: HandlerProcess) -> int:
+        """Take in what an exited process wrote before it exited (an answer, LoadFailed), then
+        forget it: its exit code."""
+        if process.exit_fd is not None:
+            asyncio.get_running_loop().remove_reader(process.exit_fd)
+            os.close(process.exit_fd)
+            process.exit_fd = None
+        code = process.popen.wait()
+        with contextlib.suppress(OSError):
+            process.read_available()
+        process.close_socket()
+        self.processes.remove(process)
+        if process.state is ProcessState.READY:
+            self._ready_count -= 1
+        if self.metrics is not None:
+            self.metrics.worker_gone(process.pid)
+        if process.replaces is not None:  # died before it was ready: the retiree may try again
+            process.replaces.retiring = False
+        return code
+
+    def _replace_exited(self, process: HandlerProcess, how: str) -> None:
+        """Start a replacement for a process that exited, unless it has one already."""
+        if process.state is ProcessState.STOPPING:
+            return  # retired, recycled or killed as stuck: its replacement exists already
+        if process.retiring:
+            _log.error(
+                "worker %s exited unexpectedly (%s); its replacement is starting already",
+                process.pid,
+                how,
+            )
+            self._count_restart("crashed")
+            return
+        self._replace(process, how)
 
     def _fail_queue(self, exc: HttpError) -> None:
         queue, self._queue = self._queue, deque()

@@ -52,64 +52,79 @@ def run_until_done(awaitable: Awaitable[Any]) -> None:
 
 
 async def _serve(calls: CallRunner, concurrency: int) -> None:
+    await _LoopCalls(calls, concurrency, asyncio.get_running_loop()).serve()
+
+
+class _LoopCalls:
     """Calls read on a thread of their own and run as tasks, at most ``concurrency`` at once,
     in the order they came; a :class:`~abeja_runtime.frames.Cancel` cancels its call's task,
     and a call taken back before it started is given back."""
-    loop = asyncio.get_running_loop()
-    waiting: deque[tuple[Call | RpcCall, int | None]] = deque()
-    running: dict[int, asyncio.Task[None]] = {}
-    read_all = loop.create_future()
 
-    def start_waiting() -> None:
-        while waiting and len(running) < concurrency:
-            frame, fd = waiting.popleft()
-            running[frame.id] = asyncio.create_task(run(frame, fd))
+    def __init__(
+        self, calls: CallRunner, concurrency: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._calls = calls
+        self._concurrency = concurrency
+        self._loop = loop
+        self._waiting: deque[tuple[Call | RpcCall, int | None]] = deque()
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._read_all: asyncio.Future[None] = loop.create_future()
 
-    def take_back(call_id: int, *, cancel_running: bool) -> None:
-        for item in waiting:
-            if item[0].id == call_id:
-                waiting.remove(item)
-                calls.give_back(*item)
-                return
-        task = running.get(call_id)
-        if task is not None and cancel_running:
-            task.cancel()
+    async def serve(self) -> None:
+        """Until the front closes the socket, and the calls started by then are answered."""
+        threading.Thread(target=self._read, name="abeja-frames", daemon=True).start()
+        await self._read_all
+        while self._running:
+            await asyncio.wait(list(self._running.values()))
 
-    def arrived(item: tuple[Frame, int | None] | None) -> None:
-        if item is None:
-            read_all.set_result(None)
-            return
-        frame, fd = item
-        match frame:
-            case Call() | RpcCall():
-                waiting.append((frame, fd))
-                start_waiting()
-            case Cancel():
-                take_back(frame.id, cancel_running=True)
-            case GiveBack():
-                take_back(frame.id, cancel_running=False)
-            case _:  # the channel keeps Credit; Start came first, and only once
-                raise AssertionError(f"a {type(frame).__name__} frame among the calls")
-
-    def read() -> None:
+    def _read(self) -> None:
+        """The reading thread: each frame handed to the loop, in order."""
+        calls = self._calls
         while True:
             item = calls.channel.read()
             if item is None:
                 calls.front_gone()  # streams waiting for credit stop
-            loop.call_soon_threadsafe(arrived, item)
+            self._loop.call_soon_threadsafe(self._arrived, item)
             if item is None:
                 return
 
-    async def run(frame: Call | RpcCall, fd: int | None) -> None:
-        try:
-            await calls.run_async(frame, fd)
-        except asyncio.CancelledError:
-            calls.dropped(frame)
-        finally:
-            del running[frame.id]
-            start_waiting()
+    def _arrived(self, item: tuple[Frame, int | None] | None) -> None:
+        if item is None:
+            self._read_all.set_result(None)
+            return
+        frame, fd = item
+        match frame:
+            case Call() | RpcCall():
+                self._waiting.append((frame, fd))
+                self._start_waiting()
+            case Cancel():
+                self._take_back(frame.id, cancel_running=True)
+            case GiveBack():
+                self._take_back(frame.id, cancel_running=False)
+            case _:  # the channel keeps Credit; Start came first, and only once
+                raise AssertionError(f"a {type(frame).__name__} frame among the calls")
 
-    threading.Thread(target=read, name="abeja-frames", daemon=True).start()
-    await read_all
-    while running:  # the calls started before the front closed the socket end
-        await asyncio.wait(list(running.values()))
+    def _start_waiting(self) -> None:
+        waiting, running = self._waiting, self._running
+        while waiting and len(running) < self._concurrency:
+            frame, fd = waiting.popleft()
+            running[frame.id] = asyncio.create_task(self._run(frame, fd))
+
+    def _take_back(self, call_id: int, *, cancel_running: bool) -> None:
+        for item in self._waiting:
+            if item[0].id == call_id:
+                self._waiting.remove(item)
+                self._calls.give_back(*item)
+                return
+        task = self._running.get(call_id)
+        if task is not None and cancel_running:
+            task.cancel()
+
+    async def _run(self, frame: Call | RpcCall, fd: int | None) -> None:
+        try:
+            await self._calls.run_async(frame, fd)
+        except asyncio.CancelledError:
+            self._calls.dropped(frame)
+        finally:
+            del self._running[frame.id]
+            self._start_waiting()

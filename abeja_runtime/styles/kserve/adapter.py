@@ -299,18 +299,24 @@ class _Server:
         if match := _V1_MODEL.match(path):
             return self._only(method, "GET") or await self._model_ready(match["name"])
         if match := _V2_MODEL.match(path):
-            tail = match["tail"] or ""
-            refused = self._only(method, "POST" if tail == "/infer" else "GET")
-            if refused:
-                return refused
-            if match["version"]:
-                raise NotImplementedError("Model versioning not supported yet.")
-            if tail == "/infer":
-                return await self._infer(match["name"], request, read_body(request), v2=True)
-            if tail == "/ready":
-                return await self._model_ready(match["name"])
-            return await self._model_metadata(match["name"])
+            return await self._v2_model(method, match, request)
         return json_result(*_NOT_FOUND)
+
+    async def _v2_model(
+        self, method: str, match: re.Match[str], request: Request
+    ) -> EncodedResponse:
+        """``/v2/models/<name>[/versions/<v>][/infer|/ready]``."""
+        tail = match["tail"] or ""
+        refused = self._only(method, "POST" if tail == "/infer" else "GET")
+        if refused:
+            return refused
+        if match["version"]:
+            raise NotImplementedError("Model versioning not supported yet.")
+        if tail == "/infer":
+            return await self._infer(match["name"], request, read_body(request), v2=True)
+        if tail == "/ready":
+            return await self._model_ready(match["name"])
+        return await self._model_metadata(match["name"])
 
     @staticmethod
     def _only(method: str, allowed: str) -> EncodedResponse | None:

@@ -433,21 +433,7 @@ class _Component:
             raise SeldonError(f"Invalid request data type: {message}")
         meta = message.get("meta")
         if "data" in message:
-            data = message["data"] or {}
-            if "tensor" in data:
-                tensor = data["tensor"]
-                try:
-                    return self._np.array(tensor["values"]).reshape(tensor["shape"]), meta
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise SeldonError(f"Invalid tensor in request: {exc}") from exc
-            if "ndarray" in data:
-                return self._np.array(data["ndarray"]), meta
-            if "tftensor" in data:
-                try:
-                    return tftensor.to_array(data["tftensor"], self._np), meta
-                except tftensor.TensorError as exc:
-                    raise SeldonError(f"Invalid tftensor in request: {exc}") from None
-            return self._np.array([]), meta
+            return self._array(message["data"] or {}), meta
         if "jsonData" in message:
             return message["jsonData"], meta
         if "strData" in message:
@@ -458,6 +444,41 @@ class _Component:
             except (binascii.Error, TypeError, ValueError) as exc:
                 raise SeldonError(f"binData is not base64: {exc}") from exc
         raise SeldonError(f"Invalid request data type: {message}")
+
+    def _data(self, request: Any, data: Any) -> dict[str, Any]:
+        """A list or array the model returned, as the ``data`` of its answer: in the form the
+        request's own ``data`` used (tensor, tftensor or ndarray), with the class names."""
+        if not isinstance(data, list | self._np.ndarray):
+            raise SeldonError(
+                "Unknown data type returned as payload (must be list or np array):" + str(data)
+            )
+        array = data if isinstance(data, self._np.ndarray) else self._np.array(data)
+        numeric = self._np.issubdtype(array.dtype, self._np.number)
+        asked = request.get("data") if isinstance(request, dict) else None
+        if numeric and (asked is None or "tensor" in asked):
+            payload = {"tensor": {"values": array.ravel().tolist(), "shape": list(array.shape)}}
+        elif numeric and "tftensor" in (asked or {}):
+            payload = {"tftensor": tftensor.from_array(array, self._np)}
+        else:
+            payload = {"ndarray": array.tolist()}
+        return {**payload, "names": self._class_names(array)}
+
+    def _array(self, data: dict[str, Any]) -> Any:
+        """A request's ``data``, as the array the model receives."""
+        if "tensor" in data:
+            tensor = data["tensor"]
+            try:
+                return self._np.array(tensor["values"]).reshape(tensor["shape"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise SeldonError(f"Invalid tensor in request: {exc}") from exc
+        if "ndarray" in data:
+            return self._np.array(data["ndarray"])
+        if "tftensor" in data:
+            try:
+                return tftensor.to_array(data["tftensor"], self._np)
+            except tftensor.TensorError as exc:
+                raise SeldonError(f"Invalid tftensor in request: {exc}") from None
+        return self._np.array([])
 
     def _response(
         self, request: Any, data: Any, meta: Any, metrics: list[Any], tags: dict[str, Any]
@@ -471,20 +492,7 @@ class _Component:
         elif isinstance(data, str):
             response["strData"] = data
         else:
-            if not isinstance(data, list | self._np.ndarray):
-                raise SeldonError(
-                    "Unknown data type returned as payload (must be list or np array):" + str(data)
-                )
-            array = data if isinstance(data, self._np.ndarray) else self._np.array(data)
-            numeric = self._np.issubdtype(array.dtype, self._np.number)
-            asked = request.get("data") if isinstance(request, dict) else None
-            if numeric and (asked is None or "tensor" in asked):
-                payload = {"tensor": {"values": array.ravel().tolist(), "shape": list(array.shape)}}
-            elif numeric and "tftensor" in (asked or {}):
-                payload = {"tftensor": tftensor.from_array(array, self._np)}
-            else:
-                payload = {"ndarray": array.tolist()}
-            response["data"] = {**payload, "names": self._class_names(array)}
+            response["data"] = self._data(request, data)
         meta = meta if isinstance(meta, dict) else {}
         # The request's own tags and metrics, updated in place as seldon-core does (a model
         # that returned its meta sees the additions in its answer there too).
