@@ -101,6 +101,25 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _matrix(args: argparse.Namespace, load: LoadSpec, setup: Setup) -> list[Row]:
+    """Each target on each (workers, workload), ``--repeat`` times: the median rows. Targets
+    are interleaved per (workers, workload), so that drift hits every side alike."""
+    rows: list[Row] = []
+    for workers in args.workers:
+        for name in args.workloads:
+            runs: dict[str, list[Row]] = {t: [] for t in args.targets}
+            for rep in range(args.repeat):
+                for target in args.targets:
+                    print(
+                        f"- {target} workers={workers} {name} run {rep + 1}/{args.repeat}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    runs[target].append(bench_one(load, setup, target, workers, WORKLOADS[name]))
+            rows += [median_row(runs[t]) for t in args.targets]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the matrix and the upload test, print the report, optionally write RESULTS.md."""
     args = parse_args(argv)
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     load = LoadSpec(args.duration, args.warmup, args.threads, args.connections, args.runtime_path)
     upload = UploadSpec(args.upload_mib, args.upload_timeout, shlex.split(args.upload_runtime_args))
 
-    rows: list[Row] = []
+    rows: list[Row]
     uploads: list[UploadRow] = []
     with tempfile.TemporaryDirectory(prefix="abeja-bench-") as tmp:
         try:
@@ -132,21 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp=Path(tmp),
         )
         info = machine_info(src_desc)
-        # Interleave targets per (workers, workload) so drift hits every side alike.
-        for workers in args.workers:
-            for name in args.workloads:
-                runs: dict[str, list[Row]] = {t: [] for t in args.targets}
-                for rep in range(args.repeat):
-                    for target in args.targets:
-                        print(
-                            f"- {target} workers={workers} {name} run {rep + 1}/{args.repeat}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        runs[target].append(
-                            bench_one(load, setup, target, workers, WORKLOADS[name])
-                        )
-                rows += [median_row(runs[t]) for t in args.targets]
+        rows = _matrix(args, load, setup)
         if not args.skip_upload:
             for mode in args.upload_modes:
                 for target in ("bare", "runtime"):

@@ -41,7 +41,8 @@ def _load_numpy_work() -> Callable[[float], float]:
         raise RuntimeError(f"cannot load {NUMPY_HANDLER}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.work
+    work: Callable[[float], float] = module.work
+    return work
 
 
 async def health_check(request: web.Request) -> web.Response:

@@ -119,7 +119,7 @@ class TreeSampler:
             self.max_procs = max(self.max_procs, len(rss))
             for pid, kib in rss.items():
                 self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), kib)
-            pss = sum(kib for pid in rss if (kib := pss_kib(pid)) is not None)
+            pss = sum(share for pid in rss if (share := pss_kib(pid)) is not None)
             self.peak_pss_kib = max(self.peak_pss_kib, pss)
         return rss
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import multipart
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 ASYNC = {"x-abeja-arms-async-request-id": "job-1", "x-abeja-arms-async-request-token": "t0k"}
 PLATFORM = {"ABEJA_ORGANIZATION_ID": "org1", "ABEJA_DEPLOYMENT_ID": "dep1"}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS, runtime_env
+from helpers.servers import HANDLERS, runtime_env
 
 from abeja_runtime.launch import runtime_command
 

@@ -3,43 +3,17 @@ log and the metrics, whichever way it came in and whatever stage it reached (iss
 
 from __future__ import annotations
 
-import json
 import re
-import socket
-from typing import Any
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from helpers.raw_http import chunked_post, events, get, read_until, records_of, send_and_leave
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 
 @pytest.fixture
 def sleeper(make_server: ServerFactory) -> RunningServer:
     return make_server("ex_sleep")
-
-
-def send_and_leave(server: RunningServer, request: bytes) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    sock.sendall(request)
-    return sock
-
-
-def get(path: str, request_id: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: x\r\nx-abeja-request-id: {request_id}\r\n\r\n".encode()
-
-
-def chunked_post(path: str, request_id: str) -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nx-abeja-request-id: {request_id}\r\n"
-        "Transfer-Encoding: chunked\r\nContent-Type: text/plain\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
-    ).encode()
-
-
-def records_of(server: RunningServer, request_id: str) -> list[dict[str, Any]]:
-    return [
-        r
-        for r in server.records()
-        if r.get("log_type") == "access_log" and r.get("request_id") == request_id
-    ]
 
 
 def started(server: RunningServer, tag: str) -> bool:
@@ -78,33 +52,6 @@ def test_a_running_and_a_queued_call_whose_clients_leave_are_counted_499(
 
 
 # --- work stopped when the client leaves ---------------------------------------------------------
-
-
-def events(server: RunningServer, event: str, tag: str) -> list[dict[str, Any]]:
-    found = []
-    for record in server.records():
-        try:
-            printed = json.loads(record.get("message", ""))
-        except ValueError:
-            continue
-        if (
-            isinstance(printed, dict)
-            and printed.get("event") == event
-            and printed.get("tag") == tag
-        ):
-            found.append(printed)
-    return found
-
-
-def read_until(sock: socket.socket, marker: bytes) -> bytes:
-    """What arrives until ``marker`` has (bounded by the socket's timeout, and by its end)."""
-    data = b""
-    while marker not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 @pytest.mark.parametrize(

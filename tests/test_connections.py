@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS, RunningServer, ServerFactory, runtime_env, wait_until
+from helpers.servers import HANDLERS, RunningServer, ServerFactory, runtime_env
+from helpers.waiting import wait_until
 
 from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
 

@@ -16,7 +16,8 @@ import zlib
 from typing import Any
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 MAX_BODY = 1024 * 1024
 

@@ -6,7 +6,7 @@ import importlib.util
 import sys
 
 import pytest
-from conftest import HANDLERS
+from helpers.servers import HANDLERS
 
 from abeja_runtime.encode import encode_result
 from abeja_runtime.errors import HandlerResultError

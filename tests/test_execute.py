@@ -22,7 +22,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory, wait_until
+from helpers.servers import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 SYNC, ASYNC = "main:handler", "main:async_handler"
 BOTH_KINDS = pytest.mark.parametrize("handler", [SYNC, ASYNC], ids=["sync", "async"])

@@ -1,6 +1,6 @@
 """Faults under steady load: what each may cost, and that the service recovers by itself.
 
-A runtime with 2 workers serves 6 keep-alive clients (``tests/load.py``) while one fault is
+A runtime with 2 workers serves 6 keep-alive clients (``tests/helpers/load.py``) while one fault is
 injected: a handler that crashes its worker, ``kill -9`` of a worker, a handler thread stuck past
 timeout + grace, an event loop blocked by an async handler, SIGTERM. For each, the failures
 during the fault are bounded and of the expected kind, and once the runtime has recovered a
@@ -18,9 +18,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
-from load import LoadClient, Tally
-from test_supervisor import alive, crash_a_worker, ready_workers, wait_for_ready_workers
+from helpers.load import LoadClient, Tally
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
+from helpers.workers import alive, crash_a_worker, ready_workers, wait_for_ready_workers
 
 CONNECTIONS = 6
 PHASE = 1.0  # seconds of load per phase: the length of a phase, not a synchronisation

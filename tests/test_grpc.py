@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HANDLERS, runtime_env
+from helpers.grpc_calls import ASYNC_MODEL, varint, with_grpc
+from helpers.servers import HANDLERS, KSERVE_CUSTOM, runtime_env
+from helpers.waiting import wait_until
+from helpers.workers import wait_for_ready_workers
 from PIL import Image
-from test_supervisor import wait_for_ready_workers
-from waiting import wait_until
 
 from abeja_runtime.launch import free_port, runtime_command
 
@@ -82,18 +83,6 @@ def running_call(server: Any, port: int, *inputs: Any) -> tuple[threading.Thread
     return caller, answers
 
 
-def with_grpc(start: Any, handler_dir: str, *flags: str, env: dict[str, str]) -> Any:
-    """A runtime started by ``start`` (a server factory) with a free ``--grpc-port``, which
-    it keeps as ``grpc_port``."""
-    port = free_port()
-    server = start(handler_dir, "--grpc-port", str(port), *flags, env=env)
-    server.grpc_port = port
-    return server
-
-
-ASYNC_MODEL = {"HANDLER": "model:AsyncModel"}
-
-
 @pytest.fixture(scope="module")
 def asynchronous(make_module_server):
     return with_grpc(make_module_server, "st_kserve_async", env=ASYNC_MODEL)
@@ -108,10 +97,10 @@ def grpc_port(asynchronous) -> int:
 def custom(make_module_server):
     return with_grpc(
         make_module_server,
-        "st_kserve_custom",
+        KSERVE_CUSTOM,
         "--model-name",
         "custom-model",
-        env={"HANDLER": "model"},
+        env={"HANDLER": "main"},
     )
 
 
@@ -288,19 +277,10 @@ def test_big_messages_travel_both_ways_through_shared_memory(make_server, size: 
         make_server, "st_seldon_identity", "--style", "seldon", env={"HANDLER": "MyModel"}
     )
     data = bytes(range(256)) * (size // 256)
-    message = b"\x22" + _varint(len(data)) + data  # SeldonMessage.binData (field 4)
+    message = b"\x22" + varint(len(data)) + data  # SeldonMessage.binData (field 4)
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", options=options) as channel:
         predict = channel.unary_unary("/seldon.protos.Model/Predict")
         answers = [predict(message, timeout=60) for _ in range(3)]  # buffers reused
     for answer in answers:
-        assert answer.endswith(data) and b"\x22" + _varint(len(data)) in answer
-
-
-def _varint(value: int) -> bytes:
-    out = b""
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            return out + bytes([low])
-        out += bytes([low | 0x80])
+        assert answer.endswith(data) and b"\x22" + varint(len(data)) in answer

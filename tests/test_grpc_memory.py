@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_grpc import _varint, with_grpc
+from helpers.grpc_calls import varint, with_grpc
 
 grpc = pytest.importorskip("grpc")
 
@@ -44,7 +44,7 @@ def predict(port: int, index: int, answers: list[Any]) -> None:
     """One 50 MiB binData Predict on a channel of its own; its answer (or error) in
     ``answers[index]``, checked here so that only one message at a time is kept."""
     data = index.to_bytes(8, "big") * (SIZE // 8)
-    message = b"\x22" + _varint(len(data)) + data  # SeldonMessage.binData (field 4)
+    message = b"\x22" + varint(len(data)) + data  # SeldonMessage.binData (field 4)
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
@@ -52,7 +52,7 @@ def predict(port: int, index: int, answers: list[Any]) -> None:
     except grpc.RpcError as exc:
         answers[index] = f"{exc.code()}: {exc.details()}"
         return
-    right = answer.endswith(data) and b"\x22" + _varint(len(data)) in answer
+    right = answer.endswith(data) and b"\x22" + varint(len(data)) in answer
     answers[index] = "right" if right else f"wrong answer of {len(answer)} bytes"
 
 

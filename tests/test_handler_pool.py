@@ -1,4 +1,5 @@
-"""The supervisor through a real server: several workers, crashed and stuck workers (contract A1).
+"""The handler pool (``front/pool.py``) through a real server: several workers, crashed and stuck
+workers (contract A1).
 
 The ``sv_pid`` handler answers with the pid of the worker that ran it, so every answer says which
 process served it; ``?exit=1`` kills that process the way a segfault would, ``?hang=S`` holds it.
@@ -7,15 +8,14 @@ process served it; ``?exit=1`` kills that process the way a segfault would, ``?h
 from __future__ import annotations
 
 import os
-import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory, wait_until
-
-READY = re.compile(r"worker (\d+) is ready")
+from helpers.servers import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory
+from helpers.waiting import wait_until
+from helpers.workers import alive, crash_a_worker, pid_of, wait_for_ready_workers
 
 
 @pytest.fixture
@@ -24,51 +24,10 @@ def start(make_server: ServerFactory) -> ServerFactory:
     return make_server
 
 
-def ready_workers(server: RunningServer) -> list[int]:
-    """Pids of the workers that the supervisor logged as ready, in order."""
-    return [
-        int(match.group(1))
-        for record in server.records()
-        if (match := READY.fullmatch(record.get("message", "")))
-    ]
-
-
-def wait_for_ready_workers(server: RunningServer, count: int) -> list[int]:
-    def enough() -> list[int] | None:
-        pids = ready_workers(server)
-        return pids if len(pids) >= count else None
-
-    return wait_until(enough, 15, f"{count} workers to be ready")
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited already
-
-
-def pid_of(answer: Response) -> int:
-    assert answer.status == 200, answer.body
-    return answer.json()["pid"]
-
-
 def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> list[Response]:
     """GET every path at once, each on its own connection."""
     with ThreadPoolExecutor(len(paths)) as pool:
         return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
-
-
-def crash_a_worker(server: RunningServer) -> int | str:
-    """Send the request that kills its worker: the status, or the connection error's name.
-
-    The client waits 30 s at most, half the default 60 s deadline: a ``502`` is the front
-    answering for the dead worker, never a deadline's ``504`` (and a hang fails)."""
-    try:
-        return server.request("GET", "/?exit=1", timeout=30).status
-    except ConnectionError as exc:  # includes http.client.RemoteDisconnected; a hang is not
-        return type(exc).__name__
 
 
 def test_one_worker_means_two_processes_and_no_helper(start):

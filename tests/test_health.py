@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, wait_until
+from helpers.servers import RunningServer
+from helpers.waiting import wait_until
 
 OK = {"status": "ok"}
 UNAVAILABLE = {"status": "service unavailable"}

@@ -13,7 +13,8 @@ import random
 import socket
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 #: Above the inline limit (64 KiB): such a body goes through aiohttp's request handling.
 BIG_BODY = b'{"pad": "' + b"x" * (100 * 1024) + b'"}'

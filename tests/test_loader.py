@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS, RunningServer, wait_until
+from helpers.servers import HANDLERS, RunningServer
+from helpers.waiting import wait_until
 
 EXIT_TIMEOUT = 20.0
 

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS, START_TIMEOUT, RunningServer, runtime_env, wait_until
+from helpers.servers import HANDLERS, START_TIMEOUT, RunningServer, runtime_env
+from helpers.waiting import wait_until
 
 from abeja_runtime.launch import RuntimeProcess, free_port, free_ports, runtime_command
 

@@ -7,7 +7,7 @@ import re
 import signal
 
 import pytest
-from conftest import HANDLERS, RunningServer
+from helpers.servers import HANDLERS, RunningServer
 
 from abeja_runtime.launch import free_ports
 

@@ -13,7 +13,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import TIMED_OUT_AFTER_1_S, RunningServer, runtime_env, wait_until
+from helpers.servers import TIMED_OUT_AFTER_1_S, RunningServer, runtime_env
+from helpers.waiting import wait_until
 
 from abeja_runtime.launch import free_ports
 

@@ -11,27 +11,10 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
-from prometheus_client.parser import text_string_to_metric_families
-from test_supervisor import crash_a_worker, pid_of, wait_for_ready_workers
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(server: RunningServer) -> Samples:
-    answer = server.request("GET", "/metrics", port=server.healthcheck_port)
-    assert answer.status == 200, answer.body
-    assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    samples: Samples = {}
-    for family in text_string_to_metric_families(answer.body.decode()):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+from helpers.metrics import scrape, total
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
+from helpers.workers import crash_a_worker, pid_of, wait_for_ready_workers
 
 
 @pytest.fixture

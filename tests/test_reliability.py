@@ -18,8 +18,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import Response, RunningServer, wait_until
-from test_supervisor import alive, crash_a_worker, pid_of, ready_workers, wait_for_ready_workers
+from helpers.servers import Response, RunningServer
+from helpers.waiting import wait_until
+from helpers.workers import alive, crash_a_worker, pid_of, ready_workers, wait_for_ready_workers
 
 DIED = re.compile(r"worker (\d+) exited unexpectedly \((.+?)\); starting a replacement(.*)")
 

@@ -7,7 +7,7 @@ import json
 import socket
 
 import pytest
-from conftest import wait_until
+from helpers.waiting import wait_until
 
 
 @pytest.fixture

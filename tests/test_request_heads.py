@@ -17,7 +17,8 @@ import socket
 from typing import Any
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 BODY_PATHS = ["small", "big", "chunked"]
 _FRESH_ID = re.compile(r"[0-9a-f]{32}")

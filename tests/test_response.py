@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import HANDLERS
+from helpers.servers import HANDLERS
 
 sys.path.insert(0, str(HANDLERS / "rs_table"))
 from cases import CASES

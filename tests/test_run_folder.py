@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from conftest import ServerFactory, wait_until
+from helpers.servers import ServerFactory
+from helpers.waiting import wait_until
 
 
 def run_folders(tmp: Path) -> set[Path]:

@@ -13,8 +13,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, ServerFactory, wait_until
-from test_cancellation import chunked_post, events, get, read_until, records_of, send_and_leave
+from helpers.raw_http import chunked_post, events, get, read_until, records_of, send_and_leave
+from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 
 @pytest.mark.parametrize("handler", ["main:held", "main:async_held"], ids=["def", "async"])

@@ -13,8 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import TIMED_OUT_AFTER_1_S, wait_until
-from test_styles_cortex import build_model
+from helpers.cortex import build_model
+from helpers.servers import TIMED_OUT_AFTER_1_S
+from helpers.waiting import wait_until
 
 EXIT_TIMEOUT = 20.0
 

@@ -7,7 +7,6 @@ model is built at test time with the ``onnx`` package by the cortex_iris sample'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,27 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.cortex import build_model
+from helpers.servers import HANDLERS
 
-# Not imported from conftest: tests/cli has a conftest module of its own, and whichever is
-# imported first under that name wins when the whole suite runs.
-HANDLERS = Path(__file__).parent / "handlers"
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "cortex_iris"
 EXIT_TIMEOUT = 20.0
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 VERSICOLOR = {"sepal_length": 6.4, "sepal_width": 3.2, "petal_length": 4.5, "petal_width": 1.5}
 VIRGINICA = {"sepal_length": 6.3, "sepal_width": 3.3, "petal_length": 6.0, "petal_width": 2.5}
-
-
-def _builder():
-    spec = importlib.util.spec_from_file_location("iris_build_model", SAMPLE / "build_model.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build
-
-
-build_model = _builder()
 
 
 @pytest.fixture

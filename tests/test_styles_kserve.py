@@ -1,6 +1,6 @@
 """KServe custom models served by the ``kserve`` style adapter, against the real kserve package.
 
-``st_kserve_custom/model.py`` is the custom model example of KServe's docs (its AlexNet replaced
+``samples/kserve_custom/main.py`` is the custom model example of KServe's docs (its AlexNet replaced
 by a numpy stand-in); ``st_kserve_async`` has async methods. The runtime serves both over real
 HTTP with KServe's V1 and V2 (Open Inference) REST protocols.
 """
@@ -20,7 +20,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import HANDLERS, wait_until
+from helpers.servers import KSERVE_CUSTOM
+from helpers.waiting import wait_until
 from PIL import Image
 
 from abeja_runtime.launch import free_ports
@@ -45,7 +46,7 @@ def custom(make_module_server):
     # --timeout 2.5 is in sys.argv, which kserve parses at import (it would read it as its
     # --timeout-keep-alive, an int, and exit); the runtime hides its flags from the module.
     return make_module_server(
-        "st_kserve_custom", "--model-name", NAME, "--timeout", "2.5", env={"HANDLER": "model"}
+        KSERVE_CUSTOM, "--model-name", NAME, "--timeout", "2.5", env={"HANDLER": "main"}
     )
 
 
@@ -56,7 +57,7 @@ def asynchronous(make_module_server):
 
 def test_the_docs_custom_model_is_detected_and_logged(custom):
     record = custom.wait_for_record(lambda r: r.get("style") == "kserve")
-    assert "model.AlexNetModel is a kserve.Model" in record["message"], record
+    assert "main.AlexNetModel is a kserve.Model" in record["message"], record
 
 
 def test_v1_predict_runs_preprocess_predict_postprocess(custom):
@@ -260,11 +261,11 @@ V2_REFUSED = [
 
 @pytest.fixture(scope="module")
 def kserve_itself(tmp_path_factory):
-    """The same model.py served by KServe's own ModelServer (python model.py), as a control."""
+    """The same main.py served by KServe's own ModelServer (python main.py), as a control."""
     folder = tmp_path_factory.mktemp("kserve") / "model"
-    shutil.copytree(HANDLERS / "st_kserve_custom", folder)
+    shutil.copytree(KSERVE_CUSTOM, folder)
     ports = free_ports(2)
-    command = [sys.executable, "model.py", "--model_name", NAME]
+    command = [sys.executable, "main.py", "--model_name", NAME]
     command += ["--http_port", str(ports[0]), "--grpc_port", str(ports[1])]
     process = subprocess.Popen(
         command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -16,13 +16,15 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import HANDLERS, runtime_env, wait_until
+from helpers.grpc_calls import ASYNC_MODEL, with_grpc
+from helpers.servers import HANDLERS, KSERVE_CUSTOM, runtime_env
+from helpers.waiting import wait_until
 from PIL import Image
-from test_grpc import ASYNC_MODEL, with_grpc
 
 from abeja_runtime.launch import free_port, free_ports, runtime_command
 
@@ -32,7 +34,7 @@ from kserve import InferenceGRPCClient, InferInput, InferRequest
 NAME = "tx"
 
 
-def start_script(make_server, handler_dir: str, script: str, *kserve_args: str, **env: str):
+def start_script(make_server, handler_dir: str | Path, script: str, *kserve_args: str, **env: str):
     """``abeja-runtime kserve SCRIPT --http_port P ...`` with the health port from the
     environment, as in a container; returns the server and its gRPC port."""
     http, health, grpc = free_ports(3)
@@ -59,7 +61,7 @@ def image_b64() -> str:
 
 def test_the_docs_model_file_serves_unchanged_from_its_main_block(make_server):
     server = start_script(
-        make_server, "st_kserve_custom", "model.py", "--model_name", "from-args", "--workers", "2"
+        make_server, KSERVE_CUSTOM, "main.py", "--model_name", "from-args", "--workers", "2"
     )
     answer = server.post_json(
         {"instances": [{"image": {"b64": image_b64()}}]}, path="/v1/models/from-args:predict"
@@ -82,7 +84,7 @@ def test_the_docs_model_file_serves_unchanged_from_its_main_block(make_server):
 
 def test_grpc_can_be_switched_off_as_in_kserve(make_server):
     server = start_script(
-        make_server, "st_kserve_custom", "model.py", "--model_name", "m", "--enable_grpc", "false"
+        make_server, KSERVE_CUSTOM, "main.py", "--model_name", "m", "--enable_grpc", "false"
     )
     assert server.request("GET", "/v1/models/m").status == 200
     assert not any("serving gRPC" in r.get("message", "") for r in server.records())
@@ -90,12 +92,12 @@ def test_grpc_can_be_switched_off_as_in_kserve(make_server):
 
 def test_enable_docs_url_serves_the_swagger_ui_as_kserve_does(make_server, tmp_path):
     docs_on = ("--model_name", "m", "--enable_docs_url", "true")
-    server = start_script(make_server, "st_kserve_custom", "model.py", *docs_on)
+    server = start_script(make_server, KSERVE_CUSTOM, "main.py", *docs_on)
     ours = server.request("GET", "/docs")
     folder = tmp_path / "model"
-    shutil.copytree(HANDLERS / "st_kserve_custom", folder)
+    shutil.copytree(KSERVE_CUSTOM, folder)
     port = free_port()
-    command = [sys.executable, "model.py", "--model_name", "m", "--http_port", str(port),
+    command = [sys.executable, "main.py", "--model_name", "m", "--http_port", str(port),
                "--grpc_port", str(free_port()), "--enable_docs_url", "true"]  # fmt: skip
     kserve = subprocess.Popen(
         command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

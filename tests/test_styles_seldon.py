@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import HANDLERS
+from helpers.servers import HANDLERS
 
 import abeja_runtime
 
@@ -250,7 +250,7 @@ def test_predict_raw_answers_as_it_likes_and_can_decline(make_server):
 
 
 def test_custom_metrics_are_exported_on_the_runtimes_metrics_endpoint(make_server):
-    from test_metrics import scrape, total
+    from helpers.metrics import scrape, total
 
     server = make_server("st_seldon_full", env={"HANDLER": "Classifier"})
     for features in ([[1, 2]], [[1, 2]], [[-3, 0]], [[-4, 0]], [[-5, 0]]):
@@ -365,7 +365,7 @@ def test_a_combiner_aggregates_a_message_list(make_server):
 
 
 def test_feedback_reaches_send_feedback_with_reward_truth_and_routing(make_server):
-    from test_metrics import scrape, total
+    from helpers.metrics import scrape, total
 
     server = make_server(
         "st_seldon_graph", env={"HANDLER": "Units:Learner", "PREDICTIVE_UNIT_ID": "learner"}

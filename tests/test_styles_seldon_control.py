@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HANDLERS, runtime_env
-from waiting import wait_until
+from helpers.servers import HANDLERS, runtime_env
+from helpers.waiting import wait_until
 
 from abeja_runtime.launch import free_port
 

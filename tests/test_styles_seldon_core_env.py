@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HANDLERS, RunningServer, runtime_env
-from test_metrics import scrape, total
+from helpers.metrics import scrape, total
+from helpers.servers import HANDLERS, RunningServer, runtime_env
 
 from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
 

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .helpers import (
+from helpers.cli import (
     BASE_IMAGE,
     REQUIRE_DOCKER,
     CliProcess,

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .helpers import Result, cli_env, remove_project_images
+from helpers.cli import Result, cli_env, remove_project_images
 
 Abeja = Callable[..., Result]
 

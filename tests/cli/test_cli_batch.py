@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from .helpers import Result
+from helpers.cli import Result
 
 LOCAL = ("--engine", "local")
 

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 from docker.errors import NotFound
-from waiting import wait_until
+from helpers.cli import REPO, Result, http_request, run_abeja
+from helpers.waiting import wait_until
 
 from abeja_runtime.launch import free_ports
-
-from .helpers import REPO, Result, http_request, run_abeja
 
 TIMEOUT = 60.0
 

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .helpers import LABEL, CliProcess, Result, cli_env, ours
+from helpers.cli import LABEL, CliProcess, Result, cli_env, ours
 
 
 @pytest.mark.docker

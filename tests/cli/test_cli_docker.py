@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from abeja_runtime.launch import free_port
-
-from .helpers import (
+from helpers.cli import (
     CLI_TIMEOUT,
     HELD_WHEEL,
     LABEL,
@@ -30,6 +27,8 @@ from .helpers import (
     http_request,
     ours,
 )
+
+from abeja_runtime.launch import free_port
 
 pytestmark = pytest.mark.docker
 
@@ -464,7 +463,7 @@ def test_without_the_runtime_source_docker_is_not_used(
 ) -> None:
     """An install without this checkout cannot build images: the CLI says so and runs the
     model locally, unless Docker was asked for."""
-    from .helpers import cli_env
+    from helpers.cli import cli_env
 
     env = cli_env(ABEJA_RUNTIME_SOURCE=str(tmp_path / "nowhere"))
     cwd = project("tax")
@@ -495,7 +494,7 @@ def test_awkward_project_path(
     and the cache lookup all keep the path exact."""
     import shutil
 
-    from .helpers import SAMPLES, remove_project_images
+    from helpers.cli import SAMPLES, remove_project_images
 
     cwd = tmp_path / "my 'proj' $HOME é:1"
     shutil.copytree(SAMPLES / "tax", cwd)

@@ -4,15 +4,13 @@ generated, with the command its own README gives; nothing is ever overwritten.""
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.cli import Result, readme_run_local
 
 from abeja_cli.init import TEMPLATES
-
-from .helpers import Result
 
 Abeja = Callable[..., Result]
 
@@ -30,15 +28,6 @@ CHECKS: dict[str, Callable[[bytes], bool]] = {
     "numpy": lambda out: len(json.loads(out)["outputs"]) == 2,
     "cortex": lambda out: json.loads(out) == "iris-setosa",
 }
-
-
-def readme_run_local(project: Path) -> list[str]:
-    line = next(
-        line
-        for line in (project / "README.md").read_text().splitlines()
-        if line.startswith("abeja model run-local ")
-    )
-    return shlex.split(line)[1:]
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .helpers import (
+from helpers.cli import (
     CLI_TIMEOUT,
     HELD_WHEEL,
     SAMPLES,

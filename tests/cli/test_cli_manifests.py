@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .helpers import Result, run_abeja
+from helpers.cli import Result, run_abeja
 
 K8S_VERSION = "1.30"
 SCHEMAS = Path(__file__).parent / "schemas"

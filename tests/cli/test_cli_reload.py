@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .helpers import CliProcess, http_request, ours
+from helpers.cli import CliProcess, http_request, ours
 
 Start = Callable[..., CliProcess]
 

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
-
-from .helpers import CliProcess, Result, http_request
+from helpers.cli import CliProcess, Result, http_request
+from helpers.waiting import wait_until
 
 Start = Callable[..., CliProcess]
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .helpers import PROJECTS, SAMPLES, CliProcess, Result, assert_flipped, http_request
+from helpers.cli import PROJECTS, SAMPLES, CliProcess, Result, assert_flipped, http_request
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

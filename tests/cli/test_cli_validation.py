@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from .helpers import Result, ours
+from helpers.cli import Result, ours
 
 CASES = [
     (["--input", "missing.json"], "input file not found: missing.json"),

@@ -13,9 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from .helpers import CLI_TIMEOUT, REPO, cli_env
-from .test_cli_init import readme_run_local
+from helpers.cli import CLI_TIMEOUT, REPO, cli_env, readme_run_local
 
 #: Creating the venv and installing the checkout (and its dependencies) into it.
 _INSTALL_TIMEOUT = 300.0

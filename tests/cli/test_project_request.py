@@ -8,11 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.cli import SAMPLES, run_abeja
 
 from abeja_cli.init import TEMPLATES
 from abeja_cli.project_request import FormField, ProjectRequest, project_request
-
-from .helpers import SAMPLES, run_abeja
 
 #: sample: (kind, method, path, content type, file, form fields, -o)
 OPENS_ON = {

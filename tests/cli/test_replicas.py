@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from load import LoadClient, Tally
+from helpers.cli import http_request
+from helpers.load import LoadClient, Tally
+from helpers.waiting import wait_until
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
 
 from .balancer import HAPROXY, Balancer, Slot
-from .helpers import http_request
 
 pytestmark = pytest.mark.docker
 
