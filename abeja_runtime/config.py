@@ -153,6 +153,23 @@ class Config:
         help="handler calls running at once per worker (1 = ABEJA's one-at-a-time); raise it "
         "only for thread-safe handlers",
     )
+    #: Off by default: a batched handler has another signature (a list in, a list out).
+    max_batch_size: int = setting(
+        1,
+        kind="positive",
+        envvar="ABEJA_RUNTIME_MAX_BATCH_SIZE",
+        help="requests the handler gets in one call, as `handler(requests, context)` with a list "
+        "of requests, returning a list of responses in the same order; a worker that is idle "
+        "takes what waits at once, a busy one's requests gather up to this (1: off)",
+    )
+    max_batch_wait: float = setting(
+        0.01,
+        kind="seconds",
+        envvar="ABEJA_RUNTIME_MAX_BATCH_WAIT",
+        server_only=True,
+        help="with `--max-batch-size` above 1: seconds a batch may gather, from its first "
+        "request's arrival, while every worker runs one, before it goes to the next free slot",
+    )
     max_queue: int = setting(
         100,
         kind="count",

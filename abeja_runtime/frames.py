@@ -79,6 +79,7 @@ __all__ = [
     "Ready",
     "RpcAnswer",
     "RpcCall",
+    "RunBatch",
     "Start",
     "anonymous_file",
     "encode_frame",
@@ -86,7 +87,7 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 4
+VERSION: Final = 5
 #: Bodies (of calls and of answers) above this many bytes travel as a file descriptor.
 INLINE_LIMIT: Final = 64 * 1024
 _HEAD: Final = struct.Struct("!BBBI")
@@ -122,6 +123,7 @@ class FrameKind(enum.IntEnum):
     GIVE_BACK = 10
     GIVEN_BACK = 11
     CREDIT = 12
+    RUN_BATCH = 13
 
 
 _F = TypeVar("_F", bound=type[tuple[Any, ...]])
@@ -162,6 +164,9 @@ class Ready(NamedTuple):
     front_paths: tuple[str, ...]
     #: gRPC methods the style serves (full names); empty when it has no gRPC protocol.
     rpc_methods: tuple[str, ...]
+    #: The handler's own batch size and wait (``@abeja_runtime.batched``), when it declared
+    #: them and the settings did not turn batching on.
+    batch: tuple[int, float] | None = None
 
 
 @_kind(FrameKind.LOAD_FAILED)
@@ -281,6 +286,14 @@ class Credit(NamedTuple):
     chunks: int
 
 
+@_kind(FrameKind.RUN_BATCH)
+class RunBatch(NamedTuple):
+    """Front → handler process: run the calls ``ids`` (sent just before) as one batch, one
+    call of the handler (``--max-batch-size``); each is answered on its own."""
+
+    ids: tuple[int, ...]
+
+
 @_kind(FrameKind.END)
 class End(NamedTuple):
     """The end of a streamed body; ``failed`` when the handler's generator raised."""
@@ -305,7 +318,7 @@ class RpcAnswer(NamedTuple):
 
 Frame = (
     Start | Ready | LoadFailed | Call | RpcCall | Cancel | GiveBack
-    | Answer | Chunk | End | RpcAnswer | GivenBack | Credit
+    | Answer | Chunk | End | RpcAnswer | GivenBack | Credit | RunBatch
 )  # fmt: skip
 #: The frame class of each kind byte, by index (every kind has one: a gap fails at import).
 _KINDS: Final[tuple[type[Any], ...]] = tuple(_CLASS_OF[kind] for kind in FrameKind)

@@ -107,6 +107,7 @@ class FrontMetrics:
         )
         for stage in ("queued", "running"):
             self._abandoned.labels(stage=stage)
+        self._batching: _BatchMetrics | None = None
         info = Gauge(
             f"{_PREFIX}_build_info",
             "Always 1; the labels say which runtime serves which handler.",
@@ -124,6 +125,13 @@ class FrontMetrics:
     def abandoned(self, stage: str) -> None:
         self._abandoned.labels(stage=stage).inc()
 
+    def batching(self) -> _BatchMetrics:
+        """The batch metrics, registered (all at 0) on the first call: only a front that
+        batches (``--max-batch-size``) shows them."""
+        if self._batching is None:
+            self._batching = _BatchMetrics(self.registry)
+        return self._batching
+
     def worker_restarted(self, reason: str) -> None:
         self._restarts.labels(reason=reason).inc()
 
@@ -140,6 +148,42 @@ class FrontMetrics:
         handlers = CollectorRegistry()
         multiprocess.MultiProcessCollector(handlers, self._directory)  # type: ignore[no-untyped-call]
         return generate_latest(self.registry) + generate_latest(handlers)
+
+
+class _BatchMetrics:
+    """How batches form: their sizes, how long requests waited for theirs, why each went."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self._sizes = Histogram(
+            f"{_PREFIX}_batch_size",
+            "Requests per handler call (--max-batch-size).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=registry,
+        )
+        self._waits = Histogram(
+            f"{_PREFIX}_batch_wait_seconds",
+            "How long each batched request waited in the front's queue for its batch to go.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=registry,
+        )
+        self._released = Counter(
+            f"{_PREFIX}_batches",
+            "Batches sent to a worker, by why: full (--max-batch-size requests waited), waited "
+            "(its first request had waited --max-batch-wait while every worker ran a batch), "
+            "idle (a worker was free: what waited went at once).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("full", "waited", "idle"):
+            self._released.labels(reason=reason)
+
+    def released(self, size: int, reason: str, waits: list[float]) -> None:
+        self._sizes.observe(size)
+        self._released.labels(reason=reason).inc()
+        for wait in waits:
+            self._waits.observe(wait)
 
 
 class _RequestStats:

@@ -18,7 +18,14 @@ from abeja_runtime.frames import CREDIT_STEP, Answer, Call, Credit, RpcAnswer, R
 if TYPE_CHECKING:
     from abeja_runtime.front.processes import HandlerProcess
 
-__all__ = ["ANSWER_FILE_ABOVE", "STREAM_FAILED", "AnswerFile", "PendingCall", "StreamIdle"]
+__all__ = [
+    "ANSWER_FILE_ABOVE",
+    "STREAM_FAILED",
+    "AnswerFile",
+    "Batch",
+    "PendingCall",
+    "StreamIdle",
+]
 
 #: An answer's body above this many bytes is written to the client from the handler process's
 #: memfd, a piece at a time as the client takes it, rather than read whole into the front: four
@@ -78,12 +85,22 @@ class AnswerFile:
             os.close(fd)
 
 
+class Batch:
+    """The calls of a batch (``--max-batch-size``) not answered yet: its process's slot is
+    free once none is left."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+
 class PendingCall:
     """One call on its way: the frame to send, its answer when it comes, its streamed chunks."""
 
     __slots__ = (
-        "_cleanup", "abandoned", "answer", "answer_file", "chunks", "fd", "frame",
-        "giving_back", "process", "sent_at",
+        "_cleanup", "abandoned", "answer", "answer_file", "batch", "chunks", "fd", "frame",
+        "giving_back", "process", "queued_at", "sent_at",
     )  # fmt: skip
 
     def __init__(
@@ -108,6 +125,9 @@ class PendingCall:
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
+        #: In batch mode: when it joined the queue, and the batch it was sent in.
+        self.queued_at = 0.0
+        self.batch: Batch | None = None
 
     async def stream(self, idle: float | None = None) -> Any:
         """The streamed body's chunks as they come (an async iterator); raises

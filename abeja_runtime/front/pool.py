@@ -51,12 +51,14 @@ from abeja_runtime.frames import (
     ProtocolError,
     Ready,
     RpcAnswer,
+    RunBatch,
     read_fd,
 )
 from abeja_runtime.front.pending import (
     ANSWER_FILE_ABOVE,
     STREAM_FAILED,
     AnswerFile,
+    Batch,
     PendingCall,
 )
 from abeja_runtime.front.processes import (
@@ -127,6 +129,12 @@ class HandlerPool:
         self._respawns: set[asyncio.TimerHandle] = set()
         self._ticker: asyncio.Task[None] | None = None
         self.all_gone = asyncio.Event()
+        #: Batch mode (``--max-batch-size`` above 1): a process runs up to ``concurrency``
+        #: batches at once, each one call of the handler (see :meth:`_dispatch_batches`).
+        self._batch_size = config.max_batch_size
+        self._batch_wait = config.max_batch_wait
+        self._batching = config.max_batch_size > 1
+        self._batch_timer: asyncio.TimerHandle | None = None
         #: What the first ready process said about its style.
         self.style = ""
         self.front_paths: tuple[str, ...] = ()
@@ -183,6 +191,11 @@ class HandlerPool:
         if self.admitted >= self._capacity:
             raise ServiceBusy()
         self.admitted += 1
+        if self._batching:
+            pending.queued_at = time.monotonic()
+            self._queue.append(pending)
+            self._dispatch_batches()
+            return
         process = self._free_process()
         if process is None:
             self._queue.append(pending)
@@ -199,6 +212,8 @@ class HandlerPool:
         process = pending.process
         if process is None:
             return False
+        if self._batching:  # a batch is sent to a free slot: it runs
+            return True
         for index, call_id in enumerate(process.sent):
             if index >= self._config.concurrency:
                 return False
@@ -305,6 +320,8 @@ class HandlerPool:
         pending = process.sent.pop(call_id, None)
         if pending is None:
             return
+        if pending.batch is not None:
+            _left_batch(process, pending)
         pending.process = None
         if pending.abandoned:
             self.admitted -= 1
@@ -320,16 +337,76 @@ class HandlerPool:
         self._dispatch()
 
     def _dispatch(self) -> None:
+        if self._batching:
+            self._dispatch_batches()
+            return
         while self._queue:
             process = self._free_process()
             if process is None:
                 return
             self._send(process, self._queue.popleft())
 
+    def _dispatch_batches(self) -> None:
+        """Batch mode: the queue's calls go in batches of up to ``--max-batch-size``, each to
+        a process's free slot, by Triton's rule rather than a fixed window. A process that runs
+        nothing takes what waits at once (a lone request pays no wait); while every process
+        runs a batch, calls gather, and a batch goes to a free slot once it is full or its first
+        call has waited ``--max-batch-wait`` (a timer from that call's arrival, never moved by
+        the calls that join it); with no free slot, they gather until a slot frees."""
+        queue = self._queue
+        while queue:
+            process, reason = self._batch_place()
+            if process is None:
+                return
+            size = min(self._batch_size, len(queue))
+            batch = Batch(size)
+            now = time.monotonic()
+            calls = [queue.popleft() for _ in range(size)]
+            for pending in calls:
+                pending.batch = batch
+                pending.process = process
+                pending.sent_at = now
+                process.sent[pending.frame.id] = pending
+                process.send(pending.frame, pending.fd)
+            process.send(RunBatch(tuple(pending.frame.id for pending in calls)))
+            process.batches += 1
+            if self.metrics is not None:
+                waits = [now - pending.queued_at for pending in calls]
+                self.metrics.batching().released(size, reason, waits)
+
+    def _batch_place(self) -> tuple[HandlerProcess | None, str]:
+        """Where the next batch goes now, and why (``full``, ``waited``, ``idle``); no process
+        while it is to gather (a timer is set for its first call's wait)."""
+        full = len(self._queue) >= self._batch_size
+        free: HandlerProcess | None = None
+        for process in self.processes:
+            if process.state is not ProcessState.READY:
+                continue
+            if not process.batches:
+                return process, "full" if full else "idle"
+            if free is None and process.batches < self._config.concurrency:
+                free = process
+        if free is None:
+            return None, ""
+        if full:
+            return free, "full"
+        left = self._queue[0].queued_at + self._batch_wait - time.monotonic()
+        if left <= 0:
+            return free, "waited"
+        if self._batch_timer is None:
+            self._batch_timer = free.loop.call_later(left, self._batch_waited)
+        return None, ""
+
+    def _batch_waited(self) -> None:
+        self._batch_timer = None
+        self._dispatch_batches()
+
     @property
     def queued(self) -> int:
         """Calls admitted and not running (in the queue, or in a process's socket behind the
         calls it runs), for the queued gauge."""
+        if self._batching:
+            return max(0, self.admitted - sum(len(process.sent) for process in self.processes))
         concurrency = self._config.concurrency
         running = sum(min(len(process.sent), concurrency) for process in self.processes)
         return max(0, self.admitted - running)
@@ -447,6 +524,8 @@ class HandlerPool:
 
     def _finished(self, process: HandlerProcess, pending: PendingCall) -> None:
         del process.sent[pending.frame.id]
+        if pending.batch is not None:
+            _left_batch(process, pending)
         now = time.monotonic()
         busy = now - max(pending.sent_at, process.answered_at)
         process.answered_at = now
@@ -468,6 +547,11 @@ class HandlerPool:
             self.style = ready.style
             self.front_paths = ready.front_paths
             self.rpc_methods = ready.rpc_methods
+            if ready.batch is not None:  # declared by the handler (@abeja_runtime.batched)
+                self._batch_size, self._batch_wait = ready.batch
+                self._batching = True
+                if self.metrics is not None:
+                    self.metrics.batching()
         self.ever_ready = True
         self._deaths_before_ready = 0
         if self._config.max_requests:  # a little more for some, so that processes retire apart
@@ -601,7 +685,8 @@ class HandlerPool:
 
     def _fail_or_requeue(self, process: HandlerProcess, how: str) -> None:
         """The calls that were running fail; the ones that had not started go to the queue."""
-        running = self._config.concurrency
+        # A batch is sent to a free slot: all of a batch process's calls were running.
+        running = len(process.sent) if self._batching else self._config.concurrency
         requeue: list[PendingCall] = []
         for index, pending in enumerate(process.sent.values()):
             if index < running or pending.answer.done() or pending.abandoned:
@@ -702,6 +787,16 @@ class HandlerPool:
         if self._ticker is not None:
             self._ticker.cancel()
         self.kill_all()
+
+
+def _left_batch(process: HandlerProcess, pending: PendingCall) -> None:
+    """``pending`` is out of its batch (answered, given back): the batch's slot in ``process``
+    is free once none of its calls is left."""
+    assert pending.batch is not None
+    pending.batch.left -= 1
+    if not pending.batch.left:
+        process.batches -= 1
+    pending.batch = None
 
 
 def _backoff(deaths_before_ready: int) -> float:

@@ -107,6 +107,8 @@ class HandlerProcess:
         #: When to look whether calls wait behind a slow one here (see ``HandlerPool``).
         self.take_back_timer: asyncio.TimerHandle | None = None
         self.request_limit: int | None = None
+        #: Batches it runs (batch mode: at most ``concurrency``).
+        self.batches = 0
         self.retiring = False
         self.replaces: HandlerProcess | None = None
         self.exit_fd = pidfd(self.pid)

@@ -214,6 +214,8 @@ class _Front:
             __version__, config.handler, config.style, self._metrics_dir, self._gauges
         )
         pool.metrics = metrics
+        if config.max_batch_size > 1:
+            metrics.batching()  # its metrics at 0 from the first scrape
         calls = self._calls = CallService(config, pool, metrics)
         http = HttpServer(config, pool, metrics, calls)
         control = ControlServer(self._is_ready, metrics.render)

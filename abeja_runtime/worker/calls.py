@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import IO, Any, Final
 
 from abeja_runtime import __version__
+from abeja_runtime.batched import declared_batch
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse, encode_result, status_reply
 from abeja_runtime.errors import HandlerResultError, HttpError, ImageTooLarge
@@ -52,6 +53,9 @@ class HandlerCalls:
         )
         extra_headers = ((RUNTIME_VERSION_HEADER, __version__), *config.platform.response_headers())
         self._encode = functools.partial(encode_result, extra_headers=extra_headers)
+        #: The handler takes a list of requests and returns a list (``--max-batch-size``, or
+        #: ``@abeja_runtime.batched``).
+        self.batched = config.max_batch_size > 1 or declared_batch(handler.func) is not None
 
     def request(
         self,
@@ -80,7 +84,10 @@ class HandlerCalls:
 
     def answer(self, request: Request) -> EncodedResponse:
         """Call a ``def`` handler and encode its result (a streamed body is still to be
-        iterated, on the caller's thread); the request stays open for the stream."""
+        iterated, on the caller's thread); the request stays open for the stream. A batched
+        handler (``--max-batch-size``) gets a batch of one (a batch run's requests)."""
+        if self.batched:
+            return self.answer_batch([request])[0]
         try:
             return self._encode(self.handler.func(request, self.context()))
         except Exception as exc:
@@ -88,10 +95,56 @@ class HandlerCalls:
 
     async def answer_async(self, request: Request) -> EncodedResponse:
         """The same for an ``async def`` handler."""
+        if self.batched:
+            return (await self.answer_batch_async([request]))[0]
         try:
             return self._encode(await self.handler.func(request, self.context()))
         except Exception as exc:
             return self.error_reply(exc)
+
+    def answer_batch(self, requests: list[Request]) -> list[EncodedResponse]:
+        """Call a batched ``def`` handler once for ``requests`` (``handler(requests,
+        context)``) and encode each of its results: one reply per request, in order."""
+        try:
+            results = self.handler.func(requests, self.context())
+        except Exception as exc:
+            return [self.error_reply(exc)] * len(requests)
+        return self._batch_replies(results, len(requests))
+
+    async def answer_batch_async(self, requests: list[Request]) -> list[EncodedResponse]:
+        """The same for an ``async def`` batched handler."""
+        try:
+            results = await self.handler.func(requests, self.context())
+        except Exception as exc:
+            return [self.error_reply(exc)] * len(requests)
+        return self._batch_replies(results, len(requests))
+
+    def _batch_replies(self, results: object, count: int) -> list[EncodedResponse]:
+        """Each result encoded, an exception instance as its own ``500`` (its neighbours are
+        answered); anything but a list of ``count`` results fails the whole batch."""
+        if not isinstance(results, list | tuple) or len(results) != count:
+            given = (
+                f"{len(results)} results" if isinstance(results, list | tuple)
+                else f"a {type(results).__name__}"
+            )  # fmt: skip
+            _log.error(
+                "the batched handler %s returned %s for a batch of %d requests; it must return "
+                "a list of one response per request, in the requests' order",
+                self.handler.name,
+                given,
+                count,
+            )
+            return [UNEXPECTED_ERROR] * count
+        replies = []
+        for result in results:
+            if isinstance(result, Exception):
+                replies.append(self.error_reply(result))
+                continue
+            try:
+                replies.append(self._encode(result))
+            except Exception as exc:
+                replies.append(self.error_reply(exc))
+        return replies
 
     def error_reply(self, exc: Exception) -> EncodedResponse:
         """The handler side's error → response ladder: what the client is told, and what is

@@ -12,7 +12,15 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
-from abeja_runtime.frames import BlockingChannel, Call, Cancel, Frame, GiveBack, RpcCall
+from abeja_runtime.frames import (
+    BlockingChannel,
+    Call,
+    Cancel,
+    Frame,
+    GiveBack,
+    RpcCall,
+    RunBatch,
+)
 
 __all__ = ["CallRunner", "run_until_done", "serve_on_loop"]
 
@@ -21,6 +29,10 @@ class CallRunner(Protocol):
     """What runs the calls (:class:`abeja_runtime.worker.process._Calls`)."""
 
     channel: BlockingChannel
+    #: Batch mode: calls are held (:meth:`hold`) until the :class:`RunBatch` that runs them.
+    batched: bool
+
+    def hold(self, frame: Call, fd: int | None) -> None: ...
 
     async def run_async(self, frame: Frame, fd: int | None) -> None: ...
 
@@ -66,7 +78,7 @@ class _LoopCalls:
         self._calls = calls
         self._concurrency = concurrency
         self._loop = loop
-        self._waiting: deque[tuple[Call | RpcCall, int | None]] = deque()
+        self._waiting: deque[tuple[Call | RpcCall | RunBatch, int | None]] = deque()
         self._running: dict[int, asyncio.Task[None]] = {}
         self._read_all: asyncio.Future[None] = loop.create_future()
 
@@ -94,7 +106,9 @@ class _LoopCalls:
             return
         frame, fd = item
         match frame:
-            case Call() | RpcCall():
+            case Call() if self._calls.batched:
+                self._calls.hold(frame, fd)
+            case Call() | RpcCall() | RunBatch():
                 self._waiting.append((frame, fd))
                 self._start_waiting()
             case Cancel():
@@ -108,23 +122,31 @@ class _LoopCalls:
         waiting, running = self._waiting, self._running
         while waiting and len(running) < self._concurrency:
             frame, fd = waiting.popleft()
-            running[frame.id] = asyncio.create_task(self._run(frame, fd))
+            running[_task_key(frame)] = asyncio.create_task(self._run(frame, fd))
 
     def _take_back(self, call_id: int, *, cancel_running: bool) -> None:
         for item in self._waiting:
-            if item[0].id == call_id:
+            frame, fd = item
+            if not isinstance(frame, RunBatch) and frame.id == call_id:
                 self._waiting.remove(item)
-                self._calls.give_back(*item)
+                self._calls.give_back(frame, fd)
                 return
         task = self._running.get(call_id)
         if task is not None and cancel_running:
             task.cancel()
 
-    async def _run(self, frame: Call | RpcCall, fd: int | None) -> None:
+    async def _run(self, frame: Call | RpcCall | RunBatch, fd: int | None) -> None:
         try:
             await self._calls.run_async(frame, fd)
         except asyncio.CancelledError:
-            self._calls.dropped(frame)
+            if not isinstance(frame, RunBatch):  # a batch's calls are not cancelled: its
+                self._calls.dropped(frame)  # neighbours of a call that was wait for it
         finally:
-            del self._running[frame.id]
+            del self._running[_task_key(frame)]
             self._start_waiting()
+
+
+def _task_key(frame: Call | RpcCall | RunBatch) -> int:
+    """A call's id; for a batch, one no call has (a :class:`Cancel` of one of its calls does
+    not cancel the batch: its neighbours are answered)."""
+    return -frame.ids[0] if isinstance(frame, RunBatch) else frame.id

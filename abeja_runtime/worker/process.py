@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import inspect
 import io
 import logging
@@ -40,6 +41,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any, Final, NoReturn
 
+from abeja_runtime.batched import declared_batch
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
 from abeja_runtime.errors import CallCancelled, HandlerLoadError
@@ -59,6 +61,7 @@ from abeja_runtime.frames import (
     Ready,
     RpcAnswer,
     RpcCall,
+    RunBatch,
     Start,
     memfd,
 )
@@ -183,11 +186,25 @@ def _serve(
             details = user_traceback(exc.__cause__)
         channel.write(LoadFailed(str(exc), details))
         return 1
+    batch = declared_batch(handler.func) if config.max_batch_size == 1 else None
+    if batch is not None:  # @abeja_runtime.batched, the settings silent
+        config = dataclasses.replace(config, max_batch_size=batch[0], max_batch_wait=batch[1])
+    if config.max_batch_size > 1 and handler.style != "abeja":
+        channel.write(
+            LoadFailed(
+                f"--max-batch-size (ABEJA_RUNTIME_MAX_BATCH_SIZE) batches requests for a "
+                f"handler(requests, context) function of the abeja style; {handler.name} is "
+                f"served with the {handler.style} style, which takes one request a call: "
+                "leave --max-batch-size at 1",
+                "",
+            )
+        )
+        return 1
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
     # A front that stopped while this loaded is gone: the loop below ends at once, and the
     # handler's teardown still runs.
     with contextlib.suppress(OSError):
-        channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods))
+        channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods, batch))
     calls = _Calls(config, HandlerCalls(config, handler), channel, cancellations, credits)
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         from abeja_runtime.worker.handler_loop import serve_on_loop  # asyncio only when needed
@@ -248,6 +265,9 @@ def _serve_on_threads(calls: _Calls, threads: int) -> None:
         thread.start()
     while (item := calls.channel.read()) is not None:
         match item[0]:
+            case Call() as call if calls.batched:  # run with its batch (RunBatch)
+                calls.hold(call, item[1])
+                continue
             case Call(id=call_id) | RpcCall(id=call_id):
                 calls.cancellations.started(call_id)
             case Cancel():  # said to the call as it was read (BlockingChannel)
@@ -297,9 +317,26 @@ class _Calls:
         self._calls = calls
         self._handler = calls.handler
         self._shared = SharedBodies()
+        #: Batch mode (``--max-batch-size``): the calls come first, then :class:`RunBatch`
+        #: says which run together; until then they are held here.
+        self.batched = calls.batched
+        self._held: dict[int, tuple[Call, int | None]] = {}
+
+    def hold(self, frame: Call, fd: int | None) -> None:
+        """A call of a batch still to come (see :attr:`batched`)."""
+        self._held[frame.id] = (frame, fd)
+
+    def _batch_of(self, run: RunBatch) -> list[tuple[Call, int | None]]:
+        return [self._held.pop(call_id) for call_id in run.ids if call_id in self._held]
 
     def run(self, frame: Frame, fd: int | None) -> None:
         """One call, on this thread (a ``def`` handler)."""
+        if self.batched:
+            if isinstance(frame, Call):
+                self.hold(frame, fd)
+            elif isinstance(frame, RunBatch):
+                self._run_batch(self._batch_of(frame))
+            return
         if isinstance(frame, Call):
             with _RequestIds(frame.request_id, frame.requester_id):
                 request = self._request(frame, fd)
@@ -329,8 +366,10 @@ class _Calls:
                 self._send_rpc(RpcAnswer(frame.id, *result))
 
     async def run_async(self, frame: Frame, fd: int | None) -> None:
-        """One call, on this process's event loop."""
-        if isinstance(frame, Call):
+        """One call (or a batch of them), on this process's event loop."""
+        if isinstance(frame, RunBatch):
+            await self._run_batch_async(self._batch_of(frame))
+        elif isinstance(frame, Call):
             with _RequestIds(frame.request_id, frame.requester_id):
                 request = self._request(frame, fd)
                 if isinstance(request, EncodedResponse):
@@ -357,6 +396,62 @@ class _Calls:
                 if inspect.isawaitable(result):
                     result = await result
                 self._send_rpc(RpcAnswer(frame.id, *result))
+
+    def _batch_requests(
+        self, items: list[tuple[Call, int | None]]
+    ) -> tuple[list[int], list[Request]]:
+        """The requests of a batch's calls, each watched for its cancellation; a call whose
+        request cannot be built is answered alone (400, 413) and left out."""
+        ids: list[int] = []
+        requests: list[Request] = []
+        for frame, fd in items:
+            with _RequestIds(frame.request_id, frame.requester_id):
+                request = self._request(frame, fd)
+            if isinstance(request, EncodedResponse):
+                self._send(frame.id, request)
+                continue
+            self.cancellations.started(frame.id)
+            request.watch_cancellation(self.cancellations, frame.id)
+            ids.append(frame.id)
+            requests.append(request)
+        return ids, requests
+
+    def _batch_over(self, ids: list[int], requests: list[Request]) -> None:
+        for call_id, request in zip(ids, requests, strict=True):
+            self.cancellations.finished(call_id)
+            request.close()
+
+    def _run_batch(self, items: list[tuple[Call, int | None]]) -> None:
+        """One call of a batched ``def`` handler for the batch; each call answered alone."""
+        ids, requests = self._batch_requests(items)
+        if not requests:
+            return
+        try:
+            with _RequestIds(_batch_request_id(requests), None):
+                replies = self._calls.answer_batch(requests)
+                for call_id, reply in zip(ids, replies, strict=True):
+                    self._send(call_id, reply)
+        finally:
+            self._batch_over(ids, requests)
+
+    async def _run_batch_async(self, items: list[tuple[Call, int | None]]) -> None:
+        """:meth:`_run_batch` on the event loop (an ``async def`` batched handler)."""
+        ids, requests = self._batch_requests(items)
+        if not requests:
+            return
+        try:
+            with _RequestIds(_batch_request_id(requests), None):
+                if self._handler.is_async:
+                    replies = await self._calls.answer_batch_async(requests)
+                else:
+                    replies = self._calls.answer_batch(requests)
+                for call_id, reply in zip(ids, replies, strict=True):
+                    if isinstance(reply.body, AsyncIterator):
+                        await self._send_async(call_id, reply)
+                    else:
+                        self._send(call_id, reply)
+        finally:
+            self._batch_over(ids, requests)
 
     def _rpc(self, call: RpcCall, fd: int | None) -> Any:
         rpc = self._handler.rpc
@@ -542,6 +637,11 @@ class _Calls:
 
 #: The answer of an interrupted call, which the front drops (it answered the call already).
 _CANCELLED: Final = EncodedResponse(499, (), b"")
+
+
+def _batch_request_id(requests: list[Request]) -> str:
+    """What a batch's log records name as their request: its requests' ids."""
+    return ",".join(request.request_id for request in requests)
 
 
 def _stream_failed(exc: Exception) -> bool:

@@ -42,6 +42,7 @@ class FakeProcess:
         self.answered_at = 0.0
         self.take_back_timer: asyncio.TimerHandle | None = None
         self.request_limit: int | None = None
+        self.batches = 0
         self.retiring = False
         self.replaces: Any = None
         self.exit_fd: int | None = None
@@ -55,12 +56,6 @@ class FakeProcess:
 
     def close_socket(self) -> None:
         self.closed = True
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
 
     def kill(self) -> None:
         self.killed = True
