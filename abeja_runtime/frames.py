@@ -27,8 +27,9 @@ The conversation: the front sends :class:`Start`; the handler process loads the 
 answers :class:`Ready` or :class:`LoadFailed`. Then the front sends :class:`Call` and
 :class:`RpcCall` frames, each with an id; the handler process answers each with :class:`Answer`
 (followed, for a streamed body, by :class:`Chunk` frames and an :class:`End`) or
-:class:`RpcAnswer`, and writes each answer **before** it reads the next request, so that a
-crash can lose only the calls that were running. A streamed body runs at most
+:class:`RpcAnswer`; a ``def`` handler's process at ``--concurrency 1`` writes each answer
+**before** it reads the next call, so that a crash can lose only the call that was running
+(with threads or an event loop, the calls that were running). A streamed body runs at most
 :data:`STREAM_WINDOW` chunks ahead of its client: the front gives :class:`Credit` for the chunks
 the client took, and a stream that has none left waits (its generator is not asked for more).
 The front may take back a call the process has not started (:class:`Cancel`,

@@ -12,6 +12,7 @@ Usage: python -m benchmarks [--duration 10] [--write-results]
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 import shutil
@@ -93,6 +94,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--write-results", action="store_true", help="write benchmarks/RESULTS.md")
     p.add_argument("--append", action="store_true", help="append to RESULTS.md, do not rewrite")
     p.add_argument("--note", default="", help="free text for the report, e.g. what else ran")
+    p.add_argument(
+        "--also",
+        action="append",
+        choices=("streams", "batching"),
+        default=[],
+        help="after the matrix, run this benchmark too, with its defaults (streams: time to "
+        "first chunk and 1,000 SSE streams; batching: the fixed-cost model batched, beside Ray "
+        "Serve and LitServe), and print its table (written too with --write-results)",
+    )
     return p.parse_args(argv)
 
 
@@ -177,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         write_results(report, args.append)
         print(f"wrote {RESULTS.relative_to(REPO)}", file=sys.stderr)
     failed = any(r.error for r in rows) or any(u.error for u in uploads)
+    for name in args.also:  # each prints (and writes) its own table
+        print(f"- {name}", file=sys.stderr, flush=True)
+        also = importlib.import_module(f"benchmarks.{name}")
+        failed = bool(also.main(["--write"] if args.write_results else [])) or failed
     return 1 if failed else 0
 
 

@@ -69,6 +69,7 @@ from benchmarks.servers import (
     running,
     server_for,
     tail,
+    terminate,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -244,13 +245,7 @@ class Peer:
         if self.process is None:
             return
         popen = self.process.popen
-        if popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                print(f"  ! {self.name} ignored SIGTERM for {timeout:.0f}s", file=sys.stderr)
+        terminate(popen, self.name, timeout)
         deadline = time.monotonic() + 5
         while (left := _in_session(popen.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -482,7 +477,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.batching", *(argv or sys.argv[1:])])
+    given = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.batching", *given])
     signal.signal(signal.SIGTERM, _interrupt)  # stop the server on the way out, as on Ctrl-C
     os.sched_setaffinity(0, {1})
     expected = SCALE * _unit_sum()

@@ -116,19 +116,26 @@ class Server:
         if self.process is None:
             return
         popen = self.process.popen
-        if popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                print(f"  ! {self.target} ignored SIGTERM for {timeout:.0f}s", file=sys.stderr)
+        terminate(popen, self.target, timeout)
         self.leftovers = _group_still_running(popen.pid, LEFTOVER_GRACE)
         if self.leftovers:
             print(f"  ! {self.target} left processes {self.leftovers} behind", file=sys.stderr)
         self.process.kill()
         if self._log_file is not None:
             self._log_file.close()
+
+
+def terminate(popen: subprocess.Popen[Any], name: str, timeout: float) -> None:
+    """SIGTERM to a server still running, and up to ``timeout`` seconds for it to exit (said
+    when it did not)."""
+    if popen.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  ! {name} ignored SIGTERM for {timeout:.0f}s", file=sys.stderr)
 
 
 def _group_still_running(pgid: int, grace: float) -> list[int]:

@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.sched_setaffinity(0, {1})
     rows = [_bare(args), _runtime(args)]
-    command = "python -m benchmarks.streams " + " ".join(argv or sys.argv[1:])
+    given = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python", "-m", "benchmarks.streams", *given])
     lines = [
         f"Streams ({time.strftime('%Y-%m-%d')}; `{command.strip()}`): time to first chunk over "
         f"{args.firsts} requests; {args.streams} concurrent SSE streams of {args.events} events "

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from conftest import ServerFactory
 from helpers.metrics import scrape, total
-from helpers.raw_http import get, records_of, send_and_leave
+from helpers.raw_http import get, printed, records_of, send_and_leave
 from helpers.servers import HANDLERS, Response, RunningServer, runtime_env
 from helpers.waiting import wait_until
 
@@ -61,19 +61,7 @@ class Asked:
 
 
 def batches(server: RunningServer) -> list[list[str]]:
-    return [event["ids"] for event in _printed(server) if event.get("event") == "batch"]
-
-
-def _printed(server: RunningServer) -> list[dict[str, Any]]:
-    found = []
-    for record in server.records():
-        try:
-            printed = json.loads(record.get("message", ""))
-        except ValueError:
-            continue
-        if isinstance(printed, dict):
-            found.append(printed)
-    return found
+    return [event["ids"] for event in printed(server) if event.get("event") == "batch"]
 
 
 def busy(server: RunningServer, tmp_path: Path, asked: Asked) -> Path:
@@ -82,6 +70,14 @@ def busy(server: RunningServer, tmp_path: Path, asked: Asked) -> Path:
     asked.send("holder", f"&hold={release}")
     wait_until(lambda: ["holder"] in batches(server), 20, "the holder's call")
     return release
+
+
+def two_slots(make_server: ServerFactory, size: int, wait: float) -> RunningServer:
+    """An async batched handler whose worker runs two batches at once."""
+    return make_server(
+        "bt_batch", "--handler", "main:async_handler", "--concurrency", "2",
+        "--max-batch-size", str(size), "--max-batch-wait", str(wait),
+    )  # fmt: skip
 
 
 def queued(server: RunningServer, count: int) -> Callable[[], bool]:
@@ -166,10 +162,7 @@ def test_a_full_batch_goes_to_a_free_slot_without_waiting(
     """Two slots, one busy: four requests fill a batch of four, which goes to the free slot
     at once, though ``--max-batch-wait`` is a minute (they are answered while the holder
     still holds its slot)."""
-    server = make_server(
-        "bt_batch", "--handler", "main:async_handler", "--concurrency", "2",
-        "--max-batch-size", "4", "--max-batch-wait", "60",
-    )  # fmt: skip
+    server = two_slots(make_server, 4, 60)
     asked = Asked(server)
     release = busy(server, tmp_path, asked)
     for index in range(4):
@@ -185,10 +178,7 @@ def test_a_full_batch_goes_to_a_free_slot_without_waiting(
 def test_a_batch_goes_once_its_first_request_has_waited(make_server: ServerFactory, tmp_path: Path):
     """Two slots, one busy, a batch far from full: it goes to the free slot once its first
     request has waited ``--max-batch-wait`` (answered while the holder still holds)."""
-    server = make_server(
-        "bt_batch", "--handler", "main:async_handler", "--concurrency", "2",
-        "--max-batch-size", "32", "--max-batch-wait", "0.5",
-    )  # fmt: skip
+    server = two_slots(make_server, 32, 0.5)
     asked = Asked(server)
     release = busy(server, tmp_path, asked)
     asked.send("w0")
@@ -206,10 +196,7 @@ def test_the_wait_runs_from_the_first_arrival_and_is_not_stretched_by_later_ones
     """Twelve requests a quarter of a second apart, with ``--max-batch-wait 1``: a wait that
     each arrival stretched would gather all twelve into one batch; from the first arrival,
     no batch holds what arrived over much more than a second."""
-    server = make_server(
-        "bt_batch", "--handler", "main:async_handler", "--concurrency", "2",
-        "--max-batch-size", "32", "--max-batch-wait", "1",
-    )  # fmt: skip
+    server = two_slots(make_server, 32, 1)
     asked = Asked(server)
     release = busy(server, tmp_path, asked)
     for index in range(12):

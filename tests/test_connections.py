@@ -386,6 +386,61 @@ def test_idle_connections_never_take_the_health_port_s_descriptors(tmp_path: Pat
         runtime.popen.wait(20)
 
 
+def test_big_answers_held_by_slow_readers_count_against_the_connection_cap(tmp_path: Path):
+    """At ``ulimit -n 256`` (a cap of 187), 60 clients that do not read their 8 MiB answers
+    hold 60 connections and 60 answer files (memfds in the front): of 150 more connections,
+    about 67 are served and the rest refused. Not counting the files, 118 were served (32
+    refused), the front's descriptors all but gone: the next body's buffer or a probe found
+    none."""
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    port, health = free_ports(2)
+    ports = ("--port", str(port), "--healthcheck-port", str(health))
+    runtime = RuntimeProcess(
+        runtime_command("--host", "127.0.0.1", *ports, "--handler", "main:big"),
+        cwd=HANDLERS / "cn_stream",
+        env=runtime_env(TMPDIR=str(tmp_path)),
+        preexec_fn=low_limit,
+    )
+    runtime.port, runtime.healthcheck_port = port, health
+    held: list[socket.socket] = []
+    try:
+        runtime.wait_healthy(20)
+        for index in range(60):
+            reader = socket.socket()
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.settimeout(20)
+            reader.connect(("127.0.0.1", port))
+            reader.sendall(f"GET /?mib=8&tag=s{index} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert reader.recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 200 ")
+            held.append(reader)
+        fds = Path(f"/proc/{runtime.popen.pid}/fd")
+        files = sum("abeja-body" in os.readlink(fd) for fd in fds.iterdir())
+        assert files >= 60, files  # each answer's memfd, held while its client has not read it
+        statuses = []
+        for _ in range(150):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            held.append(sock)
+            try:
+                sock.sendall(b"GET /health_check HTTP/1.1\r\nHost: x\r\n\r\n")
+                statuses.append(sock.recv(12)[9:12])
+            except ConnectionResetError:  # refused: its 503 came, then the close beat our read
+                statuses.append(b"503")
+        assert statuses.count(b"503") >= 60, statuses  # 32 when the files were not counted
+        assert set(statuses) == {b"200", b"503"}
+        livez = http.client.HTTPConnection("127.0.0.1", health, timeout=10)
+        livez.request("GET", "/livez")
+        assert livez.getresponse().status == 200
+        livez.close()
+    finally:
+        for sock in held:
+            sock.close()
+        runtime.popen.terminate()
+        runtime.popen.wait(20)
+
+
 def _served(connection: http.client.HTTPConnection) -> bool:
     try:
         connection.request("GET", "/")

@@ -148,8 +148,15 @@ def read_chunked_body(sock: socket.socket) -> bytes:
         del buffer[: size + 2]
 
 
-def blocks_expected(count: int, kib: int) -> bytes:
-    return b"".join(bytes([index % 256]) * kib * 1024 for index in range(count))
+def arrives_whole(sock: socket.socket, count: int, kib: int) -> None:
+    """The stream of ``count`` blocks of ``kib`` KiB on ``sock`` arrives whole, byte-exact
+    (bounded by the socket's timeout); the socket is closed."""
+    sock.settimeout(30)
+    try:
+        expected = b"".join(bytes([index % 256]) * kib * 1024 for index in range(count))
+        assert read_chunked_body(sock) == expected
+    finally:
+        sock.close()
 
 
 @pytest.mark.parametrize(
@@ -173,12 +180,7 @@ def test_a_slow_reader_holds_up_its_own_stream_only(
     try:
         slow.sendall(get("/?chunks=4000&kib=256&tag=slow", "slow"))
         wait_until(lambda: events(server, "ten", "slow"), 20, "the slow stream's tenth chunk")
-        fast = send_and_leave(server, get("/?chunks=40&kib=256&tag=fast", "fast"))
-        fast.settimeout(30)
-        try:
-            assert read_chunked_body(fast) == blocks_expected(40, 256)
-        finally:
-            fast.close()
+        arrives_whole(send_and_leave(server, get("/?chunks=40&kib=256&tag=fast", "fast")), 40, 256)
     finally:
         slow.close()
     (closed,) = wait_until(lambda: events(server, "closed", "slow"), 20, "the slow one closed")
@@ -191,11 +193,6 @@ def test_a_stream_on_the_thread_that_reads_the_frames_gets_its_credit(make_serve
     stream, 25 times the window, reads its own credit while it waits (or it would wait for
     ever), and arrives whole."""
     server = make_server("cn_stream", "--handler", "main:blocks")
-    sock = send_and_leave(server, get("/?chunks=200&kib=64&tag=long", "long"))
-    sock.settimeout(30)
-    try:
-        assert read_chunked_body(sock) == blocks_expected(200, 64)
-    finally:
-        sock.close()
+    arrives_whole(send_and_leave(server, get("/?chunks=200&kib=64&tag=long", "long")), 200, 64)
     (closed,) = wait_until(lambda: events(server, "closed", "long"), 20, "the stream's end")
     assert closed["sent"] == 200

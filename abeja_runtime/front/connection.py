@@ -10,8 +10,10 @@
   with :class:`~abeja_runtime.errors.BodyTimeout` (``408``, the connection closed), where
   aiohttp would wait for ever.
 * The service port keeps at most :func:`connection_cap` connections open (what the open-files
-  limit leaves after the front's own needs); one more is answered ``503`` and closed, so that
-  idle clients can never take the descriptors the health port needs to answer its probes.
+  limit leaves after the front's own needs), counting as one more each big answer a slow
+  client is still taking (its memfd, :class:`~abeja_runtime.front.pending.AnswerFile`); one
+  more is answered ``503`` and closed, so that idle clients can never take the descriptors the
+  health port needs to answer its probes.
 * **The direct path.** A request that came whole with its head (nearly every model call: a
   JSON or an image body of up to 64 KiB, over HTTP/1.1) is handed to a :class:`DirectPath`
   as soon as aiohttp's parser has it, and answered from a callback when its handler process
@@ -46,6 +48,7 @@ from abeja_runtime.errors import BodyTimeout, BodyTooSlow
 from abeja_runtime.front.aiohttp_private import HandlerInternals, handler_kwargs, server_loop
 from abeja_runtime.front.body_gate import BODIES_AHEAD
 from abeja_runtime.front.capture import BodyCapture
+from abeja_runtime.front.pending import AnswerFile
 
 __all__ = [
     "MIN_BODY_RATE",
@@ -135,9 +138,10 @@ class Connection(HandlerInternals):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         most = self._max_connections
-        if most is not None and self.open_connections() > most:
-            # Each connection holds a descriptor: past the cap, the health port could not
-            # accept its probes, nor the front open a body's buffer.
+        if most is not None and self.open_connections() + AnswerFile.held > most:
+            # Each connection holds a descriptor, and so does each big answer a slow client
+            # is still taking (its memfd): past the cap, the health port could not accept its
+            # probes, nor the front open a body's buffer.
             if self.transport is not None:
                 self.transport.write(_TOO_MANY_CONNECTIONS_RESPONSE)
             self.force_close()

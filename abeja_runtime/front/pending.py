@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from abeja_runtime.frames import CREDIT_STEP, Answer, Call, Credit, RpcAnswer, RpcCall
 
@@ -55,9 +55,14 @@ class AnswerFile:
 
     __slots__ = ("_fd", "size")
 
+    #: How many are open in this process: each holds a descriptor, which the connection cap
+    #: counts (``connection.py``).
+    held: ClassVar[int] = 0
+
     def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
         self.size = os.fstat(fd).st_size
+        AnswerFile.held += 1
 
     def pieces(self) -> Iterator[bytes]:
         """The body in pieces, read as they are asked for (``pread``: no mapping that a
@@ -82,6 +87,7 @@ class AnswerFile:
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            AnswerFile.held -= 1
             os.close(fd)
 
 

@@ -36,20 +36,21 @@ def records_of(server: RunningServer, request_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def events(server: RunningServer, event: str, tag: str) -> list[dict[str, Any]]:
+def printed(server: RunningServer) -> list[dict[str, Any]]:
+    """What the handler printed as JSON objects (each a log record's message), in order."""
     found = []
     for record in server.records():
         try:
-            printed = json.loads(record.get("message", ""))
+            value = json.loads(record.get("message", ""))
         except ValueError:
             continue
-        if (
-            isinstance(printed, dict)
-            and printed.get("event") == event
-            and printed.get("tag") == tag
-        ):
-            found.append(printed)
+        if isinstance(value, dict):
+            found.append(value)
     return found
+
+
+def events(server: RunningServer, event: str, tag: str) -> list[dict[str, Any]]:
+    return [p for p in printed(server) if p.get("event") == event and p.get("tag") == tag]
 
 
 def read_until(sock: socket.socket, marker: bytes) -> bytes:

@@ -13,6 +13,16 @@ from .fakes import FakePool, FakeProcess
 from .test_pool import pending, run
 
 
+def busy(**settings: object) -> tuple[FakePool, FakeProcess, PendingCall]:
+    """A pool of one ready process, running a first batch of one call."""
+    fake = FakePool(**settings)
+    (process,) = fake.made
+    process.ready()
+    first = pending(fake)
+    fake.pool.submit(first)
+    return fake, process, first
+
+
 def runs(process: FakeProcess) -> list[tuple[int, ...]]:
     """The batches sent to ``process``, in order."""
     return [frame.ids for frame in process.frames if isinstance(frame, RunBatch)]
@@ -24,11 +34,7 @@ def ids(*calls: PendingCall) -> tuple[int, ...]:
 
 def test_an_idle_process_takes_a_lone_call_at_once_and_what_gathered_when_it_frees() -> None:
     async def scenario() -> None:
-        fake = FakePool(max_batch_size=4, max_batch_wait=60.0)
-        (process,) = fake.made
-        process.ready()
-        first = pending(fake)
-        fake.pool.submit(first)
+        fake, process, first = busy(max_batch_size=4, max_batch_wait=60.0)
         assert runs(process) == [ids(first)]  # no wait for the batch to fill
         behind = [pending(fake) for _ in range(5)]
         for call in behind:
@@ -47,11 +53,7 @@ def test_an_idle_process_takes_a_lone_call_at_once_and_what_gathered_when_it_fre
 
 def test_a_full_batch_goes_to_a_free_slot_at_once() -> None:
     async def scenario() -> None:
-        fake = FakePool(max_batch_size=2, max_batch_wait=60.0, concurrency=2)
-        (process,) = fake.made
-        process.ready()
-        first = pending(fake)
-        fake.pool.submit(first)
+        fake, process, first = busy(max_batch_size=2, max_batch_wait=60.0, concurrency=2)
         one, two = pending(fake), pending(fake)
         fake.pool.submit(one)
         assert runs(process) == [ids(first)]  # one of two: it gathers (a minute at most)
@@ -64,10 +66,7 @@ def test_a_full_batch_goes_to_a_free_slot_at_once() -> None:
 
 def test_a_batch_goes_to_a_free_slot_once_its_first_call_has_waited() -> None:
     async def scenario() -> None:
-        fake = FakePool(max_batch_size=8, max_batch_wait=0.05, concurrency=2)
-        (process,) = fake.made
-        process.ready()
-        fake.pool.submit(pending(fake))
+        fake, process, _ = busy(max_batch_size=8, max_batch_wait=0.05, concurrency=2)
         waiting = pending(fake)
         fake.pool.submit(waiting)
         assert len(runs(process)) == 1
@@ -81,11 +80,7 @@ def test_a_batch_goes_to_a_free_slot_once_its_first_call_has_waited() -> None:
 
 def test_a_withdrawn_call_leaves_the_batch_that_gathers() -> None:
     async def scenario() -> None:
-        fake = FakePool(max_batch_size=4, max_batch_wait=60.0)
-        (process,) = fake.made
-        process.ready()
-        first = pending(fake)
-        fake.pool.submit(first)
+        fake, process, first = busy(max_batch_size=4, max_batch_wait=60.0)
         gone, stays = pending(fake), pending(fake)
         fake.pool.submit(gone)
         fake.pool.submit(stays)
