@@ -64,6 +64,15 @@ def batches(server: RunningServer) -> list[list[str]]:
     return [event["ids"] for event in printed(server) if event.get("event") == "batch"]
 
 
+def batch_with(server: RunningServer, call_id: str) -> list[str]:
+    """The ids of the batch ``call_id`` came in, once its worker's log line has arrived (it
+    may come after the answers)."""
+    found = wait_until(
+        lambda: [batch for batch in batches(server) if call_id in batch], 20, call_id
+    )
+    return list(found[-1])
+
+
 def busy(server: RunningServer, tmp_path: Path, asked: Asked) -> Path:
     """Make the worker busy: a request that holds its call until the returned file exists."""
     release = tmp_path / "release"
@@ -100,7 +109,7 @@ def test_requests_that_wait_for_a_busy_worker_go_in_one_call_each_answered_as_it
     release.touch()
     answers = asked.wait()
     ids = [f"r{index}" for index in range(5)]
-    assert sorted(batches(server)[-1]) == ids  # one call for the five (the worker was idle)
+    assert sorted(batch_with(server, "r0")) == ids  # one call for the five (it was idle)
     for index, call_id in enumerate(ids):
         answer = answers[call_id]
         assert answer.status == 200, answer.body
@@ -131,7 +140,7 @@ def test_a_handler_declared_batched_in_its_module_gets_batches(
     wait_until(queued(server, 4), 20, "the three requests queued")
     release.touch()
     answers = asked.wait()
-    assert sorted(batches(server)[-1]) == ["d0", "d1", "d2"]
+    assert sorted(batch_with(server, "d0")) == ["d0", "d1", "d2"]
     assert all(answers[f"d{index}"].status == 200 for index in range(3))
     assert total(scrape(server), "abeja_runtime_batches_total", reason="idle") >= 2
 
@@ -169,7 +178,7 @@ def test_a_full_batch_goes_to_a_free_slot_without_waiting(
         asked.send(f"f{index}")
     wait_until(lambda: all(f"f{i}" in asked.answers for i in range(4)), 30, "the full batch")
     assert "holder" not in asked.answers
-    assert sorted(batches(server)[-1]) == [f"f{index}" for index in range(4)]
+    assert sorted(batch_with(server, "f0")) == [f"f{index}" for index in range(4)]
     assert total(scrape(server), "abeja_runtime_batches_total", reason="full") == 1
     release.touch()
     assert asked.wait()["holder"].status == 200
@@ -203,6 +212,8 @@ def test_the_wait_runs_from_the_first_arrival_and_is_not_stretched_by_later_ones
         asked.send(f"p{index}")
         time.sleep(0.25)  # the load's shape, not a synchronisation: nothing waits on it
     wait_until(lambda: sum(f"p{i}" in asked.answers for i in range(12)) == 12, 30, "all twelve")
+    for index in range(12):
+        batch_with(server, f"p{index}")
     sizes = [len(batch) for batch in batches(server) if batch[0].startswith("p")]
     assert sum(sizes) == 12 and len(sizes) >= 2, sizes
     release.touch()
@@ -226,6 +237,7 @@ def test_a_request_past_its_deadline_gets_504_alone_and_stays_out_of_the_next_ba
     release.touch()
     answers = asked.wait()
     assert answers["next"].status == 200 and answers["next"].json()["batch"] == ["next"]
+    assert batch_with(server, "next") == ["next"]
     assert not any("late" in batch for batch in batches(server))
 
 
@@ -244,6 +256,7 @@ def test_a_client_that_leaves_drops_out_and_its_neighbours_are_answered(
     release.touch()
     answers = asked.wait()
     assert answers["stays"].json()["batch"] == ["stays"]
+    assert batch_with(server, "stays") == ["stays"]
     assert not any("gone" in batch for batch in batches(server))
     (record,) = records_of(server, "gone")
     assert record["http_status"] == 499
@@ -258,7 +271,7 @@ def test_an_item_answered_with_an_exception_fails_alone(make_server: ServerFacto
     wait_until(queued(server, 3), 20, "both queued")
     release.touch()
     answers = asked.wait()
-    assert sorted(batches(server)[-1]) == ["bad", "good"]
+    assert sorted(batch_with(server, "bad")) == ["bad", "good"]
     assert answers["bad"].status == 500 and answers["good"].status == 200
     assert any("item bad failed" in str(r.get("traceback", "")) for r in server.records())
 
@@ -281,7 +294,7 @@ def test_a_handler_that_raises_or_miscounts_fails_its_whole_batch(
     wait_until(queued(server, 3), 20, "both queued")
     release.touch()
     answers = asked.wait()
-    assert sorted(batches(server)[-1]) == ["one", "two"]
+    assert sorted(batch_with(server, "one")) == ["one", "two"]
     assert answers["one"].status == answers["two"].status == 500
     assert server.wait_for_record(lambda r: said in r.get("message", ""))
     assert ask(server, "after").status == 200  # the worker serves on
