@@ -27,3 +27,9 @@ def make_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
     factory = ServerFactory(tmp_path_factory.mktemp("server"))
     yield factory
     factory.stop_all()
+
+
+@pytest.fixture
+def start(make_server: ServerFactory) -> ServerFactory:
+    """``make_server`` under the name the pool and execution tests use."""
+    return make_server

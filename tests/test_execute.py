@@ -22,23 +22,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from helpers.servers import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory
+from helpers.servers import TIMED_OUT_AFTER_1_S, Response, RunningServer, call_all
 from helpers.waiting import wait_until
 
 SYNC, ASYNC = "main:handler", "main:async_handler"
 BOTH_KINDS = pytest.mark.parametrize("handler", [SYNC, ASYNC], ids=["sync", "async"])
-
-
-@pytest.fixture
-def start(make_server: ServerFactory) -> ServerFactory:
-    """The factory under the name these tests use; it stops every server with SIGTERM."""
-    return make_server
-
-
-def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> list[Response]:
-    """GET every path at once, each on its own connection; answers in the order of ``paths``."""
-    with ThreadPoolExecutor(len(paths)) as pool:
-        return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
 
 
 def overlaps(intervals: list[tuple[float, float]]) -> bool:

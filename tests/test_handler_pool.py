@@ -13,21 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.servers import TIMED_OUT_AFTER_1_S, Response, RunningServer, ServerFactory
+from helpers.servers import TIMED_OUT_AFTER_1_S, ServerFactory, call_all
 from helpers.waiting import wait_until
 from helpers.workers import alive, crash_a_worker, pid_of, wait_for_ready_workers
-
-
-@pytest.fixture
-def start(make_server: ServerFactory) -> ServerFactory:
-    """The factory under the name these tests use; it stops every server with SIGTERM."""
-    return make_server
-
-
-def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> list[Response]:
-    """GET every path at once, each on its own connection."""
-    with ThreadPoolExecutor(len(paths)) as pool:
-        return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
 
 
 def test_one_worker_means_two_processes_and_no_helper(start):

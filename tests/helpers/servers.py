@@ -213,3 +213,11 @@ class ServerFactory:
             with contextlib.suppress(AssertionError):  # killed after 15 s; reported by tests
                 server.stop(timeout=15)
             server.runtime.kill()  # and whatever of its process group is left
+
+
+def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> list[Response]:
+    """GET every path at once, each on its own connection; answers in the order of ``paths``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(paths)) as pool:
+        return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
