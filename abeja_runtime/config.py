@@ -288,8 +288,8 @@ class Config:
         choices=LOOPS,
         server_only=True,
         help="the event loop of the front and of async workers: `asyncio`, `uvloop`, or `auto` "
-        "(uvloop when installed: `pip install 'abeja-runtime[fast]'`; about 13 % more small "
-        "requests per second)",
+        "(uvloop when installed: the runtime brings it on CPython for Linux and macOS; about "
+        "13 % more small requests per second)",
     )
     user_model_root: str = setting(
         "",
@@ -395,8 +395,8 @@ class Config:
             )
         if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             problems.append(
-                "--loop uvloop needs the uvloop package, which is not installed; "
-                "pip install 'abeja-runtime[fast]' (or use --loop auto)"
+                "--loop uvloop needs the uvloop package, which is not installed (it has no "
+                "build for this platform or Python); pip install uvloop, or use --loop auto"
             )
         return problems
 

@@ -197,6 +197,8 @@ def test_server_publishes_on_loopback_and_stops_cleanly(
     assert container.attrs["Mounts"][0]["Source"] == str(cwd)
     assert container.labels[f"{LABEL}.project"] == str(cwd)
     assert http_request(endpoint, b'{"total_without_tax": 1000}') == (200, b'{"total": 1080.0}')
+    # The image's runtime came with uvloop, and serves on it (issue 31: it ran on asyncio).
+    assert "loop=uvloop" in container.logs().decode(), container.logs().decode()
 
     cli.send(signal.SIGINT)
     assert cli.wait(60) == 0, cli.output()
