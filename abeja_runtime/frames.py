@@ -505,16 +505,23 @@ class BlockingChannel:
                     return None
             return self._ready.popleft()
 
-    def wait_until(self, done: Callable[[], bool]) -> bool:
+    def wait_until(
+        self,
+        done: Callable[[], bool],
+        give_back: Callable[[Call | RpcCall, int | None], None],
+    ) -> bool:
         """Read frames as they come until ``done()`` (checked with the reading lock held, so
         that no other reader takes in what would make it true unseen); ``False`` once the
         front has closed the socket. For a stream on the thread that reads the frames itself,
-        waiting for its :class:`Credit` (or its :class:`Cancel`); what else comes waits in
-        order for :meth:`read`."""
+        waiting for its :class:`Credit` (or its :class:`Cancel`). The calls the front takes
+        back meanwhile go to ``give_back`` (:meth:`taken_back` cannot run while this holds the
+        lock); what else comes waits in order for :meth:`read`."""
         with self._read_lock:
             while not done():
                 if not self._take_in(0):
                     return False
+                for frame, fd in self._taken_back():
+                    give_back(frame, fd)
             return True
 
     def _take_in(self, flags: int) -> bool:

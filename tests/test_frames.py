@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import typing
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from abeja_runtime.frames import (
     Credit,
     FrameDecoder,
     FrameKind,
+    GiveBack,
     ProtocolError,
     encode_frame,
 )
@@ -122,18 +124,27 @@ def test_credit_goes_to_its_stream_and_cancel_is_said_as_it_is_read():
 
 
 def test_waiting_until_reads_frames_until_it_is_done_or_the_socket_closes():
+    """A stream waiting for credit on the reading thread takes in what comes: its credit, the
+    calls the front takes back meanwhile (given back at once: nobody else can read), and the
+    rest kept in order for the next read."""
     granted: list[tuple[int, int]] = []
+    given_back: list[int] = []
+    other = CALL._replace(id=8)
     ours, theirs = socket.socketpair()
     with theirs:
         receiver = BlockingChannel(theirs, None, None, lambda i, n: granted.append((i, n)))
         sender = BlockingChannel(ours)
-        sender.write(CALL)
-        sender.write(Credit(3, 4))
-        assert receiver.wait_until(lambda: bool(granted))
-        assert granted == [(3, 4)]
+        for frame in (CALL, other, GiveBack(8), Credit(3, 4)):
+            sender.write(frame)
+
+        def give_back(frame: Any, fd: int | None) -> None:
+            given_back.append(frame.id)
+
+        assert receiver.wait_until(lambda: bool(granted), give_back)
+        assert granted == [(3, 4)] and given_back == [8]
         assert receiver.read() == (CALL, None)  # kept, in order, for the next read
         ours.close()
-        assert not receiver.wait_until(lambda: False)
+        assert not receiver.wait_until(lambda: False, give_back)
 
 
 def test_an_anonymous_file_without_memfds_leaves_no_name_behind(monkeypatch, tmp_path):

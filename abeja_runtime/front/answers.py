@@ -307,8 +307,8 @@ async def write_stream(
         calls.stream_cut(pending, exc)
         sink.cut()
         return False
-    except asyncio.CancelledError:  # the client left
-        calls.abandon(pending)
+    except BaseException:  # the client left (cancelled), or a failure of the transport's
+        calls.abandon(pending)  # own: the stream is withdrawn, its worker's slot freed
         raise
     finally:
         if file is not None:

@@ -550,6 +550,9 @@ class HandlerPool:
             if ready.batch is not None:  # declared by the handler (@abeja_runtime.batched)
                 self._batch_size, self._batch_wait = ready.batch
                 self._batching = True
+                now = time.monotonic()
+                for pending in self._queue:  # queued before the mode was known: from now
+                    pending.queued_at = now
                 if self.metrics is not None:
                     self.metrics.batching()
         self.ever_ready = True

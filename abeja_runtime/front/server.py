@@ -355,6 +355,8 @@ class HttpServer:
             _log.exception("async request %s failed", async_id)
             await self._results.send_failure(async_id, token, "response from runtime")
         finally:
+            if pending.answer_file is not None:  # not read: a failed answer, or a failure
+                pending.answer_file.close()  # (closing twice is nothing)
             self.calls.accounting.release()
 
 

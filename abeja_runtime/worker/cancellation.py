@@ -86,10 +86,11 @@ class Cancellations:
                 return  # not here, or cancelled already (a second Cancel changes nothing)
             self._cancelled.add(call_id)
             event = self._events.get(call_id)
+            # In the same hold of the lock as the mark: interruptible() sees either neither
+            # or both, so one of the two interrupts, never both.
+            self._interrupt(call_id)
         if event is not None:
             event.set()
-        with self._lock:
-            self._interrupt(call_id)
 
     def _interrupt(self, call_id: int) -> None:
         """Raise in the thread of ``call_id`` if it is interruptible (the lock held: the call

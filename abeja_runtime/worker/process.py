@@ -441,10 +441,9 @@ class _Calls:
             return
         try:
             with _RequestIds(_batch_request_id(requests), None):
-                if self._handler.is_async:
-                    replies = await self._calls.answer_batch_async(requests)
-                else:
-                    replies = self._calls.answer_batch(requests)
+                # On the loop a batched handler is async: batching is the abeja style's,
+                # which has no async gRPC service to bring a def handler here.
+                replies = await self._calls.answer_batch_async(requests)
                 for call_id, reply in zip(ids, replies, strict=True):
                     if isinstance(reply.body, AsyncIterator):
                         await self._send_async(call_id, reply)
@@ -580,7 +579,8 @@ class _Calls:
             if not self.reads_itself:
                 credits.wait(call_id, lambda: cancellations.is_cancelled(call_id))
             elif not self.channel.wait_until(
-                lambda: credits.has_credit(call_id) or cancellations.is_cancelled(call_id)
+                lambda: credits.has_credit(call_id) or cancellations.is_cancelled(call_id),
+                self.give_back,
             ):
                 credits.close()
         return True
