@@ -21,6 +21,7 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -53,6 +54,8 @@ __all__ = [
 #: The event loops a worker can run on (``--loop``).
 LOOPS: Final = ("auto", "asyncio", "uvloop")
 MiB: Final = 1024 * 1024
+#: One id of ``--devices``: an index, or a GPU's UUID (``GPU-...``, ``MIG-...``).
+_DEVICE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 #: How log records are written (``--log-format``); ``auto`` is resolved by each process against
 #: the stream its records go to (:func:`abeja_runtime.logs.configure_logging`).
@@ -245,6 +248,18 @@ class Config:
         help="seconds in-flight requests get at shutdown; a handler still running "
         "`timeout + grace` seconds after it started gets its worker recycled",
     )
+    #: Sized for balancers that learn of the stop from readiness: haproxy's default checks
+    #: (every 2 s, down after 3 failures) take 6 s; short of docker stop's 10 s.
+    drain_delay: float = setting(
+        8.0,
+        kind="seconds",
+        envvar="ABEJA_RUNTIME_DRAIN_DELAY",
+        server_only=True,
+        help="seconds after SIGTERM during which readiness says `503` but the runtime still "
+        "accepts connections and answers every request (with `Connection: close`), so that a "
+        "load balancer stops sending before it stops accepting; then the drain of "
+        "`--grace-period`; `0`: stop accepting at once (SIGINT never waits)",
+    )
     keepalive_timeout: float = setting(
         75.0,
         kind="positive_seconds",
@@ -322,6 +337,28 @@ class Config:
         "nobody waits for its answer any more (its client left, its deadline passed), as Cog "
         "does; without it a handler looks at `request.cancelled` itself",
     )
+    #: Replayed in every handler process before it counts as ready, after each replacement too.
+    warmup: tuple[str, ...] = setting(
+        kind="paths",
+        envvar="ABEJA_RUNTIME_WARMUP",
+        default_factory=tuple,
+        server_only=True,
+        default_text="none",
+        help="request files (as `abeja model run-local --input` takes them: JSON, images, any "
+        "file) that each worker sends through its handler before it counts as ready; repeat "
+        "the flag for several (the variable: paths separated by `:`); a warm-up that fails keeps "
+        "the worker out of readiness",
+    )
+    #: Given to each worker before it imports the handler, so that a framework sees one GPU.
+    devices: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_RUNTIME_DEVICES",
+        server_only=True,
+        default_text="all",
+        help="GPUs to share among the workers, as `0,1`: each worker gets one, round-robin, as "
+        "its `CUDA_VISIBLE_DEVICES`; empty: the workers see what the process sees",
+    )
     install_requirements: bool = setting(
         False,
         kind="switch",
@@ -392,6 +429,11 @@ class Config:
             problems.append(
                 f"--grpc-port must differ from the HTTP ports ({self.grpc_port}); "
                 "give it a port of its own"
+            )
+        if self.devices and not all(_DEVICE.match(device) for device in self.devices.split(",")):
+            problems.append(
+                f"--devices (ABEJA_RUNTIME_DEVICES) must be device ids separated by commas, as "
+                f"CUDA_VISIBLE_DEVICES takes them (e.g. 0,1 or GPU-8f2a...), got {self.devices!r}"
             )
         if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             problems.append(
@@ -528,6 +570,14 @@ def _switch(declared: Setting, value: Any) -> bool:
     raise ValueError("must be on or off: true or false (yes/no, on/off, 1/0)")
 
 
+def _paths(declared: Setting, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = value.split(os.pathsep)
+    if isinstance(value, list | tuple) and all(isinstance(path, str) for path in value):
+        return tuple(path for path in value if path)
+    raise ValueError("must be file paths (the variable: separated by os.pathsep)")
+
+
 def _text(declared: Setting, value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("must be text")
@@ -549,6 +599,7 @@ VALIDATORS: Final[Mapping[str, Callable[[Setting, Any], Any]]] = {
     "log_level": _choice,
     "json_object": _json_object,
     "switch": _switch,
+    "paths": _paths,
 }
 
 

@@ -83,27 +83,28 @@ class _JsonObject(click.ParamType):  # type: ignore[type-arg,unused-ignore]
             self.fail(str(exc), param, ctx)
 
 
+#: Each kind's click type, made for its setting (the choices, the variable named in errors).
+_CLICK_TYPES: Final[Mapping[str, Callable[[Setting], Any]]] = {
+    "text": lambda setting: click.STRING,
+    "port": lambda setting: click.IntRange(0, 65535),
+    "optional_port": lambda setting: click.IntRange(1, 65535),
+    "positive": lambda setting: click.IntRange(min=1),
+    "count": lambda setting: click.IntRange(min=0),
+    "seconds": lambda setting: click.FloatRange(min=0),
+    "positive_seconds": lambda setting: click.FloatRange(min=0, min_open=True),
+    "bytes": lambda setting: _ByteSize(),
+    "choice": lambda setting: click.Choice(setting.choices, case_sensitive=False),
+    "log_level": lambda setting: _LogLevel(setting.choices),
+    "json_object": lambda setting: _JsonObject(setting.envvar or setting.flag),
+    "paths": lambda setting: click.Path(dir_okay=False),
+}
+
+
 def _click_type(setting: Setting) -> Any:
-    kind = setting.kind
-    if kind == "text":
-        return click.STRING
-    if kind == "port":
-        return click.IntRange(0, 65535)
-    if kind == "optional_port":
-        return click.IntRange(1, 65535)
-    if kind in ("positive", "count"):
-        return click.IntRange(min=1 if kind == "positive" else 0)
-    if kind in ("seconds", "positive_seconds"):
-        return click.FloatRange(min=0, min_open=kind == "positive_seconds")
-    if kind == "bytes":
-        return _ByteSize()
-    if kind == "choice":
-        return click.Choice(setting.choices, case_sensitive=False)
-    if kind == "log_level":
-        return _LogLevel(setting.choices)
-    if kind == "json_object":
-        return _JsonObject(setting.envvar or setting.flag)
-    raise AssertionError(f"no click type for the kind {kind!r}")
+    made = _CLICK_TYPES.get(setting.kind)
+    if made is None:
+        raise AssertionError(f"no click type for the kind {setting.kind!r}")
+    return made(setting)
 
 
 def _format_bytes(size: int) -> str:
@@ -151,6 +152,7 @@ def click_option(setting: Setting, *, envvar: bool = True) -> click.Option:
         envvar=setting.envvar if envvar else None,
         show_envvar=envvar and setting.envvar is not None,
         type=None if switch else _click_type(setting),
+        multiple=setting.kind == "paths",  # the variable split at os.pathsep by click.Path
         default=default,
         show_default=True if shown is None else shown.replace("`", ""),
         help=_plain(setting.help),
@@ -166,6 +168,7 @@ def passing_option(setting: Setting) -> Callable[[_F], _F]:
         setting.flag,
         setting.name,
         type=_click_type(setting),
+        multiple=setting.kind == "paths",
         default=None,
         help=f"{_plain(setting.help)} Sets {setting.envvar}.  [default: {shown}]",
     )

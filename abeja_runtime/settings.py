@@ -32,6 +32,7 @@ KINDS: Final = frozenset(
         "log_level",  # a level, logrus names accepted
         "json_object",  # a JSON object
         "switch",  # on or off: --NAME / --no-NAME
+        "paths",  # files: the flag repeated; the variable's paths separated by os.pathsep
     }
 )
 _KEY: Final = "abeja_runtime.setting"

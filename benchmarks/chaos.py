@@ -68,6 +68,7 @@ def main() -> None:
         source, _ = runtime_source(args.runtime_ref, Path(tmp))
         port, health = free_ports(2)
         env = {**os.environ, "PYTHONPATH": str(source), "LOG_LEVEL": "error"}
+        env["ABEJA_RUNTIME_DRAIN_DELAY"] = "0"  # no balancer in front to wait for at its stop
         flags = ["--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health)]
         server = RuntimeProcess(
             runtime_command(*flags, "--workers", str(args.workers)),

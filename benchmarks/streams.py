@@ -160,6 +160,7 @@ def _measure(name: str, port: int, pids: list[int], args: argparse.Namespace) ->
 def _runtime(args: argparse.Namespace) -> dict[str, Any]:
     port, health = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ABEJA_", "PORT", "HANDLER"))}
+    env["ABEJA_RUNTIME_DRAIN_DELAY"] = "0"  # no balancer in front to wait for at its stop
     command = runtime_command(
         "--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health),
         "--concurrency", str(args.streams), "--max-queue", str(args.streams),

@@ -6,11 +6,16 @@ Only fixtures live here; what the tests import (``RunningServer``, ``wait_until`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers.servers import ServerFactory
+
+# The runtimes tests start themselves (with the environment they inherit) have no balancer in
+# front to wait for at their stop; the drain tests give their own delay.
+os.environ.setdefault("ABEJA_RUNTIME_DRAIN_DELAY", "0")
 
 
 @pytest.fixture

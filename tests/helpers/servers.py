@@ -156,6 +156,9 @@ class RunningServer:
 def runtime_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ABEJA_", "PORT", "HANDLER"))}
     env.update({"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    # No balancer in front of a test's server: its stop need not wait for one to notice
+    # (the drain tests give their own delay).
+    env["ABEJA_RUNTIME_DRAIN_DELAY"] = "0"
     env.update(extra)
     return env
 
