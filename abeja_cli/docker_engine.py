@@ -50,8 +50,20 @@ def docker_host() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-def _device_options(device_type: str) -> dict[str, Any]:
-    """Container options per ``-d``: GPUs through device requests (``docker run --gpus all``)."""
+def _device_options(spec: RunSpec) -> dict[str, Any]:
+    """Container options per ``-d`` and ``--gpus``: GPUs through a device request, as
+    ``docker run --gpus`` sends it; ``--gpus`` wins over the all of ``-d x86_gpu``."""
+    from docker.types import DeviceRequest
+
+    options = _device_type_options(spec.device_type)
+    if spec.gpus is not None:
+        count, ids = spec.gpus.count, list(spec.gpus.device_ids)
+        request = DeviceRequest(count=count, device_ids=ids, capabilities=[["gpu"]])
+        options["device_requests"] = [request]
+    return options
+
+
+def _device_type_options(device_type: str) -> dict[str, Any]:
     from docker.types import DeviceRequest
 
     if device_type == "x86_gpu":
@@ -242,7 +254,7 @@ class DockerEngine:
 
         assert self._image is not None
         env = dict(spec.env)
-        options = _device_options(spec.device_type)
+        options = _device_options(spec)
         # A Mount, not a volumes entry: a project path with ':' in it stays one path.
         project = Mount(_PROJECT_MOUNT, str(spec.project), type="bind", read_only=False)
         user = None
@@ -365,10 +377,17 @@ def _short(exc: BaseException) -> str:
 def _start_error(exc: BaseException, spec: RunSpec) -> str:
     text = _short(exc)
     lowered = text.lower()
-    if spec.device_type == "x86_gpu" and ("gpu" in lowered or "device driver" in lowered):
+    asked = spec.gpus is not None or spec.device_type == "x86_gpu"
+    if asked and ("gpu" in lowered or "device driver" in lowered):
+        what, instead = (
+            (f"the GPUs of --gpus {spec.gpus.text}", "without --gpus")
+            if spec.gpus is not None
+            else ("a GPU (-d x86_gpu)", "with -d x86_cpu")
+        )
         return (
-            f"Docker cannot give the container a GPU ({text}); install the NVIDIA Container "
-            "Toolkit and restart Docker, or run with -d x86_cpu"
+            f"Docker cannot give the container {what} ({text}): this machine needs an NVIDIA "
+            f"GPU and the NVIDIA Container Toolkit (install it, then restart Docker); or run "
+            f"{instead}"
         )
     if "port is already allocated" in lowered or "address already in use" in lowered:
         return f"port {spec.host_port} on 127.0.0.1 is already in use; choose another with -p"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO, Final, Protocol
 from abeja_runtime.config import Config
 
 if TYPE_CHECKING:
+    from abeja_cli.gpus import GpuRequest
     from abeja_cli.server_log import LogSink
 
 __all__ = ["SERVICE_PORT", "BatchSpec", "Engine", "RunSpec", "Server"]
@@ -37,6 +38,8 @@ class RunSpec:
     env: Mapping[str, str]
     image: str = "python:3.11-slim"
     device_type: str = "x86_cpu"
+    #: ``--gpus``; None: none beyond what ``device_type`` gives.
+    gpus: GpuRequest | None = None
     host_port: int | None = None
     no_cache: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)

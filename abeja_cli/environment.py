@@ -2,7 +2,9 @@
 
 Precedence, lowest first: the defaults below < ``--env-file`` < ``-e`` < what the CLI sets
 from its own options (``HANDLER`` from ``-h``, ``ABEJA_ORGANIZATION_ID`` from ``-o``) and for
-itself (``ABEJA_RUNTIME_LOG_FORMAT=json``: it reads the server's log).
+itself (``ABEJA_RUNTIME_LOG_FORMAT=json``: it reads the server's log). A server that run-local
+or run-local-server starts has no drain delay unless the user gives one
+(:func:`without_drain_delay`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from abeja_cli.errors import InputError
+from abeja_runtime.options import setting_named
 
 __all__ = [
     "DEFAULTS",
@@ -20,6 +23,7 @@ __all__ = [
     "model_environment",
     "parse_env_file",
     "parse_env_option",
+    "without_drain_delay",
 ]
 
 _KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,6 +66,38 @@ def local_environment(
             if key in _PASSED_ON or key.startswith(_PASSED_ON_PREFIXES)
         }
     return {**base, **model}
+
+
+_DRAIN_DELAY: Final = str(setting_named("drain_delay").envvar)
+#: The project's file that the runtime reads for variables that are not set.
+_PROJECT_DOTENV: Final = ".env"
+
+
+def without_drain_delay(
+    env: Mapping[str, str], *, project: Path, inherited: Mapping[str, str]
+) -> dict[str, str]:
+    """``env`` with the runtime's drain delay set to 0, unless the user set it: with ``-e`` or
+    ``--env-file`` (in ``env``), in the project's ``.env`` (which the runtime reads), or in the
+    shell that ``--inherit-env`` passes on (``inherited``).
+
+    The delay keeps a stopping runtime answering until load balancers have seen its readiness
+    turn; nothing balances in front of a local run, and the CLI kills a runtime that has not
+    stopped 10 s after it asked."""
+    if _DRAIN_DELAY in env or _DRAIN_DELAY in inherited or _DRAIN_DELAY in _dotenv(project):
+        return dict(env)
+    return {**env, _DRAIN_DELAY: "0"}
+
+
+def _dotenv(project: Path) -> Mapping[str, str | None]:
+    from dotenv import dotenv_values
+
+    path = project / _PROJECT_DOTENV
+    if not path.is_file():
+        return {}
+    try:
+        return dotenv_values(path, interpolate=False, encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
 
 
 #: Names of variables that hold credentials (a token, a password, an API key).

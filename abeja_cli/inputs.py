@@ -7,7 +7,9 @@ Every problem is an :class:`~abeja_cli.errors.InputError` with a one-line messag
 ``--input`` forms:
 
 * ``PATH`` - the body is the file's bytes, sent unchanged; ``Content-Type`` from the extension
-  (``.json`` must hold valid JSON). ``-`` reads standard input.
+  (``.json`` must hold valid JSON): the runtime's rule for request files
+  (:mod:`abeja_runtime.request_files`), which ``--warmup`` replays the same way. ``-`` reads
+  standard input.
 * ``NAME=@PATH`` (optionally ``NAME=@PATH;type=MEDIA/TYPE``) - a file part of a
   ``multipart/form-data`` body; ``NAME=VALUE`` - a text field. Repeat ``--input`` for each part.
 * With ``--method GET`` the request carries a query string instead of a body: ``NAME=VALUE``
@@ -17,7 +19,6 @@ Every problem is an :class:`~abeja_cli.errors.InputError` with a one-line messag
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import secrets
 import sys
@@ -30,13 +31,18 @@ from typing import BinaryIO, Final
 from abeja_cli.errors import InputError
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.media import DEFAULT_TYPE as _DEFAULT_TYPE
-from abeja_runtime.media import guess_content_type
+from abeja_runtime.request_files import (
+    RequestFileError,
+    Wording,
+    read_bytes,
+    read_request_file,
+    resolve,
+)
 
 __all__ = [
     "METHODS",
     "ModelRequest",
     "build_request",
-    "is_json_type",
 ]
 
 #: The runtime's own list: the CLI offers exactly what the runtime delivers to handlers.
@@ -47,6 +53,8 @@ _BODYLESS: Final = frozenset({"GET", "DELETE"})
 #: such as ``data/a=b.json``) is read as a file path.
 _FIELD_RE: Final = re.compile(r"^(?P<name>[A-Za-z0-9_.\-\[\]]+)=(?P<value>.*)$", re.DOTALL)
 _MEDIA_TYPE_RE: Final = re.compile(r"^[\w.+\-!#$&^]+/[\w.+\-!#$&^]+(\s*;.*)?$")
+#: How errors name an ``--input`` file.
+_INPUT_FILE: Final = Wording("input file", "--input", "pass --content-type to send it unchecked")
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,6 @@ class _Part:
     data: bytes
     file_name: str | None = None
     content_type: str | None = None
-
-
-def is_json_type(content_type: str | None) -> bool:
-    """True for ``application/json`` and ``*/*+json`` media types (parameters ignored)."""
-    if not content_type:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
 
 
 def build_request(
@@ -154,54 +154,40 @@ def _build(
 def _as_field(spec: str, base: Path) -> tuple[str, str] | None:
     """``(name, value)`` when ``spec`` is a form field, None when it names a body file."""
     match = _FIELD_RE.match(spec)
-    if match is None or _resolve(spec, base).exists():
+    if match is None or resolve(spec, base).exists():
         return None
     return match["name"], match["value"]
 
 
-def _resolve(path: str, base: Path) -> Path:
-    candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else base / candidate
-
-
-def _read(path: str, base: Path, stdin: BinaryIO | None, *, what: str = "input file") -> bytes:
+def _read(path: str, base: Path, stdin: BinaryIO | None) -> bytes:
     if path == "-":
         stream = stdin if stdin is not None else sys.stdin.buffer
         return stream.read()
-    resolved = _resolve(path, base)
     try:
-        return resolved.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{what} not found: {path}; check the path given to --input") from None
-    except IsADirectoryError:
-        raise InputError(f"{what} {path} is a directory; --input needs a file") from None
-    except PermissionError:
-        raise InputError(
-            f"cannot read {what} {path}: permission denied; check its permissions"
-        ) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        return read_bytes(path, base, _INPUT_FILE)
+    except RequestFileError as exc:
+        raise InputError(str(exc)) from None
 
 
-def _check_json(data: bytes, path: str) -> None:
+def _body_file(
+    path: str, given_type: str | None, base: Path, stdin: BinaryIO | None
+) -> tuple[str, bytes]:
+    """A body file's media type and bytes: ``given_type`` where there is one, octet-stream for
+    standard input, else the runtime's rule for request files (the type of the file's name, a
+    JSON file checked)."""
+    if given_type is not None or path == "-":
+        return given_type or _DEFAULT_TYPE, _read(path, base, stdin)
     try:
-        json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        # json.JSONDecodeError.__str__ already says "... line L column C (char N)".
-        raise InputError(
-            f"input file {path} is not valid JSON ({exc}); fix it, or pass --content-type "
-            "to send it unchecked"
-        ) from None
+        file = read_request_file(path, base, _INPUT_FILE)
+    except RequestFileError as exc:
+        raise InputError(str(exc)) from None
+    return file.content_type, file.body
 
 
 def _file_request(
     method: str, path: str, content_type: str | None, base: Path, stdin: BinaryIO | None
 ) -> ModelRequest:
-    data = _read(path, base, stdin)
-    if content_type is None:
-        content_type = _DEFAULT_TYPE if path == "-" else guess_content_type(path)
-        if is_json_type(content_type):
-            _check_json(data, path)
+    content_type, data = _body_file(path, content_type, base, stdin)
     summary = f"{path} ({content_type}, {len(data)} bytes)"
     return ModelRequest(method, content_type, data, summary=summary)
 
@@ -253,12 +239,9 @@ def _part(name: str, value: str, base: Path, stdin: BinaryIO | None) -> _Part:
     path, _, options = value[1:].partition(";type=")
     if not path:
         raise InputError(f"--input {name}={value}: no file name after '@'")
-    data = _read(path, base, stdin)
-    part_type = options.strip() or (_DEFAULT_TYPE if path == "-" else guess_content_type(path))
+    part_type, data = _body_file(path, options.strip() or None, base, stdin)
     if options and not _MEDIA_TYPE_RE.match(part_type):
         raise InputError(f"--input {name}={value}: {part_type!r} is not a media type")
-    if not options and is_json_type(part_type):
-        _check_json(data, path)
     file_name = "stdin" if path == "-" else Path(path).name
     return _Part(name, data, file_name, part_type)
 

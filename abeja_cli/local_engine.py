@@ -3,7 +3,8 @@
 For a fast edit-run loop and for machines without Docker. The model runs with this Python, or,
 when the project has a ``requirements.txt`` or ``Pipfile``, in a virtual environment with them
 installed (``venvs.py``), with the project folder as its working directory, listening on
-127.0.0.1 only.
+127.0.0.1 only. It sees the machine's GPUs; ``--gpus`` narrows them to those a container would
+get (:attr:`~abeja_cli.gpus.GpuRequest.visible_devices`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import BinaryIO, Final
 
 from abeja_cli.console import Console
 from abeja_cli.engine import BatchSpec, RunSpec, Server
 from abeja_cli.environment import local_environment
-from abeja_cli.errors import EngineUnavailable, ServerError
+from abeja_cli.errors import EngineUnavailable, InputError, ServerError
+from abeja_cli.gpus import GpuRequest
 from abeja_cli.server_log import LogSink, pump_lines, start_daemon
 from abeja_cli.venvs import project_python
 from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
@@ -30,6 +32,7 @@ __all__ = ["LocalEngine", "LocalServer", "free_port"]
 
 #: Seconds a stopping runtime gets to finish in-flight requests before it is killed.
 _GRACE: Final = 10.0
+_CUDA: Final = "CUDA_VISIBLE_DEVICES"
 
 
 class LocalServer(Server):
@@ -59,7 +62,7 @@ class LocalServer(Server):
         )
 
     def start(self) -> None:
-        env = local_environment(os.environ, self._spec.env, inherit=self._spec.inherit_env)
+        env = local_environment(os.environ, _model_env(self._spec), inherit=self._spec.inherit_env)
         # The flags win anyway; drop these so a stray PORT in the user's shell is not confusing.
         for name in ("PORT", "HEALTHCHECK_PORT"):
             env.pop(name, None)
@@ -96,6 +99,27 @@ class LocalServer(Server):
             runtime.kill()
 
 
+def _shown_gpus(gpus: GpuRequest, env: Mapping[str, str]) -> str:
+    """What the model is shown of ``--gpus``, in one line; :class:`InputError` when the
+    model's variables choose GPUs too (in a container, they would choose among those of
+    ``--gpus``, numbered from 0: the local engine cannot show that)."""
+    visible = gpus.visible_devices
+    if visible is None:
+        return f"--gpus {gpus.text}: the model sees every GPU of this machine"
+    if _CUDA in env:
+        raise InputError(
+            f"--gpus {gpus.text} and {_CUDA}={env[_CUDA]} (-e or --env-file) both choose the "
+            f"model's GPUs; with the local engine give one of them"
+        )
+    return f"--gpus {gpus.text}: the model is shown GPUs {visible}, through {_CUDA}={visible}"
+
+
+def _model_env(spec: RunSpec) -> Mapping[str, str]:
+    """The model's variables, with the GPUs of ``--gpus``."""
+    visible = spec.gpus.visible_devices if spec.gpus is not None else None
+    return spec.env if visible is None else {**spec.env, _CUDA: visible}
+
+
 def _end_with_parent() -> Callable[[], None] | None:
     """For ``preexec_fn``: SIGTERM the child when the CLI dies, however it dies (Linux).
 
@@ -123,6 +147,8 @@ class LocalEngine:
 
     def prepare(self, spec: RunSpec) -> None:
         self._console.info(f"using the local engine : {sys.executable}")
+        if spec.gpus is not None:
+            self._console.info(_shown_gpus(spec.gpus, spec.env))
         if importlib.util.find_spec("abeja_runtime") is None:
             raise EngineUnavailable(
                 f"the abeja-runtime package is not installed in {sys.executable}; install it "

@@ -2,13 +2,16 @@
 
 Three targets, one container description (:func:`_container`) shared by all:
 
-* ``kubernetes``: Deployment + Service + HorizontalPodAutoscaler + PodDisruptionBudget;
-* ``knative``: a Knative Service, ``containerConcurrency`` = workers * concurrency;
+* ``kubernetes``: Deployment + Service + an autoscaler (a HorizontalPodAutoscaler on CPU, or a
+  KEDA ScaledObject on the runtime's queued requests) + PodDisruptionBudget;
+* ``knative``: a Knative Service, ``containerConcurrency`` = workers * concurrency (the hard
+  limit), its autoscaling target about 70 % of that;
 * ``kserve``: an InferenceService whose predictor is the image as a custom container.
 
 The documents follow the image's contract (images/production.Dockerfile): user 10001,
 read-only root filesystem with an ``emptyDir`` on /tmp, readiness on ``/health_check`` and
-liveness on ``/livez`` of port 5001, metrics on ``/metrics`` of the same port.
+liveness on ``/livez`` of port 5001, metrics on ``/metrics`` of the same port. A stopping pod
+needs no preStop pause: the runtime's drain delay keeps it answering while readiness says 503.
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from typing import Any, Final
 
 import click
 
+from abeja_cli.autoscaling import (
+    AUTOSCALERS,
+    DEFAULT_PROMETHEUS,
+    check_autoscaler,
+    horizontal_pod_autoscaler,
+    knative_annotations,
+    scaled_object,
+)
 from abeja_cli.build import check_image_tag
 from abeja_cli.console import Console
 from abeja_cli.environment import parse_env_file, parse_env_option
@@ -35,13 +46,13 @@ TARGETS: Final = ("kubernetes", "knative", "kserve")
 _SERVICE_PORT: Final = Config.port
 _HEALTH_PORT: Final = Config.healthcheck_port
 #: The runtime's settings that the manifests set, from its own declarations.
-_PASSED_ON: Final = ("workers", "concurrency", "timeout", "grace_period")
+_PASSED_ON: Final = ("workers", "concurrency", "timeout", "grace_period", "drain_delay")
+_DEVICES: Final = str(setting_named("devices").envvar)
 _USER: Final = 10001
-#: Seconds a pod keeps serving after it is told to stop, so that load balancers and
-#: kube-proxy stop sending to it before it stops accepting (the preStop hook).
-_PRE_STOP_SECONDS: Final = 5
 #: The runtime kills stragglers this long after its grace period (supervisor._KILL_MARGIN).
 _KILL_MARGIN: Final = 5
+#: Seconds beyond the runtime's own bound before the kubelet kills the pod: its last log lines.
+_SLACK: Final = 5
 _DNS_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
@@ -59,10 +70,15 @@ class Deployment:
     concurrency: int = Config.concurrency
     timeout: float = Config.timeout
     grace_period: float = Config.grace_period
+    drain_delay: float = Config.drain_delay
     replicas: int = 2
     max_replicas: int = 10
     cpu: str = "1"
     memory: str = "1Gi"
+    #: NVIDIA GPUs of each pod (``nvidia.com/gpu``).
+    gpus: int = 0
+    autoscaler: str = "hpa"
+    prometheus: str = DEFAULT_PROMETHEUS
 
     def check(self) -> None:
         if not _DNS_LABEL.match(self.name):
@@ -88,8 +104,11 @@ class Deployment:
 
     @property
     def runtime_env(self) -> dict[str, str]:
-        """The runtime's own settings, then the user's variables (which win)."""
+        """The runtime's own settings, then the user's variables (which win). Several workers
+        share the pod's GPUs, one each, round-robin (``--devices``)."""
         ours = {str(setting_named(name).envvar): f"{getattr(self, name):g}" for name in _PASSED_ON}
+        if self.gpus and self.workers > 1:
+            ours[_DEVICES] = ",".join(str(index) for index in range(self.gpus))
         return {**ours, **self.env}
 
 
@@ -137,10 +156,7 @@ def _container(d: Deployment, *, name: str, ports: list[dict[str, Any]]) -> dict
             if d.secrets
             else {}
         ),
-        "resources": {
-            "requests": {"cpu": d.cpu, "memory": d.memory},
-            "limits": {"memory": d.memory},  # no CPU limit: throttling hurts tail latency
-        },
+        "resources": _resources(d),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": _USER,
@@ -150,6 +166,16 @@ def _container(d: Deployment, *, name: str, ports: list[dict[str, Any]]) -> dict
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _resources(d: Deployment) -> dict[str, Any]:
+    """Requests and limits: no CPU limit (throttling hurts tail latency); GPUs, an extended
+    resource, with requests equal to limits as Kubernetes requires."""
+    gpus = {"nvidia.com/gpu": str(d.gpus)} if d.gpus else {}
+    return {
+        "requests": {"cpu": d.cpu, "memory": d.memory, **gpus},
+        "limits": {"memory": d.memory, **gpus},
     }
 
 
@@ -169,9 +195,10 @@ def _kubernetes(d: Deployment) -> list[dict[str, Any]]:
         ],
     )
     _add_probes(container, "health")
-    sleep = f"import time; time.sleep({_PRE_STOP_SECONDS})"
-    container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", sleep]}}}
-    grace = _PRE_STOP_SECONDS + math.ceil(d.grace_period) + _KILL_MARGIN + 5
+    # What the runtime takes at most to stop: its drain delay (answering while readiness
+    # says 503, so that endpoints and load balancers stop sending first), the grace period,
+    # the kill of stragglers.
+    grace = math.ceil(d.drain_delay) + math.ceil(d.grace_period) + _KILL_MARGIN + _SLACK
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -217,25 +244,8 @@ def _kubernetes(d: Deployment) -> list[dict[str, Any]]:
             "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
         },
     }
-    autoscaler = {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": d.name, "labels": labels},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
-            "minReplicas": d.replicas,
-            "maxReplicas": d.max_replicas,
-            "metrics": [
-                {
-                    "type": "Resource",
-                    "resource": {
-                        "name": "cpu",
-                        "target": {"type": "Utilization", "averageUtilization": 70},
-                    },
-                }
-            ],
-        },
-    }
+    scaler = scaled_object if d.autoscaler == "keda" else horizontal_pod_autoscaler
+    autoscaler = scaler(d, labels)
     budget = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -265,12 +275,7 @@ def _knative(d: Deployment) -> list[dict[str, Any]]:
             "metadata": {"name": d.name, "labels": _labels(d)},
             "spec": {
                 "template": {
-                    "metadata": {
-                        "annotations": {
-                            "autoscaling.knative.dev/min-scale": str(d.replicas),
-                            "autoscaling.knative.dev/max-scale": str(d.max_replicas),
-                        }
-                    },
+                    "metadata": {"annotations": knative_annotations(d)},
                     "spec": spec,
                 }
             },
@@ -312,8 +317,8 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
     "--target",
     required=True,
     metavar="|".join(TARGETS),
-    help="kubernetes (Deployment, Service, HPA, PDB), knative (Service) or kserve "
-    "(InferenceService).",
+    help="kubernetes (Deployment, Service, HPA or KEDA ScaledObject, PDB), knative (Service) "
+    "or kserve (InferenceService).",
 )
 @click.option("--name", default=None, help="Name of the resources  [default: from the image]")
 @click.option(
@@ -332,6 +337,29 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
 @click.option("--max-replicas", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--cpu", default="1", show_default=True, help="CPU request of each replica.")
 @click.option("--memory", default="1Gi", show_default=True, help="Memory of each replica.")
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="NVIDIA GPUs of each replica (nvidia.com/gpu); several workers share them, one each "
+    "(ABEJA_RUNTIME_DEVICES).",
+)
+@click.option(
+    "--autoscaler",
+    default="hpa",
+    show_default=True,
+    metavar="|".join(AUTOSCALERS),
+    help="kubernetes: a HorizontalPodAutoscaler on CPU, or a KEDA ScaledObject on the queued "
+    "requests (for a model that waits on a GPU, whose CPU stays low).",
+)
+@click.option(
+    "--prometheus",
+    default=None,
+    metavar="URL",
+    help=f"With --autoscaler keda: the Prometheus server that KEDA asks  [default: "
+    f"{DEFAULT_PROMETHEUS}]",
+)
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
 def manifests(**params: Any) -> None:
     """Print the YAML that deploys an image built by `abeja model build`.
@@ -364,9 +392,9 @@ def _plain_dumper() -> type[Any]:
 def _manifests(params: dict[str, Any]) -> int:
     import yaml
 
-    target = params["target"].strip().lower()
-    if target not in TARGETS:
-        raise InputError(f"--target {params['target']!r} is not one of {', '.join(TARGETS)}")
+    target = _choice("--target", params["target"], TARGETS)
+    autoscaler = _choice("--autoscaler", params["autoscaler"], AUTOSCALERS)
+    check_autoscaler(target, autoscaler, params["prometheus"])
     image = check_image_tag(params["image"].strip())
     env: dict[str, str] = {}
     if params["env_file"] is not None:
@@ -377,14 +405,14 @@ def _manifests(params: dict[str, Any]) -> int:
         name=params["name"] or default_name(image),
         env=env,
         secrets=params["secrets"],
-        workers=params["workers"],
-        concurrency=params["concurrency"],
-        timeout=params["timeout"],
-        grace_period=params["grace_period"],
         replicas=params["replicas"],
         max_replicas=params["max_replicas"],
         cpu=params["cpu"],
         memory=params["memory"],
+        gpus=params["gpus"],
+        autoscaler=autoscaler,
+        prometheus=params["prometheus"] or DEFAULT_PROMETHEUS,
+        **{name: params[name] for name in _PASSED_ON},
     )
     deployment.check()
     text = yaml.dump_all(render(target, deployment), Dumper=_plain_dumper(), sort_keys=False)
@@ -393,3 +421,10 @@ def _manifests(params: dict[str, Any]) -> int:
     else:
         click.echo(text, nl=False)
     return 0
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:
+    chosen = value.strip().lower()
+    if chosen not in choices:
+        raise InputError(f"{option} {value!r} is not one of {', '.join(choices)}")
+    return chosen

@@ -16,7 +16,7 @@ from typing import BinaryIO
 from abeja_cli.client import ModelResponse
 from abeja_cli.console import Console
 from abeja_cli.errors import CliError
-from abeja_cli.inputs import is_json_type
+from abeja_runtime.media import is_json_type
 
 __all__ = ["render_body", "write_response"]
 

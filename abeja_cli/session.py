@@ -8,12 +8,13 @@ built, and the server started and awaited.
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -22,8 +23,9 @@ import click
 from abeja_cli.base_image import DEFAULT_IMAGE, DOTENV, IMAGE_VARIABLE, default_image, image_origin
 from abeja_cli.console import Console
 from abeja_cli.engine import Engine, RunSpec, Server
-from abeja_cli.environment import model_environment
+from abeja_cli.environment import model_environment, without_drain_delay
 from abeja_cli.errors import CliError, EngineUnavailable, InputError
+from abeja_cli.gpus import GpuRequest, GpuRequestType
 from abeja_cli.readiness import wait_ready
 from abeja_cli.server_log import LogSink
 from abeja_runtime.options import passing_option, setting_named
@@ -63,6 +65,7 @@ class ModelOptions:
     #: The variable that chose the base image (ABEJA_IMAGE, or that of .env; "" for -i and
     #: the default), named in messages about the image.
     image_origin: str = ""
+    gpus: GpuRequest | None = None
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ModelOptions:
@@ -97,6 +100,7 @@ class ModelOptions:
             handler=handler,
             image=image,
             device_type=params.get("device_type", "x86_cpu"),
+            gpus=params.get("gpus"),
             env=env,
             engine=params.get("engine"),
             no_cache=params["no_cache"],
@@ -114,6 +118,7 @@ class ModelOptions:
             env=self.env,
             image=self.image,
             device_type=self.device_type,
+            gpus=self.gpus,
             host_port=host_port,
             no_cache=self.no_cache,
             inherit_env=self.inherit_env,
@@ -209,6 +214,15 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         default="x86_cpu",
         show_default=True,
         help="Device type; x86_gpu gives the container all GPUs.",
+    ),
+    "gpus": click.option(
+        "--gpus",
+        type=GpuRequestType(),
+        default=None,
+        metavar="all | N | device=ID[,ID...]",
+        help="GPUs for the model, as docker run --gpus takes them (wins over -d x86_gpu). "
+        "Docker engine: asked of Docker, which needs NVIDIA's Container Toolkit; local engine: "
+        "the model is shown them through CUDA_VISIBLE_DEVICES (a count: the first N).",
     ),
     "environment": click.option(
         "-e",
@@ -345,6 +359,9 @@ def start_server(
 ) -> Iterator[tuple[Engine, Server]]:
     """Choose the engine, build, start, wait until ready; stopped and removed on exit."""
     engine, spec = prepare_engine(options, console, host_port=host_port)
+    inherited = os.environ if engine.name == "local" and spec.inherit_env else {}
+    env = without_drain_delay(spec.env, project=spec.project, inherited=inherited)
+    spec = replace(spec, env=env)
     console.info("setting up local server")
     with engine.serve(spec, sink) as server:
         console.info(f"waiting server running : {server.url}")

@@ -35,10 +35,8 @@ class AccessLog:
         static = static_fields or {}
         self._plain = _access_template(static, with_requester=False)
         self._with_requester = _access_template(static, with_requester=True)
-        #: A streamed answer's record (written when the stream ends) has its time to first
-        #: byte too.
-        self._streamed = _access_template(static, with_requester=False, streamed=True)
-        self._streamed_with_requester = _access_template(static, with_requester=True, streamed=True)
+        #: The fields every record has, for the records made as a dict (:meth:`_rare_line`).
+        self._constants = {**_ACCESS_CONSTANTS, **static}
         self._every = every
         self._pending: list[str] = []
         self._last_second = -1
@@ -56,22 +54,24 @@ class AccessLog:
         request_id: str,
         requester_id: str | None = None,
         first_byte: float | None = None,
+        trace_ids: tuple[str, str] | None = None,
     ) -> None:
         """``path`` is the URL path without the query (which may carry what logs must not);
-        ``first_byte``, for a streamed answer recorded at its end, when its first byte left."""
+        ``first_byte``, for a streamed answer recorded at its end, when its first byte left;
+        ``trace_ids``, for a traced call, its trace's and server span's ids."""
         if not access_logger.isEnabledFor(logging.INFO):
             return
         if self._text:
             _record_text(
                 method, path, status, responded - received, request_id, requester_id,
-                None if first_byte is None else first_byte - received,
+                None if first_byte is None else first_byte - received, trace_ids,
             )  # fmt: skip
             return
-        if first_byte is not None:
+        if first_byte is not None or trace_ids is not None:
             self._pend(
-                self._streamed_line(
+                self._rare_line(
                     method, path, status, received, responded, request_id, requester_id,
-                    first_byte,
+                    first_byte, trace_ids,
                 )
             )  # fmt: skip
             return
@@ -101,7 +101,7 @@ class AccessLog:
             )  # fmt: skip
         self._pend(line)
 
-    def _streamed_line(
+    def _rare_line(
         self,
         method: str,
         path: str,
@@ -110,26 +110,35 @@ class AccessLog:
         responded: float,
         request_id: str,
         requester_id: str | None,
-        first_byte: float,
+        first_byte: float | None,
+        trace_ids: tuple[str, str] | None,
     ) -> str:
-        """The record of a streamed answer: the plain one's fields and
-        ``time_to_first_byte_microsecs`` (a rarer record: no micro-optimising)."""
+        """The record of a streamed answer (with ``time_to_first_byte_microsecs``) or of a
+        traced call (with ``trace_id`` and ``span_id``): the plain one's fields, made as a dict
+        (rarer records, or ones beside a span that costs far more: no micro-optimising)."""
         received_us = int(received * 1_000_000)
         responded_us = int(responded * 1_000_000)
         received_second, received_fraction = divmod(received_us, 1_000_000)
         responded_second, responded_fraction = divmod(responded_us, 1_000_000)
-        head = (
-            responded_us - received_us, _json_string(method), _json_string(path), status,
-            _json_string(request_id), utc_seconds(received_second), received_fraction,
-        )  # fmt: skip
-        tail = (
-            utc_seconds(responded_second), responded_fraction,
-            int(first_byte * 1_000_000) - received_us,
-            utc_seconds(responded_second), responded_fraction // 1000,
-        )  # fmt: skip
-        if requester_id is None:
-            return self._streamed % (*head, *tail)
-        return self._streamed_with_requester % (*head, _json_string(requester_id), *tail)
+        responded_text = utc_seconds(responded_second)
+        fields: dict[str, Any] = {
+            **self._constants,
+            "elapsed_microsecs": responded_us - received_us,
+            "http_method": method,
+            "http_path": path,
+            "http_status": status,
+            "request_id": request_id,
+            "request_timestamp": f"{utc_seconds(received_second)}.{received_fraction:06d}+00:00",
+            "response_timestamp": f"{responded_text}.{responded_fraction:06d}+00:00",
+            "timestamp": f"{responded_text}.{responded_fraction // 1000:03d}+00:00",
+        }
+        if requester_id is not None:
+            fields["requester_id"] = requester_id
+        if first_byte is not None:
+            fields["time_to_first_byte_microsecs"] = int(first_byte * 1_000_000) - received_us
+        if trace_ids is not None:
+            fields["trace_id"], fields["span_id"] = trace_ids
+        return str(encode_record(fields))
 
     def _pend(self, line: str) -> None:
         pending = self._pending
@@ -166,12 +175,15 @@ def _record_text(
     request_id: str,
     requester_id: str | None,
     first_byte: float | None,
+    trace_ids: tuple[str, str] | None,
 ) -> None:
     """``POST /predict 200 12.3 ms  request_id=...``: the record of a text log, written at once
     (a streamed answer's: ``200 2503.1 ms (first byte 1.2 ms)``)."""
     fields = {"request_id": request_id}
     if requester_id is not None:
         fields["requester_id"] = requester_id
+    if trace_ids is not None:
+        fields["trace_id"], fields["span_id"] = trace_ids
     milliseconds = f"{elapsed * 1000:.1f}"
     if first_byte is not None:
         milliseconds += f" ms (first byte {first_byte * 1000:.1f}"
@@ -195,15 +207,12 @@ _ACCESS_FIELDS: Final = (
     ("request_timestamp", '"%s.%06d+00:00"'),
     ("requester_id", "%s"),
     ("response_timestamp", '"%s.%06d+00:00"'),
-    ("time_to_first_byte_microsecs", "%d"),
     ("timestamp", '"%s.%03d+00:00"'),
 )
 _ACCESS_CONSTANTS: Final = {"log_level": "info", "log_type": "access_log"}
 
 
-def _access_template(
-    static: dict[str, str], *, with_requester: bool, streamed: bool = False
-) -> str:
+def _access_template(static: dict[str, str], *, with_requester: bool) -> str:
     """A ``%`` template of an access record: the JSON object the encoder would write for it
     (keys sorted; the static fields win over the constants, as in a dict that lists them
     last; the variable fields over both)."""
@@ -212,8 +221,6 @@ def _access_template(
     fields = [(key, conversion) for key, conversion in _ACCESS_FIELDS]
     if not with_requester:
         fields.remove(("requester_id", "%s"))
-    if not streamed:
-        fields.remove(("time_to_first_byte_microsecs", "%d"))
     values.update(fields)
     assert [key for key, _ in fields] == sorted(key for key, _ in fields)  # the values' order
     body = ", ".join(f"{_escape(encode_record(key))}: {values[key]}" for key in sorted(values))

@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # for the type only: config imports every style, and mapped.p
 
 __all__ = [
     "CREDIT_STEP",
+    "EXIT_WARMUP_FAILED",
     "FDS_PER_WRITE",
     "INLINE_LIMIT",
     "STREAM_WINDOW",
@@ -88,7 +89,10 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 5
+VERSION: Final = 6
+#: A handler process's exit code when its warm-up failed (``worker/warmup.py``; EX_TEMPFAIL of
+#: sysexits.h): the front replaces it with back-off, even before any process was ready.
+EXIT_WARMUP_FAILED: Final = 75
 #: Bodies (of calls and of answers) above this many bytes travel as a file descriptor.
 INLINE_LIMIT: Final = 64 * 1024
 _HEAD: Final = struct.Struct("!BBBI")
@@ -197,6 +201,9 @@ class Call(NamedTuple):
     body: bytes | None
     spool_path: str
     body_size: int
+    #: The front's server span, as the handler span's parent (``traceparent`` and its kin:
+    #: :mod:`abeja_runtime.tracing`); empty while tracing is off.
+    trace: tuple[tuple[str, str], ...] = ()
 
 
 def plain_headers(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -224,6 +231,8 @@ class RpcCall(NamedTuple):
     metadata: tuple[tuple[str, str], ...]
     request_id: str
     size: int = 0
+    #: As :attr:`Call.trace`.
+    trace: tuple[tuple[str, str], ...] = ()
 
 
 @_kind(FrameKind.CANCEL)

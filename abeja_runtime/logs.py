@@ -27,7 +27,7 @@ import traceback
 import types
 from contextvars import ContextVar
 from pathlib import Path
-from typing import IO, Final, TextIO, TypeGuard, cast
+from typing import IO, Any, Final, TextIO, TypeGuard, cast
 
 from abeja_runtime import __version__
 
@@ -46,6 +46,7 @@ __all__ = [
     "request_id_var",
     "requester_id_from",
     "requester_id_var",
+    "trace_ids_var",
     "user_exc_info",
     "utc_seconds",
 ]
@@ -56,6 +57,9 @@ REQUEST_ID_HEADER: Final = "x-abeja-request-id"
 REQUESTER_ID_HEADER: Final = "x-abeja-requester-id"
 
 request_id_var: ContextVar[str | None] = ContextVar("abeja_request_id", default=None)
+#: The trace id and the handler span's id of a traced call (hex, as OpenTelemetry shows them),
+#: in the handler's log records while it runs (:mod:`abeja_runtime.tracing`).
+trace_ids_var: ContextVar[tuple[str, str] | None] = ContextVar("abeja_trace_ids", default=None)
 _ids: Final = random.Random()  # seeded from the system's randomness
 
 
@@ -135,6 +139,18 @@ def utc_seconds(seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
+def _add_call_ids(fields: dict[str, Any]) -> None:
+    """The ids of the call being served (if any) into a record's fields: the request's, the
+    requester's, and the trace's and handler span's when the call is traced."""
+    if (request_id := request_id_var.get()) is not None:
+        fields.setdefault("request_id", request_id)
+    if (requester_id := requester_id_var.get()) is not None:
+        fields.setdefault("requester_id", requester_id)
+    if (trace_ids := trace_ids_var.get()) is not None:
+        fields.setdefault("trace_id", trace_ids[0])
+        fields.setdefault("span_id", trace_ids[1])
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, keys sorted as ABEJA's logrus output."""
 
@@ -151,10 +167,7 @@ class JsonFormatter(logging.Formatter):
             data["traceback"] = self.formatException(record.exc_info)
         data["log_level"] = _LEVEL_NAMES.get(record.levelno, record.levelname.lower())
         data["timestamp"] = format_timestamp(record.created)
-        if (request_id := request_id_var.get()) is not None:
-            data.setdefault("request_id", request_id)
-        if (requester_id := requester_id_var.get()) is not None:
-            data.setdefault("requester_id", requester_id)
+        _add_call_ids(data)
         return encode_record(data)
 
 
@@ -208,10 +221,7 @@ class TextFormatter(logging.Formatter):
             return record.getMessage()  # an access log made before logging was configured
         fields = dict(getattr(record, "fields", None) or {})
         details = fields.pop("traceback", None)  # a traceback sent by another process, as text
-        if (request_id := request_id_var.get()) is not None:
-            fields.setdefault("request_id", request_id)
-        if (requester_id := requester_id_var.get()) is not None:
-            fields.setdefault("requester_id", requester_id)
+        _add_call_ids(fields)
         level = _LEVEL_NAMES.get(record.levelno, record.levelname.lower()).upper()
         line = f"{_local_time(record.created)} {level:<7} {record.getMessage()}"
         if fields:

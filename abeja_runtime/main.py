@@ -3,11 +3,13 @@
 Every option is generated from a declared setting (:mod:`abeja_runtime.options`): the core's
 and each style's, each with its environment variable (the names are fixed by the contract);
 click gives the precedence command line > environment > default. ``.env`` in the start
-directory fills in variables that are not set yet. A bad value is one line on stderr and exit 2.
+directory fills in variables that are not set yet. A bad value is one line on stderr and exit 2,
+and so is a ``--warmup`` file that is missing, unreadable or not the JSON its name says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from dotenv import load_dotenv
 from abeja_runtime import __version__
 from abeja_runtime.config import Config, PlatformIds
 from abeja_runtime.options import click_option, core_settings, split_options, style_settings
+from abeja_runtime.request_files import WARMUP_FILE, RequestFileError, read_request_file, resolve
 
 __all__ = ["batch", "cli", "main"]
 
@@ -49,9 +52,25 @@ def _config(**options: Any) -> Config:
     error (one line, exit 2)."""
     try:
         core, styles = split_options(options)
-        return Config(platform=PlatformIds.from_environ(os.environ), style_options=styles, **core)
-    except ValueError as exc:
+        config = Config(platform=PlatformIds.from_environ(os.environ), style_options=styles, **core)
+        return _warmup_checked(config)
+    except (ValueError, RequestFileError) as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _warmup_checked(config: Config) -> Config:
+    """Each ``--warmup`` file read once here, before any worker starts, so that a bad one
+    stops the start with one line rather than keep every worker out of readiness. The paths
+    become absolute: they are given from the start directory, and the workers run in the code
+    directory (``project.py``'s ``prepare_workdir``)."""
+    if not config.warmup:
+        return config
+    base = Path.cwd()
+    for path in config.warmup:
+        read_request_file(path, base, WARMUP_FILE)
+    return dataclasses.replace(
+        config, warmup=tuple(str(resolve(path, base)) for path in config.warmup)
+    )
 
 
 main = click.Command(

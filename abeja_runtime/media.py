@@ -1,9 +1,10 @@
 """Media types and file names, both ways, the same on every machine.
 
 ``guess_content_type`` gives a file's ``Content-Type`` from its extension: what
-``abeja model run-local --input FILE`` sends and what ``abeja-runtime batch`` gives the handler
-for an input file. ``extension_for`` is ABEJA's table the other way, for the files that
-answers are written to (batch outputs, DataLake uploads).
+``abeja model run-local --input FILE`` sends, what ``--warmup FILE`` replays and what
+``abeja-runtime batch`` gives the handler for an input file; ``is_json_type`` tells JSON's
+media types apart (a request file of one must parse). ``extension_for`` is ABEJA's table the
+other way, for the files that answers are written to (batch outputs, DataLake uploads).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import mimetypes
 from typing import Final
 
-__all__ = ["DEFAULT_TYPE", "extension_for", "guess_content_type"]
+__all__ = ["DEFAULT_TYPE", "extension_for", "guess_content_type", "is_json_type"]
 
 DEFAULT_TYPE: Final = "application/octet-stream"
 
@@ -61,6 +62,14 @@ def guess_content_type(path: str) -> str:
     """The media type for a file name, from its extension; octet-stream when unknown."""
     guessed, _encoding = _MIME.guess_type(path, strict=False)
     return guessed or DEFAULT_TYPE
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """True for ``application/json`` and ``*/*+json`` media types (parameters ignored)."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def extension_for(content_type: str) -> str:

@@ -50,6 +50,12 @@ _PREFIX: Final = "abeja_runtime"
 _DURATION_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"),
 )  # fmt: skip
+#: Seconds; a call that finds a free slot waits well under a millisecond, so the lower buckets
+#: are finer: an autoscaler looks at when waits begin to grow.
+_QUEUE_WAIT_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, float("inf"),
+)  # fmt: skip
 
 
 def handler_environment(directory: str) -> dict[str, str]:
@@ -84,7 +90,7 @@ class FrontMetrics:
         self._rejected = Counter(
             f"{_PREFIX}_rejected_requests",
             "Requests answered 503 without calling the handler: busy (queue full) or "
-            "unavailable (not ready, draining).",
+            "unavailable (no worker ready).",
             ["reason"],
             registry=registry,
         )
@@ -118,6 +124,7 @@ class FrontMetrics:
             version=version, python=platform.python_version(), handler=handler, style=style
         ).set(1)
         self.observe = self._stats.observe
+        self.queue_waited = self._stats.queue_wait.observe
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(reason=reason).inc()
@@ -191,9 +198,10 @@ class _RequestStats:
 
     def __init__(self, gauges: Callable[[], tuple[int, int]]) -> None:
         self._gauges = gauges  # (in flight, queued), read when scraped
-        self._bounds = _DURATION_BUCKETS[:-1]
-        self._buckets = [0] * len(_DURATION_BUCKETS)  # per bucket, not cumulative
-        self._sum = 0.0
+        self._durations = _Histogram(_DURATION_BUCKETS)
+        #: Seconds from a call's arrival in the queue to its handler call (or to its end in
+        #: the queue: its deadline passed, its client left), whichever worker ran it.
+        self.queue_wait = _Histogram(_QUEUE_WAIT_BUCKETS)
         self._codes: dict[int, int] = {}
         self._timeouts = 0
 
@@ -201,8 +209,7 @@ class _RequestStats:
         """One answered request."""
         codes = self._codes
         codes[status] = codes.get(status, 0) + 1
-        self._buckets[bisect.bisect_left(self._bounds, seconds)] += 1
-        self._sum += seconds
+        self._durations.observe(seconds)
         if status == 504:
             self._timeouts += 1
 
@@ -222,15 +229,17 @@ class _RequestStats:
         for code, count in sorted(self._codes.items()):
             requests.add_metric([str(code)], count)
         yield requests
-        cumulative = list(itertools.accumulate(self._buckets))
-        yield HistogramMetricFamily(
+        yield self._durations.family(
+            HistogramMetricFamily,
             f"{_PREFIX}_request_duration_seconds",
             "Seconds from a request's arrival until its response was sent.",
-            buckets=[
-                (_bucket_name(bound), count)
-                for bound, count in zip(_DURATION_BUCKETS, cumulative, strict=True)
-            ],
-            sum_value=self._sum,
+        )
+        yield self.queue_wait.family(
+            HistogramMetricFamily,
+            f"{_PREFIX}_queue_wait_seconds",
+            "Seconds handler calls waited in the queue for a free handler slot, from their "
+            "arrival there (their body read) to their handler call, across all workers; calls "
+            "given up in the queue (deadline, client gone) too.",
         )
         yield CounterMetricFamily(
             f"{_PREFIX}_timeouts",
@@ -247,6 +256,35 @@ class _RequestStats:
             f"{_PREFIX}_queued_requests",
             "Handler calls waiting for a free handler slot now.",
             value=queued,
+        )
+
+
+class _Histogram:
+    """A histogram as plain numbers (an observation is a bisect and two additions), made into
+    a metric family when scraped."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum", "buckets")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self._bounds = buckets[:-1]
+        self._buckets = [0] * len(buckets)  # per bucket, not cumulative
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._buckets[bisect.bisect_left(self._bounds, seconds)] += 1
+        self._sum += seconds
+
+    def family(self, make: Any, name: str, documentation: str) -> Any:
+        cumulative = itertools.accumulate(self._buckets)
+        return make(
+            name,
+            documentation,
+            buckets=[
+                (_bucket_name(bound), count)
+                for bound, count in zip(self.buckets, cumulative, strict=True)
+            ],
+            sum_value=self._sum,
         )
 
 

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.otlp_sink import otlp_sink
 from benchmarks.report import RESULTS, Options, machine_info, render, write_results
 from benchmarks.scenarios import (
     WORKLOADS,
@@ -151,17 +152,19 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, subprocess.SubprocessError) as e:
             print(f"cannot export abeja_runtime at {args.runtime_ref}: {e}", file=sys.stderr)
             return 2
-        setup = Setup(
-            runtime_src=src,
-            runtime_src_desc=src_desc,
-            runtime_args=shlex.split(args.runtime_args),
-            pin=args.pin,
-            ready_timeout=args.ready_timeout,
-            stop_timeout=args.stop_timeout,
-            tmp=Path(tmp),
-        )
         info = machine_info(src_desc)
-        rows = _matrix(args, load, setup)
+        with otlp_sink() as otlp_endpoint:
+            setup = Setup(
+                runtime_src=src,
+                runtime_src_desc=src_desc,
+                runtime_args=shlex.split(args.runtime_args),
+                pin=args.pin,
+                ready_timeout=args.ready_timeout,
+                stop_timeout=args.stop_timeout,
+                tmp=Path(tmp),
+                otlp_endpoint=otlp_endpoint,
+            )
+            rows = _matrix(args, load, setup)
         if not args.skip_upload:
             for mode in args.upload_modes:
                 for target in ("bare", "runtime"):

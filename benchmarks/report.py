@@ -209,6 +209,7 @@ def render(
             f"| {_fmt(r.ready_s)} |"
         )
     out += _ratios(rows)
+    out += _beside(rows)
     if uploads:
         out += _uploads(options, uploads)
     return "\n".join(out) + "\n"
@@ -243,6 +244,44 @@ def _ratios(rows: list[Row]) -> list[str]:
         "|---|---:|---|---:|---:|---:|---:|---|",
         *lines,
     ]
+
+
+def _beside(rows: list[Row]) -> list[str]:
+    """The runtime against the bare app on uvloop (the loop it runs on as installed; target:
+    at least as fast), and tracing's cost (every request traced, against none)."""
+    by_key = {(r.target, r.workers, r.workload): r for r in rows}
+    lines = []
+    for r in rows:
+        if r.target != "runtime" or r.wrk is None:
+            continue
+        uvloop = by_key.get(("bare-uvloop", r.workers, r.workload))
+        if uvloop is not None and uvloop.wrk is not None:
+            met = r.wrk.rps >= uvloop.wrk.rps
+            lines.append(_pair(r, uvloop, f"at least 1.00: {'PASS' if met else 'FAIL'}"))
+        traced = by_key.get(("runtime-traced", r.workers, r.workload))
+        if traced is not None and traced.wrk is not None:
+            lines.append(_pair(traced, r, "tracing's cost"))
+    if not lines:
+        return []
+    return [
+        "",
+        "The runtime against the bare app on uvloop (the runtime runs on uvloop as installed), "
+        "and tracing's cost (runtime-traced: every request traced, five spans, sent over "
+        "OTLP/HTTP to a sink that keeps nothing, in the same run):",
+        "",
+        "| target | against | workers | workload | req/s ratio | p99 ratio | |",
+        "|---|---|---:|---|---:|---:|---|",
+        *lines,
+    ]
+
+
+def _pair(row: Row, against: Row, note: str) -> str:
+    assert row.wrk is not None and against.wrk is not None
+    return (
+        f"| {row.target} | {against.target} | {row.workers} | {row.workload} "
+        f"| {row.wrk.rps / against.wrk.rps:.2f} | {row.wrk.p99_ms / against.wrk.p99_ms:.2f} "
+        f"| {note} |"
+    )
 
 
 def _uploads(options: Options, uploads: list[UploadRow]) -> list[str]:

@@ -41,7 +41,9 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 HANDLERS = BENCH / "handlers"
 #: What can be measured: the runtime, and the bare app on each event loop.
-TARGETS = ("bare", "bare-uvloop", "runtime")
+#: ``runtime-traced``: the runtime with every request traced, its spans sent over OTLP/HTTP to
+#: a sink (``otlp_sink.py``) that keeps nothing.
+TARGETS = ("bare", "bare-uvloop", "runtime", "runtime-traced")
 #: Seconds a server's helpers may take to exit after its main process.
 LEFTOVER_GRACE = 3.0
 #: Keep BLAS single-threaded in both servers: with 2 cores shared with wrk, a multi-threaded
@@ -71,6 +73,8 @@ class Setup:
     ready_timeout: float
     stop_timeout: float
     tmp: Path
+    #: Where ``runtime-traced`` sends its spans (``otlp_sink.py``).
+    otlp_endpoint: str = ""
 
 
 @dataclass
@@ -188,6 +192,8 @@ def server_for(
         command = [sys.executable, "-m", "abeja_runtime", "--handler", "main:handler", *common]
         command += setup.runtime_args
         cwd = HANDLERS / handler_dir
+        if target == "runtime-traced":
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = setup.otlp_endpoint
         # Test this checkout (or --runtime-ref), not whatever copy is installed elsewhere.
         src = str(setup.runtime_src)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))

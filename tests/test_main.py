@@ -314,7 +314,7 @@ def test_grace_period_setting_bounds_shutdown(make_server, tmp_path, via):
     wait_until((tmp_path / "started").exists, 10, "the slow call to start")
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(30) == 0  # bounds the wait only: the record says why it stopped
-    stopped = server.wait_for_record(lambda r: "grace period" in r.get("message", ""))
+    stopped = server.wait_for_record(lambda r: "still running after" in r.get("message", ""))
     assert stopped["message"] == (
         "1 request(s) still running after the 1 s grace period; stopping anyway"
     )

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Final
+from typing import Any, Final
 
 from abeja_runtime.access_log import AccessLog
 from abeja_runtime.metrics import FrontMetrics
+from abeja_runtime.tracing import CallTrace, Tracing
 
 __all__ = ["CLIENT_CLOSED", "Accounting", "CallEntry"]
 
@@ -31,11 +32,15 @@ CLIENT_CLOSED: Final = 499
 class Accounting:
     """The access log, the metrics, and the calls in flight."""
 
-    __slots__ = ("_access_log", "_idle", "_metrics", "in_flight")
+    __slots__ = ("_access_log", "_idle", "_metrics", "in_flight", "tracing")
 
-    def __init__(self, access_log: AccessLog, metrics: FrontMetrics) -> None:
+    def __init__(
+        self, access_log: AccessLog, metrics: FrontMetrics, tracing: Tracing | None = None
+    ) -> None:
         self._access_log = access_log
         self._metrics = metrics
+        #: Each call's server span (:mod:`abeja_runtime.tracing`), when tracing is on.
+        self.tracing = tracing
         #: Calls open (and async requests until their result is sent): the drain waits.
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -48,10 +53,19 @@ class Accounting:
         received: float,
         request_id: str,
         requester_id: str | None = None,
+        carrier: Any = None,
+        *,
+        rpc: bool = False,
     ) -> CallEntry:
-        """A call starts: counted in flight until :meth:`CallEntry.end`."""
+        """A call starts: counted in flight until :meth:`CallEntry.end`. With tracing on, its
+        server span starts, its parent the caller's context in ``carrier`` (the request's
+        headers, or a gRPC call's metadata as a mapping; ``rpc``: ``path`` is its method)."""
         self.hold()
-        return CallEntry(self, method, path, received, request_id, requester_id)
+        entry = CallEntry(self, method, path, received, request_id, requester_id)
+        if self.tracing is not None:
+            attributes = _span_attributes(method, path, request_id, rpc)
+            entry.trace = self.tracing.call(carrier, received, attributes)
+        return entry
 
     def hold(self) -> None:
         """Something the drain waits for starts (a call, an async request's result)."""
@@ -79,12 +93,29 @@ class Accounting:
         request_id: str,
         requester_id: str | None,
         first_byte: float | None = None,
+        trace: CallTrace | None = None,
     ) -> None:
         responded = time.time()
         self._access_log.record(
-            method, path, status, received, responded, request_id, requester_id, first_byte
-        )
+            method, path, status, received, responded, request_id, requester_id, first_byte,
+            None if trace is None else trace.ids,
+        )  # fmt: skip
         self._metrics.observe(status, responded - received)
+
+
+def _span_attributes(method: str, path: str, request_id: str, rpc: bool) -> dict[str, str]:
+    """A server span's name and attributes, as OpenTelemetry's conventions for HTTP and gRPC
+    servers name them (the name under ``name``)."""
+    if rpc:  # "/inference.GRPCInferenceService/ModelInfer"
+        service, _, function = path.lstrip("/").partition("/")
+        return {
+            "name": path.lstrip("/"), "rpc.system": "grpc", "rpc.service": service,
+            "rpc.method": function, "abeja.request_id": request_id,
+        }  # fmt: skip
+    return {
+        "name": method, "http.request.method": method, "url.path": path,
+        "abeja.request_id": request_id,
+    }  # fmt: skip
 
 
 class CallEntry:
@@ -92,7 +123,7 @@ class CallEntry:
 
     __slots__ = (
         "_accounting", "first_byte", "method", "path", "received", "request_id",
-        "requester_id", "status",
+        "requester_id", "status", "trace",
     )  # fmt: skip
 
     def __init__(
@@ -114,6 +145,12 @@ class CallEntry:
         self.status = 0
         #: When a streamed answer's head left (0: not streamed).
         self.first_byte = 0.0
+        #: Its spans, when tracing is on.
+        self.trace: CallTrace | None = None
+
+    def carrier(self) -> tuple[tuple[str, str], ...]:
+        """Its server span's context for the handler process (empty: not traced)."""
+        return () if self.trace is None else self.trace.carrier()
 
     def count(self, status: int) -> None:
         """The call's status, counted now (before its answer leaves); once: a later status is
@@ -121,11 +158,14 @@ class CallEntry:
         if self.status:
             return
         self.status = status
+        if self.trace is not None:
+            self.trace.status(status)
         accounting = self._accounting
         if accounting is not None:
             accounting.record(
-                self.method, self.path, status, self.received, self.request_id, self.requester_id
-            )
+                self.method, self.path, status, self.received, self.request_id,
+                self.requester_id, None, self.trace,
+            )  # fmt: skip
 
     def streaming(self, status: int) -> None:
         """A streamed answer's head leaves now: it is counted with ``status`` when the stream
@@ -133,6 +173,8 @@ class CallEntry:
         if not self.status:
             self.status = status
             self.first_byte = time.time()
+            if self.trace is not None:
+                self.trace.status(status)
 
     def end(self) -> None:
         """The call is over, however it ended: one that was never counted is counted as
@@ -146,7 +188,9 @@ class CallEntry:
         elif self.first_byte:
             accounting.record(
                 self.method, self.path, self.status, self.received, self.request_id,
-                self.requester_id, self.first_byte,
+                self.requester_id, self.first_byte, self.trace,
             )  # fmt: skip
+        if self.trace is not None:
+            self.trace.end()
         self._accounting = None
         accounting.release()

@@ -14,7 +14,9 @@ between is here, in :class:`CallService`:
   the call withdrawn from its handler process;
 * **cancellation**: :meth:`CallService.withdraw`, when the client left;
 * **accounting**: :attr:`CallService.accounting`, one :class:`~abeja_runtime.front.accounting.
-  CallEntry` per call (``499`` for one whose client left), and the refusals' counters.
+  CallEntry` per call (``499`` for one whose client left), and the refusals' counters;
+* **traces**: the call's server span and queue wait (:mod:`~abeja_runtime.tracing`), begun and
+  ended with its entry.
 
 Before, these lived in ``HttpServer``, and the direct path and gRPC reached into seventeen of
 its members; gRPC calls took no place and were never counted when cancelled.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
+import os
 import time
 from collections.abc import Callable
 from typing import IO, Any, Final
@@ -48,6 +51,7 @@ from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch
+from abeja_runtime.tracing import tracing_from
 
 __all__ = ["Body", "CallService"]
 
@@ -114,18 +118,28 @@ class CallService:
         self.gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
         self._deadlines = Deadlines(self.loop, self._expire)
         access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
+        #: The calls' spans, when OpenTelemetry's variables ask for traces.
+        self.tracing = tracing_from(os.environ, "front")
         #: Every call's counts, and the calls in flight (async ones until their result is
         #: sent), which the drain waits for.
-        self.accounting = Accounting(access_log, metrics)
-        #: Set at SIGTERM: new calls are refused (``503``) while those in flight finish.
+        self.accounting = Accounting(access_log, metrics, self.tracing)
+        #: Set at SIGTERM: readiness says 503 and every answer closes its connection; calls are
+        #: still taken (balancers send until they see readiness fail), until the service port
+        #: stops accepting and gRPC stops (``supervisor.py``).
         self.draining = False
+
+    def close(self) -> None:
+        """At the end of serving: the access records kept and the spans buffered go out."""
+        self.accounting.flush()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     # -- admission ---------------------------------------------------------------------------
 
     @property
     def admitting(self) -> bool:
         """Whether a call can be handed to the pool now (else it is answered 503)."""
-        return self._pool.admitting and not self.draining
+        return self._pool.admitting
 
     @property
     def ready(self) -> bool:

@@ -16,7 +16,7 @@ callback, a streamed one from a task through aiohttp's ``StreamWriter``. It leav
 request to aiohttp's path: a chunked or compressed body, one above the spool threshold or
 awaiting ``100 Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check
 and the style's own front paths, an async (ARMS) request, a body the queue could not take, and
-any request while no worker is ready or the front is draining.
+any request while the pool takes no call (no worker is ready, or the workers are stopping).
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class DirectRequests:
             time.time(),
             request_id_from(headers.get(REQUEST_ID_HEADER)),
             requester_id_from(headers.get(REQUESTER_ID_HEADER)),
+            headers,
         )
         if self._in_frame(payload):
             body: bytes | None = (
@@ -154,6 +155,7 @@ class DirectRequests:
             body,
             "",
             size,
+            entry.carrier(),
         )
         direct = _DirectCall(
             calls,
@@ -206,7 +208,7 @@ class _DirectCall:
         self._streaming: asyncio.Task[None] | None = None
         if payload is None:  # the body is in the frame
             self._body: DirectBody | None = None
-            self.pending = PendingCall(call, calls.loop)
+            self.pending = PendingCall(call, calls.loop, trace=entry.trace)
         else:
             self._body = DirectBody(
                 calls,
@@ -217,7 +219,7 @@ class _DirectCall:
                 self._body_ready,
                 self._body_failed,
             )
-            self.pending = PendingCall(call, calls.loop, None, self._body.release)
+            self.pending = PendingCall(call, calls.loop, None, self._body.release, entry.trace)
 
     def read_body(self) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""

@@ -17,6 +17,7 @@ from abeja_runtime.frames import CREDIT_STEP, Answer, Call, Credit, RpcAnswer, R
 
 if TYPE_CHECKING:
     from abeja_runtime.front.processes import HandlerProcess
+    from abeja_runtime.tracing import CallTrace
 
 __all__ = [
     "ANSWER_FILE_ABOVE",
@@ -106,7 +107,7 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "chunks", "fd", "frame",
-        "giving_back", "process", "queued_at", "sent_at",
+        "giving_back", "process", "queued_at", "sent_at", "trace", "waited",
     )  # fmt: skip
 
     def __init__(
@@ -115,8 +116,11 @@ class PendingCall:
         loop: asyncio.AbstractEventLoop,
         fd: int | None = None,
         cleanup: Callable[[], None] | None = None,
+        trace: CallTrace | None = None,
     ) -> None:
         self.frame = frame
+        #: Its spans in the front (its queue wait is one), when tracing is on.
+        self.trace = trace
         self.fd = fd  # sent with the frame (the spool file)
         #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
         self._cleanup = cleanup
@@ -131,8 +135,11 @@ class PendingCall:
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
-        #: In batch mode: when it joined the queue, and the batch it was sent in.
+        #: When it joined the queue (:meth:`~abeja_runtime.front.pool.HandlerPool.submit`);
+        #: whether its wait there is counted (its handler call began, or it was given up);
+        #: and in batch mode the batch it was sent in.
         self.queued_at = 0.0
+        self.waited = False
         self.batch: Batch | None = None
 
     async def stream(self, idle: float | None = None) -> Any:

@@ -40,6 +40,7 @@ from typing import Any, Final, get_args
 from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HttpError, ServiceBusy, ServiceUnavailable, WorkerCrashed
 from abeja_runtime.frames import (
+    EXIT_WARMUP_FAILED,
     Answer,
     Cancel,
     Chunk,
@@ -65,6 +66,7 @@ from abeja_runtime.front.processes import (
     HandlerProcess,
     ProcessState,
     describe_exit,
+    device_environment,
     resident_memory,
 )
 from abeja_runtime.metrics import FrontMetrics, handler_environment
@@ -191,8 +193,8 @@ class HandlerPool:
         if self.admitted >= self._capacity:
             raise ServiceBusy()
         self.admitted += 1
+        pending.queued_at = time.monotonic()
         if self._batching:
-            pending.queued_at = time.monotonic()
             self._queue.append(pending)
             self._dispatch_batches()
             return
@@ -233,6 +235,7 @@ class HandlerPool:
             with contextlib.suppress(ValueError):
                 self._queue.remove(pending)
                 self.admitted -= 1
+                self._started(pending, time.monotonic())  # its wait ends here
                 pending.finish()
 
     def _free_process(self) -> HandlerProcess | None:
@@ -286,12 +289,27 @@ class HandlerPool:
 
     def _send(self, process: HandlerProcess, pending: PendingCall) -> None:
         pending.process = process
-        pending.sent_at = time.monotonic()
+        now = time.monotonic()
+        pending.sent_at = now
         pending.giving_back = False
         process.sent[pending.frame.id] = pending
+        if len(process.sent) <= self._config.concurrency:  # else it waits there: see _finished
+            self._started(pending, now)
         process.send(pending.frame, pending.fd)
         if len(process.sent) > self._config.concurrency and process.take_back_timer is None:
             self._look_for_slow_call(process)
+
+    def _started(self, pending: PendingCall, now: float) -> None:
+        """``pending``'s handler call starts now, or it is given up in the queue (its
+        deadline, its client gone): its wait is observed (the queue-wait histogram, its
+        span). Once a call: one given back, or whose process died, is not counted again."""
+        if pending.waited:
+            return
+        pending.waited = True
+        if self.metrics is not None:
+            self.metrics.queue_waited(now - pending.queued_at)
+        if pending.trace is not None:
+            pending.trace.queue_wait(now - pending.queued_at)
 
     def _look_for_slow_call(self, process: HandlerProcess) -> None:
         """Calls wait in ``process`` behind the ones it runs: once its oldest call is
@@ -365,6 +383,7 @@ class HandlerPool:
             for pending in calls:
                 pending.batch = batch
                 pending.process = process
+                self._started(pending, now)
                 pending.sent_at = now
                 process.sent[pending.frame.id] = pending
                 process.send(pending.frame, pending.fd)
@@ -524,9 +543,12 @@ class HandlerPool:
 
     def _finished(self, process: HandlerProcess, pending: PendingCall) -> None:
         del process.sent[pending.frame.id]
+        now = time.monotonic()
         if pending.batch is not None:
             _left_batch(process, pending)
-        now = time.monotonic()
+        elif len(process.sent) >= self._config.concurrency:  # the next one sent there starts
+            waiting = itertools.islice(process.sent.values(), self._config.concurrency - 1, None)
+            self._started(next(waiting), now)
         busy = now - max(pending.sent_at, process.answered_at)
         process.answered_at = now
         self.call_seconds += _CALL_SECONDS_WEIGHT * (busy - self.call_seconds)
@@ -569,24 +591,30 @@ class HandlerPool:
 
     # -- process lifecycle --------------------------------------------------------------------
 
-    def _ensure_spawn(self) -> None:
-        if self._spawn() is None:
-            self._spawn_later(_SPAWN_RETRY)
+    def _ensure_spawn(self, retiree: HandlerProcess | None = None) -> None:
+        """A new process (as ``retiree``'s replacement, while that one still serves), now or
+        after a retry."""
+        process = self._spawn()
+        if process is None:
+            self._spawn_later(_SPAWN_RETRY, retiree)
+        elif retiree is not None and retiree in self.processes:
+            process.replaces = retiree
 
-    def _spawn_later(self, delay: float) -> None:
+    def _spawn_later(self, delay: float, retiree: HandlerProcess | None = None) -> None:
         handle: asyncio.TimerHandle
 
         def spawn() -> None:
             self._respawns.discard(handle)
             if not self.stopping:
-                self._ensure_spawn()
+                self._ensure_spawn(retiree)
 
         handle = asyncio.get_running_loop().call_later(delay, spawn)
         self._respawns.add(handle)
 
     def _spawn(self) -> HandlerProcess | None:
+        environment = device_environment(self._environment, self._config.devices, self.processes)
         try:
-            process = self._process_factory(self._config, self._environment, self)
+            process = self._process_factory(self._config, environment, self)
         except OSError as exc:
             _log.error("cannot start a worker process: %s", exc)
             return None
@@ -607,10 +635,11 @@ class HandlerPool:
         """Replace a process that reached a limit without failing a call."""
         if process.retiring or process.state is not ProcessState.READY or self.stopping:
             return
+        process.retiring = True  # from before the spawn: its replacement takes its device
         replacement = self._spawn()
         if replacement is None:
+            process.retiring = False
             return
-        process.retiring = True
         replacement.replaces = process
         _log.info("replacing worker %s: %s", process.pid, why)
         self._count_restart(reason)
@@ -623,14 +652,17 @@ class HandlerPool:
     def exited(self, process: HandlerProcess) -> None:
         """``process`` has exited (its pidfd said so, or the watch saw it): its running calls
         fail, the others go back to the queue, and it is replaced if it should be."""
-        how = describe_exit(self._forget(process))
+        code = self._forget(process)
+        how = describe_exit(code)
         self._fail_or_requeue(process, how)
         if self.stopping:
             if not self.processes:
                 self.all_gone.set()
             self._on_change()
             return
-        if process.state is ProcessState.STARTING and not self.ever_ready:
+        # One that loaded the handler and failed its warm-up is replaced, with back-off.
+        warmup_failed = code == EXIT_WARMUP_FAILED
+        if process.state is ProcessState.STARTING and not self.ever_ready and not warmup_failed:
             self._load_failed(f"the worker exited ({how}) while loading the handler", "")
             return
         self._replace_exited(process, how)
@@ -660,8 +692,6 @@ class HandlerPool:
             self._ready_count -= 1
         if self.metrics is not None:
             self.metrics.worker_gone(process.pid)
-        if process.replaces is not None:  # died before it was ready: the retiree may try again
-            process.replaces.retiring = False
         return code
 
     def _replace_exited(self, process: HandlerProcess, how: str) -> None:
@@ -675,6 +705,10 @@ class HandlerPool:
                 how,
             )
             self._count_restart("crashed")
+            return
+        retiree = process.replaces
+        if retiree is not None and retiree in self.processes:  # died before it was ready
+            self._replace(process, how, retiree)  # the retiree serves on until the next is
             return
         self._replace(process, how)
 
@@ -705,7 +739,12 @@ class HandlerPool:
         process.sent.clear()
         self._queue.extendleft(reversed(requeue))
 
-    def _replace(self, process: HandlerProcess, how: str) -> None:
+    def _replace(
+        self, process: HandlerProcess, how: str, retiree: HandlerProcess | None = None
+    ) -> None:
+        """Start a replacement for ``process`` (after a back-off when replacements keep dying
+        before they are ready); for a retiring process's replacement that died, a new
+        replacement of that ``retiree``, so that the pool keeps its size."""
         if process.state is ProcessState.STARTING:
             self._deaths_before_ready += 1
         delay = _backoff(self._deaths_before_ready)
@@ -715,9 +754,9 @@ class HandlerPool:
         )
         self._count_restart("crashed")
         if delay:
-            self._spawn_later(delay)
+            self._spawn_later(delay, retiree)
         else:
-            self._ensure_spawn()
+            self._ensure_spawn(retiree)
 
     async def _watch(self) -> None:
         """Judge calls that outlive timeout + grace, memory limits, and exits without pidfd."""

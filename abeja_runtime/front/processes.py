@@ -5,7 +5,8 @@ A process is a fresh interpreter (``python -m abeja_runtime.worker FD FRONT_PID`
 fork: no state of the front is copied into it, and it does not import aiohttp. Its frames go
 out a loop iteration's worth in one write, descriptors with them; what it sends is read as it
 comes and handed to the pool (:class:`FrameSink`), which decides everything else: which calls
-it gets, when it is replaced (``pool.py``).
+it gets, when it is replaced (``pool.py``). Its environment is the pool's, with its own GPU
+(:func:`device_environment`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import array
 import asyncio
 import contextlib
 import enum
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Iterable
 from typing import Final, Protocol
 
 from abeja_runtime.config import Config
@@ -37,15 +40,21 @@ from abeja_runtime.frames import (
 from abeja_runtime.front.pending import PendingCall
 
 __all__ = [
+    "DEVICE_VARIABLE",
     "FrameSink",
     "HandlerProcess",
     "ProcessState",
     "describe_exit",
+    "device_environment",
     "pidfd",
     "resident_memory",
 ]
 
+_log = logging.getLogger("abeja_runtime")
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: The GPUs a process may use, as CUDA reads them (and PyTorch, TensorFlow, ONNX Runtime on it):
+#: once, when it initialises, so it must be in the environment the process starts with.
+DEVICE_VARIABLE: Final = "CUDA_VISIBLE_DEVICES"
 
 
 class ProcessState(enum.Enum):
@@ -86,6 +95,12 @@ class HandlerProcess:
                 env=environment,
             )
         self.pid = self.popen.pid
+        #: Its GPU, from ``--devices`` (None without: it sees what the front sees).
+        self.device = environment.get(DEVICE_VARIABLE) if config.devices else None
+        if self.device is not None:
+            _log.info(
+                "worker %s starts with %s=%s (--devices)", self.pid, DEVICE_VARIABLE, self.device
+            )
         self._pool = pool
         self._sock = ours
         ours.setblocking(False)
@@ -219,6 +234,28 @@ class HandlerProcess:
         for pending in self.sent.values():
             return now - pending.sent_at
         return None
+
+
+def device_environment(
+    environment: dict[str, str], devices: str, processes: Iterable[HandlerProcess]
+) -> dict[str, str]:
+    """The environment of the next handler process: with ``devices`` (``--devices``, ids
+    separated by commas), the one that the fewest of ``processes`` that stay hold, the first
+    on a tie, as its :data:`DEVICE_VARIABLE`.
+
+    Started one after another, processes get the devices round-robin (three on ``0,1``: 0, 1,
+    0); a replacement gets the device of the process it replaces, the one left short, because
+    that process does not stay (it exited, or it is stopping or retiring), so each slot keeps
+    its GPU however often its process is replaced."""
+    if not devices:
+        return environment
+    held = [
+        process.device
+        for process in processes
+        if process.state is not ProcessState.STOPPING and not process.retiring
+    ]
+    device = min(devices.split(","), key=held.count)
+    return {**environment, DEVICE_VARIABLE: device}
 
 
 def _close_all(fds: tuple[int, ...]) -> None:

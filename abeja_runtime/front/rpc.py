@@ -49,6 +49,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
 )
 from abeja_runtime.frames import INLINE_LIMIT, RpcAnswer, RpcCall
+from abeja_runtime.front.accounting import CallEntry
 from abeja_runtime.front.calls import CallService
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.logs import REQUEST_ID_HEADER, request_id_from
@@ -141,14 +142,16 @@ class RpcServer:
         calls = self._calls
         # Ended however the call ends: a call the client cancels (or whose own deadline
         # passes) is counted as 499 then.
-        entry = calls.accounting.open("POST", method, received, request_id)
+        entry = calls.accounting.open(
+            "POST", method, received, request_id, None, dict(metadata), rpc=True
+        )
         size = 0
         try:
             if not calls.admitting:
                 code, message, status = grpc.StatusCode.UNAVAILABLE, "service unavailable", 503
             else:
                 try:
-                    pending, size = await self._pending(method, metadata, request_id, context)
+                    pending, size = await self._pending(method, metadata, entry, context)
                     answer = await calls.call(pending, received)
                 except HttpError as exc:
                     calls.refusal(exc)  # counted as on the HTTP port
@@ -183,7 +186,7 @@ class RpcServer:
         self,
         method: str,
         metadata: tuple[tuple[str, str], ...],
-        request_id: str,
+        entry: CallEntry,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> tuple[PendingCall, int]:
         """The call of the message, read once it has a body's place (its size is not known
@@ -206,8 +209,10 @@ class RpcServer:
         size = len(payload)
         if size <= INLINE_LIMIT:
             calls.gate.leave()
-            call = RpcCall(calls.next_id(), method, payload, metadata, request_id)
-            return PendingCall(call, calls.loop), size
+            call = RpcCall(
+                calls.next_id(), method, payload, metadata, entry.request_id, 0, entry.carrier()
+            )
+            return PendingCall(call, calls.loop, trace=entry.trace), size
         body, mapped = calls.held_body(size)
         # Kept until grpcio is done with the call (its answer sent, or the client gone), not
         # only until the answer comes: grpcio holds the answer twice until then. The buffer
@@ -217,5 +222,7 @@ class RpcServer:
         context.add_done_callback(lambda _: calls.gate.leave())  # type: ignore[arg-type]
         mapped[:size] = payload
         del payload  # the front holds the message once, in the buffer, while the call runs
-        call = RpcCall(calls.next_id(), method, b"", metadata, request_id, size)
-        return PendingCall(call, calls.loop, body.fd, body.close), size
+        call = RpcCall(
+            calls.next_id(), method, b"", metadata, entry.request_id, size, entry.carrier()
+        )
+        return PendingCall(call, calls.loop, body.fd, body.close, entry.trace), size

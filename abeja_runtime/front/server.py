@@ -137,6 +137,7 @@ class HttpServer:
             time.time(),
             request_id_from(headers.get(REQUEST_ID_HEADER)),
             requester_id_from(headers.get(REQUESTER_ID_HEADER)),
+            headers,
         )
         try:
             return await self._serve(request, entry)
@@ -196,8 +197,9 @@ class HttpServer:
             body.data,
             "" if body.file is None else body.file.name,
             body.size,
+            entry.carrier(),
         )
-        return PendingCall(call, self.loop, body.fd, body.close)
+        return PendingCall(call, self.loop, body.fd, body.close, entry.trace)
 
     async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
         """The whole body, counted against the limit: in the frame up to

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any, Final
 
 from abeja_runtime import __version__
@@ -26,6 +26,7 @@ from abeja_runtime.limits import BodyLimits
 from abeja_runtime.logs import user_exc_info
 from abeja_runtime.pixels import is_image_bomb
 from abeja_runtime.styles import LoadedHandler
+from abeja_runtime.tracing import Tracing
 from abeja_runtime.worker.decode import decode_request
 from abeja_runtime.worker.request import Request
 
@@ -52,10 +53,16 @@ class HandlerCalls:
             max_parts=config.max_parts,
         )
         extra_headers = ((RUNTIME_VERSION_HEADER, __version__), *config.platform.response_headers())
-        self._encode = functools.partial(encode_result, extra_headers=extra_headers)
+        self._encode: Callable[[Any], EncodedResponse] = functools.partial(
+            encode_result, extra_headers=extra_headers
+        )
         #: The handler takes a list of requests and returns a list (``--max-batch-size``, or
         #: ``@abeja_runtime.batched``).
         self.batched = config.max_batch_size > 1 or declared_batch(handler.func) is not None
+
+    def trace_encoding(self, tracing: Tracing) -> None:
+        """Each answer encoded in a span of its own (:mod:`abeja_runtime.tracing`)."""
+        self._encode = tracing.encoding(self._encode)
 
     def request(
         self,

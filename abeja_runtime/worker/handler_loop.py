@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from abeja_runtime.frames import (
@@ -43,15 +43,20 @@ class CallRunner(Protocol):
     def front_gone(self) -> None: ...
 
 
-def serve_on_loop(calls: CallRunner, concurrency: int, loop: str) -> None:
+def serve_on_loop(
+    calls: CallRunner, concurrency: int, loop: str, first: Callable[[], Awaitable[None]]
+) -> None:
     """Serve the calls on an event loop (``loop``: ``uvloop`` or ``asyncio``) until the front
-    closes the socket, and the calls started by then are answered."""
+    closes the socket, and the calls started by then are answered. ``first`` runs on that loop
+    before a call is read: the warm-up, which says Ready at its end (``warmup.py``), on the
+    loop the calls run on, so that what the handler binds to its first call's loop (a client
+    session, a lock) serves the calls too."""
     if loop == "uvloop":
         import uvloop
 
-        uvloop.run(_serve(calls, concurrency))
+        uvloop.run(_serve(calls, concurrency, first))
     else:
-        asyncio.run(_serve(calls, concurrency))
+        asyncio.run(_serve(calls, concurrency, first))
 
 
 def run_until_done(awaitable: Awaitable[Any]) -> None:
@@ -63,7 +68,8 @@ def run_until_done(awaitable: Awaitable[Any]) -> None:
     asyncio.run(wait())
 
 
-async def _serve(calls: CallRunner, concurrency: int) -> None:
+async def _serve(calls: CallRunner, concurrency: int, first: Callable[[], Awaitable[None]]) -> None:
+    await first()
     await _LoopCalls(calls, concurrency, asyncio.get_running_loop()).serve()
 
 

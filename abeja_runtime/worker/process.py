@@ -36,6 +36,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,6 +47,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
 from abeja_runtime.errors import CallCancelled, HandlerLoadError
 from abeja_runtime.frames import (
+    EXIT_WARMUP_FAILED,
     INLINE_LIMIT,
     VERSION,
     Answer,
@@ -76,11 +78,13 @@ from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.scheduling import run_as_batch
 from abeja_runtime.styles import LoadedHandler
+from abeja_runtime.tracing import HandlerSpan, Tracing, tracing_from
 from abeja_runtime.worker.calls import HandlerCalls
 from abeja_runtime.worker.cancellation import Cancellations
 from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.request import Request
+from abeja_runtime.worker.warmup import Warmup, WarmupFailed
 
 __all__ = ["main"]
 
@@ -116,11 +120,15 @@ def main() -> None:
     configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     capture_prints()
     limit_image_pixels(config.max_image_pixels)
+    # Before the handler is imported: its own tracer provider is this one.
+    tracing = tracing_from(os.environ, "worker")
     try:
-        code = _serve(config, channel, cancellations, credits)
+        code = _serve(config, channel, cancellations, credits, tracing)
     except Exception:
         _log.exception("the worker failed")
         code = 1
+    if tracing is not None:
+        tracing.shutdown()  # its spans still buffered go out
     logging.shutdown()
     os._exit(code)
 
@@ -177,7 +185,9 @@ def _serve(
     channel: BlockingChannel,
     cancellations: Cancellations,
     credits: StreamCredits,
+    tracing: Tracing | None,
 ) -> int:
+    loading = time.monotonic()
     try:
         handler = load_handler(config.handler, Path.cwd(), config)
     except Exception as exc:
@@ -201,28 +211,37 @@ def _serve(
         )
         return 1
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
-    # A front that stopped while this loaded is gone: the loop below ends at once, and the
-    # handler's teardown still runs.
-    with contextlib.suppress(OSError):
-        channel.write(Ready(VERSION, handler.style, handler.front_paths, rpc_methods, batch))
-    calls = _Calls(config, HandlerCalls(config, handler), channel, cancellations, credits)
-    if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
-        from abeja_runtime.worker.handler_loop import serve_on_loop  # asyncio only when needed
+    ready = Ready(VERSION, handler.style, handler.front_paths, rpc_methods, batch)
+    handler_calls = HandlerCalls(config, handler)
+    calls = _Calls(config, handler_calls, channel, cancellations, credits)
+    if tracing is not None:
+        calls.trace(tracing)
+    # Ready once warm (the warm-up says it), on the thread or the loop that runs the calls.
+    warmup = Warmup(config, handler_calls, channel, ready, time.monotonic() - loading)
+    code = 0
+    try:
+        if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
+            from abeja_runtime.worker.handler_loop import serve_on_loop  # asyncio only then
 
-        serve_on_loop(calls, config.concurrency, config.event_loop)
-    elif config.concurrency == 1:
-        calls.reads_itself = True
-        watch = _SlowCallWatch(calls)
-        while (item := channel.read()) is not None:
-            watch.calls_started += 1
-            watch.in_call = True
-            calls.run(*item)
-            watch.in_call = False
-        watch.stop()
-    else:
-        _serve_on_threads(calls, config.concurrency)
+            serve_on_loop(calls, config.concurrency, config.event_loop, warmup.run_async)
+        elif config.concurrency == 1:
+            warmup.run()
+            calls.reads_itself = True
+            watch = _SlowCallWatch(calls)
+            while (item := channel.read()) is not None:
+                watch.calls_started += 1
+                watch.in_call = True
+                calls.run(*item)
+                watch.in_call = False
+            watch.stop()
+        else:
+            warmup.run()
+            _serve_on_threads(calls, config.concurrency)
+    except WarmupFailed as exc:
+        _log.error("%s", exc)
+        code = EXIT_WARMUP_FAILED
     _stop_handler(handler, config)
-    return 0
+    return code
 
 
 class _SlowCallWatch:
@@ -321,6 +340,13 @@ class _Calls:
         #: says which run together; until then they are held here.
         self.batched = calls.batched
         self._held: dict[int, tuple[Call, int | None]] = {}
+        #: Each traced call's handler span (:mod:`abeja_runtime.tracing`), when tracing is on.
+        self.tracing: Tracing | None = None
+
+    def trace(self, tracing: Tracing) -> None:
+        """Traced calls get their handler span, and their answers an encode span."""
+        self.tracing = tracing
+        self._calls.trace_encoding(tracing)
 
     def hold(self, frame: Call, fd: int | None) -> None:
         """A call of a batch still to come (see :attr:`batched`)."""
@@ -338,11 +364,11 @@ class _Calls:
                 self._run_batch(self._batch_of(frame))
             return
         if isinstance(frame, Call):
-            with _RequestIds(frame.request_id, frame.requester_id):
-                request = self._request(frame, fd)
+            with _RequestIds(frame.request_id, frame.requester_id, self._span(frame)) as span:
+                request = self._request(frame, fd, span)
                 if isinstance(request, EncodedResponse):  # none could be built from the call
                     self.cancellations.finished(frame.id)  # handed to a thread, maybe
-                    self._send(frame.id, request)
+                    self._send(frame.id, request, span)
                     return
                 cancellations = self.cancellations
                 cancellations.started(frame.id)
@@ -352,28 +378,28 @@ class _Calls:
                         reply = self._answer_interruptible(frame.id, request)
                     else:
                         reply = self._calls.answer(request)
-                    self._send(frame.id, reply)
+                    self._send(frame.id, reply, span)
                 finally:
                     cancellations.finished(frame.id)
                     request.close()
         elif isinstance(frame, RpcCall):
-            with _RequestIds(frame.request_id, None):
+            with _RequestIds(frame.request_id, None, self._span(frame)) as span:
                 try:
                     result = self._rpc(frame, fd)
                 finally:
                     self.cancellations.finished(frame.id)  # handed to a thread, maybe
                 assert isinstance(result, tuple), "a sync style answers at once"
-                self._send_rpc(RpcAnswer(frame.id, *result))
+                self._send_rpc(RpcAnswer(frame.id, *result), span)
 
     async def run_async(self, frame: Frame, fd: int | None) -> None:
         """One call (or a batch of them), on this process's event loop."""
         if isinstance(frame, RunBatch):
             await self._run_batch_async(self._batch_of(frame))
         elif isinstance(frame, Call):
-            with _RequestIds(frame.request_id, frame.requester_id):
-                request = self._request(frame, fd)
+            with _RequestIds(frame.request_id, frame.requester_id, self._span(frame)) as span:
+                request = self._request(frame, fd, span)
                 if isinstance(request, EncodedResponse):
-                    self._send(frame.id, request)
+                    self._send(frame.id, request, span)
                     return
                 cancellations = self.cancellations
                 cancellations.started(frame.id)
@@ -384,18 +410,20 @@ class _Calls:
                     else:
                         reply = self._calls.answer(request)
                     if isinstance(reply.body, AsyncIterator):
+                        if span is not None:
+                            span.status(reply.status)
                         await self._send_async(frame.id, reply)
                     else:
-                        self._send(frame.id, reply)
+                        self._send(frame.id, reply, span)
                 finally:
                     cancellations.finished(frame.id)
                     request.close()
         elif isinstance(frame, RpcCall):
-            with _RequestIds(frame.request_id, None):
+            with _RequestIds(frame.request_id, None, self._span(frame)) as span:
                 result = self._rpc(frame, fd)
                 if inspect.isawaitable(result):
                     result = await result
-                self._send_rpc(RpcAnswer(frame.id, *result))
+                self._send_rpc(RpcAnswer(frame.id, *result), span)
 
     def _batch_requests(
         self, items: list[tuple[Call, int | None]]
@@ -421,36 +449,56 @@ class _Calls:
             self.cancellations.finished(call_id)
             request.close()
 
+    def _batch_spans(
+        self, items: list[tuple[Call, int | None]], stack: contextlib.ExitStack
+    ) -> dict[int, HandlerSpan]:
+        """The handler spans of a batch's traced calls, by call id, each begun now and ended
+        with ``stack``: the batch's one handler call is in every call's trace (the last one's
+        span is current while it runs, the parent of the handler's own spans)."""
+        spans = {}
+        for frame, _ in items:
+            span = self._span(frame)
+            if span is not None:
+                spans[frame.id] = stack.enter_context(span)
+        return spans
+
     def _run_batch(self, items: list[tuple[Call, int | None]]) -> None:
         """One call of a batched ``def`` handler for the batch; each call answered alone."""
-        ids, requests = self._batch_requests(items)
-        if not requests:
-            return
-        try:
-            with _RequestIds(_batch_request_id(requests), None):
-                replies = self._calls.answer_batch(requests)
-                for call_id, reply in zip(ids, replies, strict=True):
-                    self._send(call_id, reply)
-        finally:
-            self._batch_over(ids, requests)
+        with contextlib.ExitStack() as stack:
+            spans = self._batch_spans(items, stack)
+            ids, requests = self._batch_requests(items)
+            if not requests:
+                return
+            try:
+                with _RequestIds(_batch_request_id(requests), None):
+                    replies = self._calls.answer_batch(requests)
+                    for call_id, reply in zip(ids, replies, strict=True):
+                        self._send(call_id, reply, spans.get(call_id))
+            finally:
+                self._batch_over(ids, requests)
 
     async def _run_batch_async(self, items: list[tuple[Call, int | None]]) -> None:
         """:meth:`_run_batch` on the event loop (an ``async def`` batched handler)."""
-        ids, requests = self._batch_requests(items)
-        if not requests:
-            return
-        try:
-            with _RequestIds(_batch_request_id(requests), None):
-                # On the loop a batched handler is async: batching is the abeja style's,
-                # which has no async gRPC service to bring a def handler here.
-                replies = await self._calls.answer_batch_async(requests)
-                for call_id, reply in zip(ids, replies, strict=True):
-                    if isinstance(reply.body, AsyncIterator):
-                        await self._send_async(call_id, reply)
-                    else:
-                        self._send(call_id, reply)
-        finally:
-            self._batch_over(ids, requests)
+        with contextlib.ExitStack() as stack:
+            spans = self._batch_spans(items, stack)
+            ids, requests = self._batch_requests(items)
+            if not requests:
+                return
+            try:
+                with _RequestIds(_batch_request_id(requests), None):
+                    # On the loop a batched handler is async: batching is the abeja style's,
+                    # which has no async gRPC service to bring a def handler here.
+                    replies = await self._calls.answer_batch_async(requests)
+                    for call_id, reply in zip(ids, replies, strict=True):
+                        span = spans.get(call_id)
+                        if isinstance(reply.body, AsyncIterator):
+                            if span is not None:
+                                span.status(reply.status)
+                            await self._send_async(call_id, reply)
+                        else:
+                            self._send(call_id, reply, span)
+            finally:
+                self._batch_over(ids, requests)
 
     def _rpc(self, call: RpcCall, fd: int | None) -> Any:
         rpc = self._handler.rpc
@@ -461,8 +509,10 @@ class _Calls:
                 payload = message.read()
         return rpc.call(call.method, payload, call.metadata)
 
-    def _send_rpc(self, answer: RpcAnswer) -> None:
+    def _send_rpc(self, answer: RpcAnswer, span: HandlerSpan | None = None) -> None:
         """The answer's message in the frame, or above the inline limit as a memfd."""
+        if span is not None:
+            span.status(answer.http_status)
         if len(answer.payload) <= INLINE_LIMIT:
             self.channel.write(answer)
             return
@@ -490,8 +540,24 @@ class _Calls:
         else:
             self.channel.write(RpcAnswer(frame.id, 4, b"", "cancelled", 504))
 
-    def _request(self, call: Call, fd: int | None) -> Request | EncodedResponse:
-        """The handler's request, or the error reply when none can be built from the call."""
+    def _span(self, frame: Call | RpcCall) -> HandlerSpan | None:
+        """The handler span of ``frame``'s call, from now, when it is traced."""
+        tracing = self.tracing
+        if tracing is None or not frame.trace:
+            return None
+        return tracing.handler(frame.trace, self._handler.name)
+
+    def _request(
+        self, call: Call, fd: int | None, span: HandlerSpan | None = None
+    ) -> Request | EncodedResponse:
+        """The handler's request, or the error reply when none can be built from the call;
+        in a span of its own when the call is traced."""
+        if span is None:
+            return self._build_request(call, fd)
+        with span.decode():
+            return self._build_request(call, fd)
+
+    def _build_request(self, call: Call, fd: int | None) -> Request | EncodedResponse:
         body: IO[bytes]
         if fd is None:
             body = io.BytesIO(call.body or b"")
@@ -512,8 +578,11 @@ class _Calls:
         except Exception as exc:
             return self._calls.error_reply(exc)
 
-    def _send(self, call_id: int, reply: EncodedResponse) -> None:
-        """The answer, written whole (a streamed body chunk by chunk) before this returns."""
+    def _send(self, call_id: int, reply: EncodedResponse, span: HandlerSpan | None = None) -> None:
+        """The answer, written whole (a streamed body chunk by chunk) before this returns;
+        its status on the call's handler span."""
+        if span is not None:
+            span.status(reply.status)
         body = reply.body
         if isinstance(body, bytes):
             if len(body) <= INLINE_LIMIT:
@@ -651,21 +720,30 @@ def _stream_failed(exc: Exception) -> bool:
 
 
 class _RequestIds:
-    """The call's ids for the handler's log records, while it runs (a class: a generator
-    context manager costs a microsecond more per call)."""
+    """The call's ids for the handler's log records while it runs, and its handler span,
+    current meanwhile, when it is traced (a class: a generator context manager costs a
+    microsecond more per call)."""
 
-    __slots__ = ("_request_id", "_requester_id", "_tokens")
+    __slots__ = ("_request_id", "_requester_id", "_span", "_tokens")
 
-    def __init__(self, request_id: str, requester_id: str | None) -> None:
+    def __init__(
+        self, request_id: str, requester_id: str | None, span: HandlerSpan | None = None
+    ) -> None:
         self._request_id = request_id
         self._requester_id = requester_id
+        self._span = span
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> HandlerSpan | None:
         self._tokens = (
             request_id_var.set(self._request_id),
             requester_id_var.set(self._requester_id),
         )
+        if self._span is not None:
+            self._span.__enter__()
+        return self._span
 
     def __exit__(self, *exc_info: object) -> None:
+        if self._span is not None:
+            self._span.__exit__()
         request_id_var.reset(self._tokens[0])
         requester_id_var.reset(self._tokens[1])

@@ -1,10 +1,12 @@
-"""A real haproxy in front of runtime containers, for the replica tests.
+"""A real haproxy in front of runtime replicas, for the replica and drain tests.
 
 haproxy (Debian's package) runs on the host with one server slot per host port pair; slots with
 nothing behind them are simply DOWN, as an empty endpoint would be. It health-checks each slot's
-``/health_check`` on the health port, and retries a request on another server when a connection
-is refused or a server closes it without an answer, as a Kubernetes ingress or cloud load
-balancer in front of several pods would be configured to.
+``/health_check`` on the health port. Tuned (the replica tests), it checks every 200 ms and
+retries a request on another server when a connection is refused or a server closes it without
+an answer, as a Kubernetes ingress or cloud load balancer in front of several pods would be
+configured to; otherwise it keeps haproxy's own defaults, what a deployment that only turns
+readiness checks on has (the drain tests).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from abeja_runtime.launch import free_port
 
@@ -31,10 +34,28 @@ class Slot:
     health_port: int = field(default_factory=free_port)
 
 
-class Balancer:
-    """haproxy with ``slots`` servers; ``up()`` reads which are UP from its stats socket."""
+#: Retries on another server, for what a refused or dropped connection may cost.
+_TUNED_RETRIES: Final = """    retries 3
+    option redispatch 1
+    option http-buffer-request
+    retry-on conn-failure empty-response response-timeout
+"""
+#: Checks every 200 ms, DOWN at the first failure, UP at the first success.
+_TUNED_CHECKS: Final = """    http-check expect status 200
+    default-server inter 200ms fall 1 rise 1
+"""
 
-    def __init__(self, directory: Path, slots: list[Slot]) -> None:
+
+class Balancer:
+    """haproxy with ``slots`` servers; ``up()`` reads which are UP from its stats socket.
+
+    ``tuned=False``: only what readiness needs (``option httpchk`` and a ``check port`` per
+    server) and timeouts; haproxy's defaults do the rest: a check every 2 s, DOWN after 3
+    failures and UP after 2 successes, a request retried 3 times on the same server only when
+    its connection is refused.
+    """
+
+    def __init__(self, directory: Path, slots: list[Slot], *, tuned: bool = True) -> None:
         self.port = free_port()
         self._socket = directory / "haproxy.sock"
         servers = "\n".join(
@@ -52,11 +73,7 @@ defaults
     timeout client 30s
     timeout server 30s
     timeout check 1s
-    retries 3
-    option redispatch 1
-    option http-buffer-request
-    retry-on conn-failure empty-response response-timeout
-
+{_TUNED_RETRIES if tuned else ""}
 frontend front
     bind 127.0.0.1:{self.port}
     default_backend replicas
@@ -64,9 +81,7 @@ frontend front
 backend replicas
     balance roundrobin
     option httpchk GET /health_check
-    http-check expect status 200
-    default-server inter 200ms fall 1 rise 1
-{servers}
+{_TUNED_CHECKS if tuned else ""}{servers}
 """
         )
         self.process = subprocess.Popen(
@@ -77,10 +92,17 @@ backend replicas
         )
 
     def up(self) -> set[str]:
-        """Names of the servers haproxy considers UP now."""
+        """Names of the servers haproxy considers UP now (none while it starts)."""
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(5)
-            sock.connect(str(self._socket))
+            try:
+                sock.connect(str(self._socket))
+            except (FileNotFoundError, ConnectionRefusedError):
+                if self.process.poll() is None:
+                    return set()  # its stats socket is not open yet
+                assert self.process.stderr is not None
+                error = self.process.stderr.read().decode(errors="replace")
+                raise AssertionError(f"haproxy exited: {error}") from None
             sock.sendall(b"show stat\n")
             data = b""
             while chunk := sock.recv(65536):

@@ -24,11 +24,15 @@ from helpers.cli import (
     HeldIndex,
     Result,
     assert_flipped,
+    cli_env,
     http_request,
     ours,
 )
 
+from abeja_cli.docker_engine import docker_host
 from abeja_runtime.launch import free_port
+
+from .docker_relay import DockerRelay
 
 pytestmark = pytest.mark.docker
 
@@ -241,10 +245,80 @@ def test_gpu_request(
         return
     assert result.returncode == 1, str(result)
     (line,) = result.error_lines()
-    assert line.startswith("[error] Docker cannot give the container a GPU (")
+    assert line.startswith("[error] Docker cannot give the container a GPU (-d x86_gpu) (")
     assert line.endswith(
-        "install the NVIDIA Container Toolkit and restart Docker, or run with -d x86_cpu"
+        "this machine needs an NVIDIA GPU and the NVIDIA Container Toolkit (install it, then "
+        "restart Docker); or run with -d x86_cpu"
     )
+
+
+@pytest.fixture
+def relay(tmp_path: Path, docker_client: Any) -> Iterator[DockerRelay]:
+    """The engine's socket relayed: ``relay.started`` is each container as it was started."""
+    engine = docker_host()
+    if not engine.startswith("unix://"):
+        pytest.skip(f"the relay passes on a unix socket only; Docker is at {engine}")
+    relay = DockerRelay(tmp_path, docker_client, engine.removeprefix("unix://"))
+    yield relay
+    relay.close()
+
+
+@pytest.mark.parametrize(
+    ("command", "gpus", "count", "ids"),
+    [
+        ("run-local", "all", -1, []),
+        ("run-local", "2", 2, []),
+        ("run-local-server", "device=0,1", 0, ["0", "1"]),
+    ],
+)
+def test_gpus_are_asked_of_docker_and_a_machine_without_says_so(
+    abeja: Abeja,
+    base_image: str,
+    docker_client: Any,
+    docker_projects: Projects,
+    relay: DockerRelay,
+    command: str,
+    gpus: str,
+    count: int,
+    ids: list[str],
+) -> None:
+    """``--gpus`` is the device request ``docker run --gpus`` makes; where the engine has no
+    GPU (this machine), the start fails with one sentence and the container is removed."""
+    cwd = docker_projects("tax")
+    result = abeja(
+        "model", command, "-i", base_image, "--engine", "docker", "-h", "main:handler",
+        *(["--input", "request.json"] if command == "run-local" else []), "--gpus", gpus,
+        cwd=cwd, env=cli_env(DOCKER_HOST=relay.host),
+    )  # fmt: skip
+    (container,) = relay.started
+    (request,) = container["HostConfig"]["DeviceRequests"]
+    assert request["Count"] == count
+    assert (request["DeviceIDs"] or []) == ids
+    assert request["Capabilities"] == [["gpu"]]
+    assert "ABEJA_RUNTIME_DRAIN_DELAY=0" in container["Config"]["Env"]  # nothing balances here
+    assert ours(docker_client, cwd) == [], "the container was left behind"
+    if "nvidia" in (docker_client.info().get("Runtimes") or {}):
+        return  # an engine that has GPUs ran it
+    assert result.returncode == 1, str(result)
+    assert result.error_lines() == [
+        f"[error] Docker cannot give the container the GPUs of --gpus {gpus} (could not select "
+        'device driver "" with capabilities: [[gpu]]): this machine needs an NVIDIA GPU and the '
+        "NVIDIA Container Toolkit (install it, then restart Docker); or run without --gpus"
+    ], str(result)
+
+
+def test_a_local_run_has_no_drain_delay_unless_given(
+    run: Callable[..., Result], docker_projects: Projects
+) -> None:
+    """Nothing balances in front of the container: its stop need not wait (issue 31)."""
+    cwd = docker_projects("responder")
+    (cwd / "names.json").write_text('["ABEJA_RUNTIME_DRAIN_DELAY"]')
+    seen = []
+    for given in ([], ["-e", "ABEJA_RUNTIME_DRAIN_DELAY=2.5"]):
+        result = run(cwd, "-h", "main:variables", "-q", "--input", "names.json", *given)
+        assert result.returncode == 0, str(result)
+        seen.append(json.loads(result.stdout)["ABEJA_RUNTIME_DRAIN_DELAY"])
+    assert seen == ["0", "2.5"]
 
 
 def test_a_pipfile_is_installed_in_the_image(

@@ -363,6 +363,91 @@ def test_the_shell_environment_stays_out_unless_inherited(
     assert ("AWS_SECRET_ACCESS_KEY" in seen) is inherit
 
 
+def variables(result: Result) -> dict[str, str | None]:
+    assert result.returncode == 0, str(result)
+    return json.loads(result.stdout)
+
+
+DRAIN_DELAY = "ABEJA_RUNTIME_DRAIN_DELAY"
+
+
+#: How a user gives the drain delay (nothing: the CLI's 0), and what the runtime gets.
+DRAIN_DELAYS: dict[str, tuple[dict[str, Any], str]] = {
+    "default": ({}, "0"),
+    "-e": ({"args": ["-e", f"{DRAIN_DELAY}=3"]}, "3"),
+    "env-file": ({"env_file": f"{DRAIN_DELAY}=4\n", "args": ["--env-file", "model.env"]}, "4"),
+    "dotenv": ({"dotenv": f"{DRAIN_DELAY}=5\n"}, "5"),  # the runtime reads the project's .env
+    "inherited": ({"shell": "6", "args": ["--inherit-env"]}, "6"),
+    "not-inherited": ({"shell": "6"}, "0"),  # the shell's variables stay out by default
+}
+
+
+def test_a_local_run_has_no_drain_delay_unless_given(abeja: Abeja, project: Project) -> None:
+    """Nothing balances in front of a local run, so its stop need not wait (issue 31)."""
+
+    def run(given: dict[str, Any]) -> str | None:
+        cwd = project("responder")
+        (cwd / "names.json").write_text(json.dumps([DRAIN_DELAY]))
+        if "env_file" in given:
+            (cwd / "model.env").write_text(given["env_file"])
+        if "dotenv" in given:
+            (cwd / ".env").write_text(given["dotenv"])
+        env = cli_env(**({DRAIN_DELAY: given["shell"]} if "shell" in given else {}))
+        result = run_local(abeja, cwd, "-h", "main:variables", "-q", "--input", "names.json",
+                           *given.get("args", []), env=env)  # fmt: skip
+        return variables(result)[DRAIN_DELAY]
+
+    with ThreadPoolExecutor(3) as pool:
+        seen = pool.map(run, (given for given, _ in DRAIN_DELAYS.values()))
+        assert dict(zip(DRAIN_DELAYS, seen, strict=True)) == {
+            case: expected for case, (_, expected) in DRAIN_DELAYS.items()
+        }
+
+
+@pytest.mark.parametrize(
+    ("args", "expected", "said"),
+    [
+        (
+            ["--gpus", "2"],
+            "0,1",
+            "--gpus 2: the model is shown GPUs 0,1, through CUDA_VISIBLE_DEVICES=0,1",
+        ),
+        (["--gpus", "device=3,GPU-5e1f"], "3,GPU-5e1f", "the model is shown GPUs 3,GPU-5e1f"),
+        (["--gpus", '"device=1"'], "1", "the model is shown GPUs 1,"),  # Docker's quotes
+        (["--gpus", "count=3"], "0,1,2", "the model is shown GPUs 0,1,2,"),
+        (["--gpus", "all"], None, "--gpus all: the model sees every GPU of this machine"),
+    ],
+    ids=["count", "devices", "quoted", "count=", "all"],
+)
+def test_gpus_with_the_local_engine_are_what_a_container_would_see(
+    abeja: Abeja, project: Project, args: list[str], expected: str | None, said: str
+) -> None:
+    """The local engine's model sees the machine's GPUs: --gpus shows it those Docker would
+    give the container (a count: the first N), through CUDA_VISIBLE_DEVICES."""
+    cwd = project("responder")
+    (cwd / "names.json").write_text('["CUDA_VISIBLE_DEVICES"]')
+    env = {name: value for name, value in cli_env().items() if name != "CUDA_VISIBLE_DEVICES"}
+    result = run_local(abeja, cwd, "-h", "main:variables", "--input", "names.json", *args, env=env)
+    assert variables(result) == {"CUDA_VISIBLE_DEVICES": expected}
+    assert said in result.stderr, result
+
+
+def test_gpus_and_cuda_visible_devices_together_are_refused_by_the_local_engine(
+    abeja: Abeja, project: Project
+) -> None:
+    """In a container the variable would pick among the GPUs of --gpus, numbered from 0; on
+    this machine it would name others: one of them must go."""
+    result = run_local(
+        abeja, project("responder"), "-h", "main:variables", "--input", "request.json",
+        "--gpus", "device=2,3", "-e", "CUDA_VISIBLE_DEVICES=1",
+    )  # fmt: skip
+    assert result.returncode == 2, str(result)
+    assert result.error_lines() == [
+        "[error] --gpus device=2,3 and CUDA_VISIBLE_DEVICES=1 (-e or --env-file) both choose the "
+        "model's GPUs; with the local engine give one of them"
+    ], str(result)
+
+
 def test_runtime_limits_as_options(abeja: Abeja, project: Project) -> None:
     seen = run_local(abeja, project("responder"), "-h", "main:environ", "-q",
                      "--input", "request.json", "--timeout", "5",

@@ -6,11 +6,14 @@
   from) walked strictly, and the predictor's containers as a Kubernetes PodSpec.
 * Knative: ``schemas/knative-service.json`` (written from the Service CRD, source named in it)
   for Knative's fields, and the pod template as a Kubernetes PodSpec.
+* KEDA: ``schemas/keda-scaledobject.json`` (written from the ScaledObject CRD and the prometheus
+  scaler's metadata, sources named in it).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.cli import Result, run_abeja
+from helpers.servers import ServerFactory
 
 K8S_VERSION = "1.30"
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -160,6 +164,33 @@ def test_knative_service_is_valid(tmp_path: Path) -> None:
     )
 
 
+def validate_keda(document: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.validate(document, json.loads((SCHEMAS / "keda-scaledobject.json").read_text()))
+
+
+def validate(document: dict[str, Any]) -> None:
+    """``document`` against what checks its kind; a Knative or KServe document's containers
+    also as those of a Kubernetes Pod."""
+    import jsonschema
+
+    if document["kind"] == "ScaledObject":
+        validate_keda(document)
+        return
+    if document["apiVersion"] == "serving.knative.dev/v1":
+        jsonschema.validate(document, json.loads((SCHEMAS / "knative-service.json").read_text()))
+    elif document["kind"] == "InferenceService":
+        schema = json.loads((SCHEMAS / "kserve-inferenceservice.json").read_text())
+        jsonschema.validate(document, schema)
+        validate_sdk_model(document, "V1beta1InferenceService")
+    else:
+        validate_kubernetes(document)
+        return
+    pod = {"containers": _containers(document), "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    validate_kubernetes({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod})
+
+
 def test_kserve_inference_service_is_valid(tmp_path: Path) -> None:
     result, documents = manifests("--image", "my_model:1", "--target", "kserve", cwd=tmp_path)
     assert result.returncode == 0, str(result)
@@ -194,6 +225,142 @@ def test_the_validators_can_fail(tmp_path: Path) -> None:
     schema = json.loads((SCHEMAS / "kserve-inferenceservice.json").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(inference, schema)
+    _, (_, _, scaled, _) = manifests(
+        "--image", "m:1", "--target", "kubernetes", "--autoscaler", "keda", cwd=tmp_path
+    )
+    for key, bad in (("threshold", "lots"), ("serverAdress", "http://typo"), ("query", 1)):
+        wrong = json.loads(json.dumps(scaled))
+        wrong["spec"]["triggers"][0]["metadata"][key] = bad
+        with pytest.raises(jsonschema.ValidationError):
+            validate_keda(wrong)
+
+
+# -- GPUs, autoscaling, stopping (issue 31) ----------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["kubernetes", "knative", "kserve"])
+@pytest.mark.parametrize(
+    ("args", "devices"),
+    [
+        (["--workers", "3"], "0,1"),  # the workers share the pod's two GPUs, one each
+        (["--workers", "1"], None),  # one worker sees both
+        (["--workers", "3", "-e", "ABEJA_RUNTIME_DEVICES=1"], "1"),  # the user's wins
+    ],
+    ids=["workers", "one-worker", "-e"],
+)
+def test_gpus_are_a_resource_that_the_workers_share(
+    tmp_path: Path, target: str, args: list[str], devices: str | None
+) -> None:
+    result, documents = manifests(
+        "--image", "m:1", "--target", target, "--gpus", "2", *args, cwd=tmp_path
+    )
+    assert result.returncode == 0, str(result)
+    validate(documents[0])
+    (container,) = _containers(documents[0])
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"  # equal, as required
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env.get("ABEJA_RUNTIME_DEVICES") == devices
+
+
+@pytest.mark.parametrize("target", ["kubernetes", "knative", "kserve"])
+def test_no_gpus_unless_asked(tmp_path: Path, target: str) -> None:
+    result, documents = manifests("--image", "m:1", "--target", target, "--gpus", "0",
+                                  "--workers", "2", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, str(result)
+    (container,) = _containers(documents[0])
+    assert "nvidia.com/gpu" not in json.dumps(container)
+    assert "ABEJA_RUNTIME_DEVICES" not in json.dumps(container)
+
+
+@pytest.mark.parametrize(
+    ("workers", "concurrency", "target"),
+    [(1, 1, 1), (2, 1, 1), (2, 2, 3), (4, 3, 8), (10, 1, 7)],
+)
+def test_the_knative_target_is_about_70_percent_of_what_a_pod_takes(
+    tmp_path: Path, workers: int, concurrency: int, target: int
+) -> None:
+    result, (service,) = manifests(
+        "--image", "m:1", "--target", "knative", "--workers", str(workers),
+        "--concurrency", str(concurrency), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    validate(service)
+    template = service["spec"]["template"]
+    assert template["spec"]["containerConcurrency"] == workers * concurrency  # the hard limit
+    annotations = template["metadata"]["annotations"]
+    assert annotations["autoscaling.knative.dev/target"] == str(target)
+    # Knative takes its utilisation share of the target (70 % by default): not twice.
+    assert annotations["autoscaling.knative.dev/target-utilization-percentage"] == "100"
+
+
+@pytest.mark.parametrize(
+    ("args", "server"),
+    [
+        ([], "http://prometheus-server.monitoring.svc"),
+        (["--prometheus", "https://prom.example.com:9090"], "https://prom.example.com:9090"),
+    ],
+)
+def test_keda_scales_on_the_queued_requests_instead_of_the_hpa(
+    tmp_path: Path, args: list[str], server: str
+) -> None:
+    result, documents = manifests(
+        "--image", "reg/my_model:1", "--target", "kubernetes", "--autoscaler", "keda",
+        "--workers", "2", "--concurrency", "2", "--replicas", "3", "--max-replicas", "8", *args,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    kinds = [document["kind"] for document in documents]
+    assert kinds == ["Deployment", "Service", "ScaledObject", "PodDisruptionBudget"]
+    for document in documents:
+        validate(document)
+    spec = documents[2]["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                      "name": "my-model"}  # fmt: skip
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (3, 8)
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"] == {
+        "serverAddress": server,
+        # Summed over the Deployment's pods, by their label as Prometheus's pod scraping maps it.
+        "query": 'sum(abeja_runtime_queued_requests{app_kubernetes_io_name="my-model"})',
+        "threshold": "4",  # a call waiting per handler slot of a pod (2 workers x 2)
+    }
+    labels = documents[0]["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "my-model"
+
+
+def test_keda_queries_a_metric_the_runtime_exports(
+    tmp_path: Path, make_server: ServerFactory
+) -> None:
+    _, documents = manifests("--image", "m:1", "--target", "kubernetes", "--autoscaler", "keda",
+                             cwd=tmp_path)  # fmt: skip
+    query = documents[2]["spec"]["triggers"][0]["metadata"]["query"]
+    metric = query.removeprefix("sum(").split("{", 1)[0]
+    server = make_server("sv_pid")
+    scrape = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+    assert f"# TYPE {metric} gauge" in scrape.splitlines(), scrape
+
+
+@pytest.mark.parametrize(
+    ("args", "drain", "grace"),
+    [([], "8", 8 + 30 + 5 + 5), (["--drain-delay", "12.5", "--grace-period", "20"], "12.5", 43)],
+)
+def test_a_stopping_pod_drains_in_the_runtime_without_a_pre_stop_pause(
+    tmp_path: Path, args: list[str], drain: str, grace: int
+) -> None:
+    """The runtime's drain delay (readiness 503 while it still answers) does what a preStop
+    sleep did; the kubelet waits for the delay, the grace period and the kill of stragglers."""
+    result, documents = manifests("--image", "m:1", "--target", "kubernetes", *args, cwd=tmp_path)
+    assert result.returncode == 0, str(result)
+    validate(documents[0])
+    pod = documents[0]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "lifecycle" not in container
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["ABEJA_RUNTIME_DRAIN_DELAY"] == drain
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert grace >= math.ceil(float(drain)) + int(env["ABEJA_RUNTIME_GRACE_PERIOD"]) + 5
 
 
 @pytest.mark.parametrize(
@@ -204,6 +371,34 @@ def test_the_validators_can_fail(tmp_path: Path) -> None:
         (["--image", "m:1", "--target", "kserve", "-e", "X"], "-e 'X' has no value"),
         (["--image", "m:1", "--target", "kserve", "--name", "9x"], "is not a Kubernetes name"),
         (["--image", "m:1", "--target", "kserve", "--env-file", "nope.env"], "does not exist"),
+        (
+            ["--image", "m:1", "--target", "knative", "--autoscaler", "keda"],
+            "--autoscaler keda is for --target kubernetes; knative scales on the requests in "
+            "flight itself (containerConcurrency and the Knative target)",
+        ),
+        (
+            ["--image", "m:1", "--target", "kubernetes", "--autoscaler", "vpa"],
+            "--autoscaler 'vpa' is not one of hpa, keda",
+        ),
+        (
+            ["--image", "m:1", "--target", "kubernetes", "--prometheus", "http://p:9090"],
+            "--prometheus names the server KEDA asks for the queued requests; add --autoscaler "
+            "keda, or leave it out",
+        ),
+        (
+            [
+                "--image",
+                "m:1",
+                "--target",
+                "kubernetes",
+                "--autoscaler",
+                "keda",
+                "--prometheus",
+                "prometheus:9090",
+            ],
+            "--prometheus 'prometheus:9090' is not a URL; write it like "
+            "http://prometheus-server.monitoring.svc",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(

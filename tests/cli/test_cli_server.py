@@ -179,3 +179,17 @@ def test_the_banners_curl_command_works_as_shown(
     else:
         assert ran.stdout == b""
         assert (cwd / "answer.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
+
+
+def test_the_server_has_no_drain_delay_unless_given(
+    start_abeja: Start, project: Callable[[str], Path]
+) -> None:
+    """Nothing balances in front of it: a stop (Ctrl+C, --reload) need not wait (issue 31)."""
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:variables",
+        cwd=project("responder"),
+    )  # fmt: skip
+    status, body = http_request(cli.endpoint(), b'["ABEJA_RUNTIME_DRAIN_DELAY"]')
+    assert (status, json.loads(body)) == (200, {"ABEJA_RUNTIME_DRAIN_DELAY": "0"})
+    cli.send(signal.SIGINT)
+    assert cli.wait(60) == 0, cli.output()

@@ -118,6 +118,21 @@ def test_click_usage_errors_exit_2(abeja: Callable[..., Result], tmp_path: Path)
     assert "'tpu' is not one of 'x86_cpu', 'x86_gpu', 'jetson_tx2', 'raspberry3'" in device.stderr
 
 
+@pytest.mark.parametrize("command", ["run-local", "run-local-server"])
+@pytest.mark.parametrize("gpus", ["0", "two", "device=", "device=0;1", "count=0", "driver=x"])
+def test_a_bad_gpu_request_is_a_usage_error(
+    abeja: Callable[..., Result], project: Callable[[str], Path], command: str, gpus: str
+) -> None:
+    cwd = project("responder")
+    result = abeja("model", command, "-h", "main:echo", "--gpus", gpus, cwd=cwd)
+    assert result.returncode == 2, str(result)
+    assert (
+        f"Invalid value for '--gpus': {gpus!r} is not a GPU request; write all, a count (2: the "
+        "first two), or device=0,1, as docker run --gpus takes them"
+    ) in result.stderr, str(result)
+    _assert_nothing_made(cwd)
+
+
 @pytest.mark.parametrize(
     "command",
     [(), ("model",), ("model", "clean"), ("model", "init"), ("model", "manifests")],

@@ -61,13 +61,15 @@ def test_a_call_past_its_deadline_gets_504_and_is_cancelled_in_its_process(
     run(scenario)
 
 
-def test_admission_stops_at_the_drain_and_readiness_with_it(tmp_path: Path) -> None:
+def test_readiness_stops_at_the_drain_and_admission_goes_on(tmp_path: Path) -> None:
+    """Balancers send until they see readiness fail: what reaches the front is still served."""
+
     async def scenario() -> None:
         fake, calls, _ = service(tmp_path)
         fake.made[0].ready()
         assert calls.admitting and calls.ready
         calls.draining = True
-        assert not calls.admitting and not calls.ready
+        assert calls.admitting and not calls.ready
 
     run(scenario)
 

@@ -1,5 +1,6 @@
 """Handlers for the CLI tests; each is chosen with ``-h main:<name>``."""
 
+import json
 import os
 import sys
 
@@ -51,6 +52,14 @@ def describe(request, context):
             "python": sys.version_info[:2],
             "uid": os.getuid(),
         },
+    }
+
+
+def variables(request, context):
+    """The values of the variables the request's JSON list names (None: unset)."""
+    return {
+        "content_type": "application/json",
+        "content": {name: os.environ.get(name) for name in json.load(request)},
     }
 
 

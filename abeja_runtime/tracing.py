@@ -1,0 +1,296 @@
+"""OpenTelemetry traces of the runtime's calls (``pip install 'abeja-runtime[otel]'``).
+
+Configured by OpenTelemetry's own variables, as every instrumented service is: tracing is on
+when an exporter is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or ``OTEL_TRACES_EXPORTER`` naming ``otlp`` or
+``console``), over OTLP/HTTP (protobuf, the default) or OTLP/gRPC
+(``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``), sampled as ``OTEL_TRACES_SAMPLER`` says (by default
+the caller's decision: a ``traceparent`` whose sampled flag is 0 records nothing). Off
+otherwise, or with ``OTEL_SDK_DISABLED=true``; a configuration that cannot work (an unknown
+sampler or protocol, the packages missing) is one warning and off, never a failed start.
+
+Each process has its own provider and exports its own spans: the front a **server span** per
+call (its parent the caller's ``traceparent``; a 5xx or 504 marks it an error) and its
+**queue wait** (from the call's arrival in the queue to its handler call: the wait no Python
+peer shows); each handler process a **handler span**, child of the server span, whose context
+is passed in the call frame (:attr:`~abeja_runtime.frames.Call.trace`), with a **decode**
+span for the request where one is built and an **encode** span for the answer. The handler
+span is the current span while the handler runs, so that a handler's own spans are its
+children, and its ids are in the handler's log records (as the server span's are in the
+access record). ``/health_check``, ``/livez`` and ``/metrics`` have no spans: the front
+answers them before a call begins.
+
+Nothing of OpenTelemetry is imported while tracing is off: the hot path pays one ``is None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextvars import Token
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from abeja_runtime.logs import trace_ids_var
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+
+__all__ = ["CallTrace", "HandlerSpan", "Tracing", "tracing_from"]
+
+_log = logging.getLogger("abeja_runtime")
+
+#: The pairs a span's context travels in: W3C ``traceparent`` and ``tracestate`` (and
+#: whatever else ``OTEL_PROPAGATORS`` adds, such as ``baggage``).
+Carrier = tuple[tuple[str, str], ...]
+
+_Encoded = TypeVar("_Encoded")
+_EXPORTERS: Final = ("otlp", "console")
+_PROTOCOLS: Final = ("http/protobuf", "grpc")
+_SAMPLERS: Final = (
+    "always_on", "always_off", "parentbased_always_on", "parentbased_always_off",
+    "traceidratio", "parentbased_traceidratio",
+)  # fmt: skip
+_INSTALL: Final = "pip install 'abeja-runtime[otel]'"
+
+
+def _configuration_problem(environ: Mapping[str, str]) -> str | None:
+    """What makes the ``OTEL_*`` configuration unusable, in a sentence; ``None`` when it can
+    work."""
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter not in _EXPORTERS:
+        return (
+            f"OTEL_TRACES_EXPORTER={exporter!r} is not an exporter the runtime has; use otlp "
+            "or console (or none for no traces)"
+        )
+    protocol = environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    ).strip()
+    if exporter == "otlp" and protocol and protocol not in _PROTOCOLS:
+        return (
+            f"the OTLP protocol {protocol!r} is not one the runtime exports with; set "
+            "OTEL_EXPORTER_OTLP_PROTOCOL to http/protobuf or grpc"
+        )
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if sampler not in _SAMPLERS:
+        known = ", ".join(_SAMPLERS)
+        return f"OTEL_TRACES_SAMPLER={sampler!r} is not a sampler; use one of {known}"
+    if sampler.endswith("traceidratio"):
+        argument = environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+        try:
+            ratio = float(argument)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            return f"OTEL_TRACES_SAMPLER_ARG={argument!r} must be a ratio from 0 to 1"
+    return None
+
+
+def _wanted(environ: Mapping[str, str]) -> bool:
+    """Whether traces are asked for: an exporter or an endpoint is configured."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    return bool(exporter) or any(environ.get(name, "").strip() for name in endpoints)
+
+
+def tracing_from(environ: Mapping[str, str], process: str) -> Tracing | None:
+    """This process's tracing as ``environ`` configures it, or ``None`` (off). ``process``
+    names it in the spans' resource (``front``, ``worker``). A configuration that cannot work
+    is logged once (by the front) and leaves tracing off."""
+    if not _wanted(environ):
+        return None
+    problem = _configuration_problem(environ)
+    if problem is None:
+        try:
+            return Tracing(environ, process)
+        except ImportError:
+            problem = f"the OpenTelemetry packages are not installed ({_INSTALL})"
+        except Exception as exc:  # an exporter that rejects its settings (a bad endpoint)
+            problem = f"OpenTelemetry could not be set up: {exc}"
+    if process == "front":
+        _log.warning("tracing is off: %s", problem)
+    return None
+
+
+def _exporter(environ: Mapping[str, str]) -> Any:
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    protocol = environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    ).strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter()
+
+
+class Tracing:
+    """One process's tracer provider, exporter and propagator (see the module)."""
+
+    def __init__(self, environ: Mapping[str, str], process: str) -> None:
+        from opentelemetry import context, propagate, trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        named = "OTEL_SERVICE_NAME" in environ or "service.name=" in environ.get(
+            "OTEL_RESOURCE_ATTRIBUTES", ""
+        )
+        attributes = {} if named else {"service.name": "abeja-runtime"}
+        attributes["abeja_runtime.process"] = process
+        self._provider: TracerProvider = TracerProvider(resource=Resource.create(attributes))
+        self._provider.add_span_processor(BatchSpanProcessor(_exporter(environ)))
+        if process == "worker":  # the handler's own spans go where the runtime's go
+            trace.set_tracer_provider(self._provider)
+        self.tracer: Tracer = self._provider.get_tracer("abeja_runtime")
+        self._propagator = propagate.get_global_textmap()
+        self._trace = trace
+        self._context = context
+        self._server = trace.SpanKind.SERVER
+        self._error = trace.StatusCode.ERROR
+
+    # -- the front --------------------------------------------------------------------------
+
+    def call(self, carrier: Any, received: float, attributes: dict[str, Any]) -> CallTrace:
+        """A call's server span, from ``received`` (seconds since the epoch), its parent the
+        caller's context in ``carrier`` (request headers, gRPC metadata as a mapping); its
+        name is ``attributes``' ``name``."""
+        name = attributes.pop("name")
+        parent = self._propagator.extract(carrier) if carrier else None
+        span = self.tracer.start_span(
+            name,
+            context=parent,
+            kind=self._server,
+            attributes=attributes,
+            start_time=int(received * 1e9),
+        )
+        return CallTrace(self, span)
+
+    # -- a handler process ------------------------------------------------------------------
+
+    def handler(self, carrier: Carrier, name: str) -> HandlerSpan | None:
+        """The handler span of a call whose server span's context is ``carrier``, from now
+        (``None`` for a call the front did not trace)."""
+        if not carrier:
+            return None
+        parent = self._propagator.extract(dict(carrier))
+        attributes: dict[str, Any] = {"code.function": name, "process.pid": os.getpid()}
+        return HandlerSpan(self, self.tracer.start_span("handler", parent, attributes=attributes))
+
+    def encoding(self, encode: Callable[[Any], _Encoded]) -> Callable[[Any], _Encoded]:
+        """``encode`` (a handler's result → its answer) in an ``encode response`` span, a
+        child of the call's handler span (current while it runs)."""
+        tracer = self.tracer
+
+        def traced(result: Any) -> _Encoded:
+            with tracer.start_as_current_span("encode response"):
+                return encode(result)
+
+        return traced
+
+    def shutdown(self) -> None:
+        """Export what is still buffered (at the process's end)."""
+        self._provider.shutdown()
+
+
+class CallTrace:
+    """One call's spans in the front: its server span, and its queue wait as a child."""
+
+    __slots__ = ("_span", "_tracing", "ids")
+
+    def __init__(self, tracing: Tracing, span: Span) -> None:
+        self._tracing = tracing
+        self._span = span
+        context = span.get_span_context()
+        #: The trace and span ids, as the access record shows them (hex).
+        self.ids = (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+
+    def carrier(self) -> Carrier:
+        """The server span's context as the handler process gets it (in the call frame)."""
+        tracing = self._tracing
+        found: dict[str, str] = {}
+        tracing._propagator.inject(found, tracing._trace.set_span_in_context(self._span))
+        return tuple(found.items())
+
+    def queue_wait(self, seconds: float) -> None:
+        """The call left the queue for its handler call after ``seconds`` there."""
+        span = self._span
+        if not span.is_recording():
+            return
+        now = time.time_ns()
+        child = self._tracing.tracer.start_span(
+            "queue wait",
+            context=self._tracing._trace.set_span_in_context(span),
+            start_time=now - int(seconds * 1e9),
+        )
+        child.end(end_time=now)
+
+    def status(self, status: int) -> None:
+        """The answer's status (a gRPC call's as the access log counts it); a 5xx (504 too)
+        marks the span as an error."""
+        span = self._span
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(self._tracing._error, f"answered {status}")
+
+    def end(self) -> None:
+        self._span.end()
+
+
+class HandlerSpan:
+    """A call's handler span in its handler process: current while the handler runs (its own
+    spans are children), its ids in the handler's log records."""
+
+    __slots__ = ("_ids_token", "_span", "_token", "_tracing")
+
+    def __init__(self, tracing: Tracing, span: Span) -> None:
+        self._tracing = tracing
+        self._span = span
+        self._token: Token[Context] | None = None
+        self._ids_token: Token[tuple[str, str] | None] | None = None
+
+    def __enter__(self) -> HandlerSpan:
+        tracing = self._tracing
+        self._token = tracing._context.attach(tracing._trace.set_span_in_context(self._span))
+        context = self._span.get_span_context()
+        if context.trace_flags.sampled:
+            self._ids_token = trace_ids_var.set(
+                (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+            )
+        return self
+
+    def decode(self) -> Span:
+        """A child span for building the request (its body read, its parts spooled)."""
+        return self._tracing.tracer.start_span("decode request")
+
+    def status(self, status: int) -> None:
+        self._span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            self._span.set_status(self._tracing._error, f"answered {status}")
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._ids_token is not None:
+            trace_ids_var.reset(self._ids_token)
+        if self._token is not None:
+            self._tracing._context.detach(self._token)
+        self._span.end()
+
+
+def from_environment(process: str) -> Tracing | None:
+    """:func:`tracing_from` this process's environment."""
+    return tracing_from(os.environ, process)

@@ -1,0 +1,36 @@
+"""Makes a span of its own (``user work``) and logs inside it, then answers with the ids of
+the span current while it ran; ``?fail=1`` raises (a 500), ``?sleep=S`` sleeps first."""
+
+import logging
+import time
+
+from opentelemetry import trace
+
+tracer = trace.get_tracer("tests.traced")
+log = logging.getLogger("traced")
+
+
+def handler(request, context):
+    query = request.query
+    if "sleep" in query:
+        time.sleep(float(query["sleep"]))
+    current = trace.get_current_span().get_span_context()
+    with tracer.start_as_current_span("user work"):
+        log.warning("inside the handler")
+    if query.get("fail"):
+        raise RuntimeError("failed on purpose")
+    return {
+        "content_type": "application/json",
+        "content": {
+            "trace_id": f"{current.trace_id:032x}",
+            "span_id": f"{current.span_id:016x}",
+        },
+    }
+
+
+async def async_handler(request, context):
+    return handler(request, context)
+
+
+def batched(requests, context):
+    return [handler(request, context) for request in requests]

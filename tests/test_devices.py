@@ -1,0 +1,124 @@
+"""``--devices``: each worker gets one GPU as its ``CUDA_VISIBLE_DEVICES``, before it imports
+the handler, round-robin over the slots; a worker's replacement gets the same one (issue 31).
+
+No GPU is needed: the ``dv_devices`` handler answers the variable as it was when the worker
+imported it, and its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from helpers.servers import RunningServer, ServerFactory
+from helpers.workers import wait_for_ready_workers
+
+from abeja_runtime.front.processes import ProcessState, device_environment
+
+
+def meet(server: RunningServer, round_name: str, workers: int) -> dict[int, str]:
+    """Every worker's device, by pid: ``workers`` calls at once, each waiting in its worker
+    until all have arrived, so each is answered by another worker."""
+    path = f"/?meet={round_name}&n={workers}"
+    with ThreadPoolExecutor(workers) as pool:
+        answers = list(pool.map(lambda _: server.request("GET", path), range(workers)))
+    assert [answer.status for answer in answers] == [200] * workers, answers[0].body
+    devices = {answer.json()["pid"]: answer.json()["device"] for answer in answers}
+    assert len(devices) == workers, devices
+    return devices
+
+
+def start_log(server: RunningServer) -> dict[int, str]:
+    """The device each worker started with, as the runtime logged it."""
+    prefix = "worker "
+    found = {}
+    for record in server.records():
+        message = record.get("message", "")
+        if message.startswith(prefix) and " starts with CUDA_VISIBLE_DEVICES=" in message:
+            pid, _, rest = message.removeprefix(prefix).partition(" starts with ")
+            found[int(pid)] = rest.removeprefix("CUDA_VISIBLE_DEVICES=").split(" ")[0]
+    return found
+
+
+def test_three_workers_on_two_devices_and_a_replacement_keeps_its_device(
+    start: ServerFactory, tmp_path: Path
+) -> None:
+    server = start(
+        "dv_devices", "--workers", "3", "--devices", "0,1", env={"MEET_DIR": str(tmp_path)}
+    )
+    pids = wait_for_ready_workers(server, 3)
+    devices = meet(server, "first", 3)
+    assert sorted(devices) == sorted(pids)
+    assert start_log(server) == devices
+    assert Counter(devices.values()) == {"0": 2, "1": 1}  # 0, 1, 0 by slot
+
+    started = len(pids)
+    for device in ("0", "1"):  # a worker of each device dies; its replacement takes its device
+        victim = next(pid for pid, held in devices.items() if held == device)
+        os.kill(victim, signal.SIGKILL)
+        started += 1
+        replacement = wait_for_ready_workers(server, started)[-1]
+        devices = meet(server, f"after-{victim}", 3)
+        assert victim not in devices
+        assert devices[replacement] == device, devices
+        assert Counter(devices.values()) == {"0": 2, "1": 1}
+
+
+def test_a_retired_worker_hands_its_device_to_its_replacement(
+    start: ServerFactory, tmp_path: Path
+) -> None:
+    """With --max-requests 1 every worker retires after one answer: its replacement starts
+    while it still serves, and takes its device, not the one the others hold fewest of."""
+    server = start(
+        "dv_devices", "--workers", "3", "--devices", "0,1", "--max-requests", "1",
+        env={"MEET_DIR": str(tmp_path)},
+    )  # fmt: skip
+    first = meet(server, "first", 3)
+    wait_for_ready_workers(server, 6)  # the three replacements are ready: the first ones stop
+    logged = start_log(server)
+    replacements = {pid: device for pid, device in logged.items() if pid not in first}
+    assert Counter(replacements.values()) == {"0": 2, "1": 1}, logged
+    assert meet(server, "second", 3) == replacements
+
+
+@pytest.mark.parametrize(
+    ("devices", "held", "expected"),
+    [
+        ("", [], None),  # no --devices: the worker sees what the front sees
+        ("0,1", [], "0"),
+        ("0,1", ["0"], "1"),
+        ("0,1", ["0", "1"], "0"),
+        ("0,1", ["0", "1", "0"], "1"),
+        ("0,1", ["1", "0"], "0"),  # the replacement of a worker of 0
+        ("0,1,2", ["0", "2"], "1"),  # the replacement of a worker of 1
+        ("GPU-a,GPU-b", ["GPU-a"], "GPU-b"),
+    ],
+)
+def test_the_next_worker_takes_the_device_fewest_others_hold(
+    devices: str, held: list[str], expected: str | None
+) -> None:
+    processes = [_process(device) for device in held]
+    environment = device_environment({"CUDA_VISIBLE_DEVICES": "7", "A": "1"}, devices, processes)
+    assert environment == {"CUDA_VISIBLE_DEVICES": expected or "7", "A": "1"}
+
+
+def test_workers_that_go_do_not_hold_their_device() -> None:
+    """A retiring or stopping worker's device goes to its replacement."""
+    staying = [_process("0"), _process("1")]
+    retiring = _process("0", retiring=True)
+    stopping = _process("1", state=ProcessState.STOPPING)
+    assert device_environment({}, "0,1", [*staying, retiring])["CUDA_VISIBLE_DEVICES"] == "0"
+    assert device_environment({}, "0,1", [retiring, stopping])["CUDA_VISIBLE_DEVICES"] == "0"
+    assert device_environment({}, "0,1", [staying[0], stopping])["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def _process(
+    device: str, *, retiring: bool = False, state: ProcessState = ProcessState.READY
+) -> SimpleNamespace:
+    """What :func:`device_environment` reads of a handler process."""
+    return SimpleNamespace(device=device, retiring=retiring, state=state)
