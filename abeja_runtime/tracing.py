@@ -14,7 +14,8 @@ call (its parent the caller's ``traceparent``; a 5xx or 504 marks it an error) a
 **queue wait** (from the call's arrival in the queue to its handler call: the wait no Python
 peer shows); each handler process a **handler span**, child of the server span, whose context
 is passed in the call frame (:attr:`~abeja_runtime.frames.Call.trace`), with a **decode**
-span for the request where one is built and an **encode** span for the answer. The handler
+span for the request and an **encode** span for the answer where they take 0.1 ms or more
+(a small request's take microseconds: two spans for nothing). The handler
 span is the current span while the handler runs, so that a handler's own spans are its
 children, and its ids are in the handler's log records (as the server span's are in the
 access record). ``/health_check``, ``/livez`` and ``/metrics`` have no spans: the front
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["CallTrace", "HandlerSpan", "Tracing", "tracing_from"]
+__all__ = ["COSTLY", "CallTrace", "HandlerSpan", "IfCostly", "Tracing", "tracing_from"]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -55,6 +56,8 @@ _SAMPLERS: Final = (
     "traceidratio", "parentbased_traceidratio",
 )  # fmt: skip
 _INSTALL: Final = "pip install 'abeja-runtime[otel]'"
+#: Nanoseconds of decoding or encoding that make a span of their own (:class:`IfCostly`).
+COSTLY: Final = 100_000
 
 
 def _configuration_problem(environ: Mapping[str, str]) -> str | None:
@@ -198,7 +201,7 @@ class Tracing:
         tracer = self.tracer
 
         def traced(result: Any) -> _Encoded:
-            with tracer.start_as_current_span("encode response"):
+            with IfCostly(tracer, "encode response"):
                 return encode(result)
 
         return traced
@@ -252,6 +255,27 @@ class CallTrace:
         self._span.end()
 
 
+class IfCostly:
+    """A piece of a call's work that becomes a span (a child of the current one) only when it
+    took :data:`COSTLY` or more: a small request's decode and encode take microseconds, and
+    their two spans would cost more than the work they show."""
+
+    __slots__ = ("_name", "_start", "_tracer")
+
+    def __init__(self, tracer: Tracer, name: str) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._start = 0
+
+    def __enter__(self) -> None:
+        self._start = time.time_ns()
+
+    def __exit__(self, *exc_info: object) -> None:
+        end = time.time_ns()
+        if end - self._start >= COSTLY:
+            self._tracer.start_span(self._name, start_time=self._start).end(end_time=end)
+
+
 class HandlerSpan:
     """A call's handler span in its handler process: current while the handler runs (its own
     spans are children), its ids in the handler's log records."""
@@ -274,9 +298,10 @@ class HandlerSpan:
             )
         return self
 
-    def decode(self) -> Span:
-        """A child span for building the request (its body read, its parts spooled)."""
-        return self._tracing.tracer.start_span("decode request")
+    def decode(self) -> IfCostly:
+        """Building the request (its body read, its parts spooled), a child span when it
+        costs anything."""
+        return IfCostly(self._tracing.tracer, "decode request")
 
     def status(self, status: int) -> None:
         self._span.set_attribute("http.response.status_code", status)

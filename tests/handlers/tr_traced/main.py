@@ -1,5 +1,6 @@
 """Makes a span of its own (``user work``) and logs inside it, then answers with the ids of
-the span current while it ran; ``?fail=1`` raises (a 500), ``?sleep=S`` sleeps first."""
+the span current while it ran; ``?fail=1`` raises (a 500), ``?sleep=S`` sleeps first, and
+``?big=N`` adds a list of N numbers to the answer (its encoding takes a while)."""
 
 import logging
 import time
@@ -24,6 +25,7 @@ def handler(request, context):
         "content": {
             "trace_id": f"{current.trace_id:032x}",
             "span_id": f"{current.span_id:016x}",
+            "big": list(range(int(query.get("big", "0")))),
         },
     }
 
