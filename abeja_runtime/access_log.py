@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any, Final
 
+from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import access_logger, encode_record, logs_text, utc_seconds
 
 __all__ = ["AccessLog"]
@@ -43,6 +44,7 @@ class AccessLog:
         self._last_text = ""
         #: Decided once: logging is configured before the server that records is made.
         self._text = logs_text()
+        self._enabled = access_logger.isEnabledFor(logging.INFO)
 
     def record(
         self,
@@ -59,7 +61,7 @@ class AccessLog:
         """``path`` is the URL path without the query (which may carry what logs must not);
         ``first_byte``, for a streamed answer recorded at its end, when its first byte left;
         ``trace_ids``, for a traced call, its trace's and server span's ids."""
-        if not access_logger.isEnabledFor(logging.INFO):
+        if not self._enabled:
             return
         if self._text:
             _record_text(
@@ -84,7 +86,7 @@ class AccessLog:
         elapsed = responded_us - received_us
         request_seconds = self._second(received_second)
         response_seconds = self._second(responded_second)
-        method = _json_string(method)
+        method = _QUOTED_METHODS.get(method) or _json_string(method)
         path = _json_string(path)
         request_id = _json_string(request_id)
         milliseconds = responded_fraction // 1000  # the record's own timestamp
@@ -193,6 +195,8 @@ def _record_text(
 
 
 _json_string: Final[Any] = json.encoder.encode_basestring
+#: The methods as JSON strings, made once (the rest, refused with 405, are encoded each time).
+_QUOTED_METHODS: Final = {method: _json_string(method) for method in ALLOWED_METHODS}
 #: Records kept at most before they are written, whatever the interval.
 _MOST_KEPT: Final = 256
 #: The variable fields of an access record and their ``%`` conversions, in the order of the
