@@ -192,6 +192,11 @@ class Tracing:
         if not carrier:
             return None
         parent = self._propagator.extract(dict(carrier))
+        caller = self._trace.get_current_span(parent)
+        if not caller.get_span_context().trace_flags.sampled:
+            # Nothing of it is recorded: the caller's span (which records nothing) stands for
+            # the handler span, and the handler's own spans are its children, unrecorded too.
+            return HandlerSpan(self, caller)
         attributes: dict[str, Any] = {"code.function": name, "process.pid": os.getpid()}
         return HandlerSpan(self, self.tracer.start_span("handler", parent, attributes=attributes))
 
@@ -220,8 +225,13 @@ class CallTrace:
         self._tracing = tracing
         self._span = span
         context = span.get_span_context()
-        #: The trace and span ids, as the access record shows them (hex).
-        self.ids = (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+        #: The trace and span ids, as the access record shows them (hex); none for a call
+        #: that is not sampled (no trace of it is kept anywhere to look them up in).
+        self.ids = (
+            (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+            if context.trace_flags.sampled
+            else None
+        )
 
     def carrier(self) -> Carrier:
         """The server span's context as the handler process gets it (in the call frame)."""

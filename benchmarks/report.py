@@ -266,8 +266,9 @@ def _beside(rows: list[Row]) -> list[str]:
     return [
         "",
         "The runtime against the bare app on uvloop (the runtime runs on uvloop as installed), "
-        "and tracing's cost (runtime-traced: every request traced, five spans, sent over "
-        "OTLP/HTTP to a sink that keeps nothing, in the same run):",
+        "and tracing's cost (runtime-traced: every request traced, sent over OTLP/HTTP to a "
+        "sink that keeps nothing, in the same run; a small request makes three spans: the "
+        "server span, its queue wait and the handler's):",
         "",
         "| target | against | workers | workload | req/s ratio | p99 ratio | |",
         "|---|---|---:|---|---:|---:|---|",

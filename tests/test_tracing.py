@@ -153,12 +153,17 @@ def test_a_caller_that_did_not_sample_gets_no_spans(
     traced: RunningServer, receiver: Receiver
 ) -> None:
     unsampled, _, headers = traceparent(sampled=False)
+    headers["x-abeja-request-id"] = request_id = secrets.token_hex(8)
     assert traced.request("POST", "/", b"{}", headers).status == 200
     # The next call's spans come after any of the first's, from each process.
     sampled, _, headers = traceparent()
     assert traced.request("POST", "/", b"{}", headers).status == 200
     receiver.wait_for(sampled, {"POST", *CALL_SPANS})
     assert receiver.spans(unsampled) == []
+    access = traced.wait_for_record(
+        lambda r: r.get("log_type") == "access_log" and r.get("request_id") == request_id
+    )
+    assert "trace_id" not in access  # no trace of it is kept to look it up in
 
 
 def test_a_call_without_traceparent_starts_a_trace(
