@@ -35,7 +35,7 @@ from benchmarks.scenarios import (
     bench_upload,
     median_row,
 )
-from benchmarks.servers import REPO, TARGETS, Setup, runtime_source
+from benchmarks.servers import DEFAULT_TARGETS, REPO, TARGETS, Setup, runtime_source
 
 
 def _csv(kind: type, allowed: set[str] | None = None) -> Any:
@@ -60,7 +60,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=1, help="wrk -t")
     p.add_argument("--connections", type=int, default=16, help="wrk -c")
-    p.add_argument("--targets", type=_csv(str, set(TARGETS)), default=list(TARGETS))
+    p.add_argument(
+        "--targets",
+        type=_csv(str, set(TARGETS)),
+        default=list(DEFAULT_TARGETS),
+        help=f"comma-separated, of: {','.join(TARGETS)} (default: {','.join(DEFAULT_TARGETS)})",
+    )
     p.add_argument("--workers", type=_csv(int), default=[1])
     p.add_argument("--workloads", type=_csv(str, set(WORKLOADS)), default=list(WORKLOADS))
     p.add_argument(

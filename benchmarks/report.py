@@ -258,17 +258,18 @@ def _beside(rows: list[Row]) -> list[str]:
         if uvloop is not None and uvloop.wrk is not None:
             met = r.wrk.rps >= uvloop.wrk.rps
             lines.append(_pair(r, uvloop, f"at least 1.00: {'PASS' if met else 'FAIL'}"))
-        traced = by_key.get(("runtime-traced", r.workers, r.workload))
-        if traced is not None and traced.wrk is not None:
-            lines.append(_pair(traced, r, "tracing's cost"))
+        for name in ("runtime-traced", "runtime-sampled"):
+            traced = by_key.get((name, r.workers, r.workload))
+            if traced is not None and traced.wrk is not None:
+                lines.append(_pair(traced, r, "tracing's cost"))
     if not lines:
         return []
     return [
         "",
         "The runtime against the bare app on uvloop (the runtime runs on uvloop as installed), "
         "and tracing's cost (runtime-traced: every request traced, sent over OTLP/HTTP to a "
-        "sink that keeps nothing, in the same run; a small request makes three spans: the "
-        "server span, its queue wait and the handler's):",
+        "sink that keeps nothing, in the same run; runtime-sampled: one in ten; a small "
+        "request makes three spans: the server span, its queue wait and the handler's):",
         "",
         "| target | against | workers | workload | req/s ratio | p99 ratio | |",
         "|---|---|---:|---|---:|---:|---|",

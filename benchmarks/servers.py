@@ -21,12 +21,13 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from abeja_runtime.launch import NotHealthy, RuntimeProcess, free_port, free_ports
 from benchmarks.processes import proc_table
 
 __all__ = [
+    "DEFAULT_TARGETS",
     "TARGETS",
     "Server",
     "ServerError",
@@ -42,8 +43,19 @@ REPO = BENCH.parent
 HANDLERS = BENCH / "handlers"
 #: What can be measured: the runtime, and the bare app on each event loop.
 #: ``runtime-traced``: the runtime with every request traced, its spans sent over OTLP/HTTP to
-#: a sink (``otlp_sink.py``) that keeps nothing.
-TARGETS = ("bare", "bare-uvloop", "runtime", "runtime-traced")
+#: a sink (``otlp_sink.py``) that keeps nothing; ``runtime-sampled``: the same with one request
+#: in ten traced (``parentbased_traceidratio``), as a busy service would sample.
+TARGETS = ("bare", "bare-uvloop", "runtime", "runtime-traced", "runtime-sampled")
+#: What a run measures unless ``--targets`` says otherwise.
+DEFAULT_TARGETS = ("bare", "bare-uvloop", "runtime", "runtime-traced")
+#: The tracing variables of the traced targets, beside the sink's endpoint.
+_TRACED: Final = {
+    "runtime-traced": {},
+    "runtime-sampled": {
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    },
+}
 #: Seconds a server's helpers may take to exit after its main process.
 LEFTOVER_GRACE = 3.0
 #: Keep BLAS single-threaded in both servers: with 2 cores shared with wrk, a multi-threaded
@@ -192,8 +204,8 @@ def server_for(
         command = [sys.executable, "-m", "abeja_runtime", "--handler", "main:handler", *common]
         command += setup.runtime_args
         cwd = HANDLERS / handler_dir
-        if target == "runtime-traced":
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = setup.otlp_endpoint
+        if target in _TRACED:
+            env.update(_TRACED[target], OTEL_EXPORTER_OTLP_ENDPOINT=setup.otlp_endpoint)
         # Test this checkout (or --runtime-ref), not whatever copy is installed elsewhere.
         src = str(setup.runtime_src)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
