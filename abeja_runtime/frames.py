@@ -24,7 +24,8 @@ file), never byte by byte through the socket: 1 MiB through the socket took five
 of wake-ups and four copies, and halved the rate of 1 MiB requests.
 
 The conversation: the front sends :class:`Start`; the handler process loads the handler and
-answers :class:`Ready` or :class:`LoadFailed`. Then the front sends :class:`Call` and
+answers :class:`Ready` (once warmed up, with ``--warmup``) or :class:`LoadFailed` (or exits
+with :data:`EXIT_WARMUP_FAILED` when its warm-up failed). Then the front sends :class:`Call` and
 :class:`RpcCall` frames, each with an id; the handler process answers each with :class:`Answer`
 (followed, for a streamed body, by :class:`Chunk` frames and an :class:`End`) or
 :class:`RpcAnswer`; a ``def`` handler's process at ``--concurrency 1`` writes each answer
@@ -160,7 +161,8 @@ class Start(NamedTuple):
 
 @_kind(FrameKind.READY)
 class Ready(NamedTuple):
-    """Handler process → front: the handler is loaded; requests may come."""
+    """Handler process → front: the handler is loaded (and warmed up, with ``--warmup``);
+    requests may come."""
 
     version: int
     style: str

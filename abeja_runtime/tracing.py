@@ -203,10 +203,9 @@ class Tracing:
     def encoding(self, encode: Callable[[Any], _Encoded]) -> Callable[[Any], _Encoded]:
         """``encode`` (a handler's result → its answer) in an ``encode response`` span, a
         child of the call's handler span (current while it runs)."""
-        tracer = self.tracer
 
         def traced(result: Any) -> _Encoded:
-            with IfCostly(tracer, "encode response"):
+            with IfCostly(self, "encode response"):
                 return encode(result)
 
         return traced
@@ -270,10 +269,10 @@ class IfCostly:
     took :data:`COSTLY` or more: a small request's decode and encode take microseconds, and
     their two spans would cost more than the work they show."""
 
-    __slots__ = ("_name", "_start", "_tracer")
+    __slots__ = ("_name", "_start", "_tracing")
 
-    def __init__(self, tracer: Tracer, name: str) -> None:
-        self._tracer = tracer
+    def __init__(self, tracing: Tracing, name: str) -> None:
+        self._tracing = tracing
         self._name = name
         self._start = 0
 
@@ -282,8 +281,10 @@ class IfCostly:
 
     def __exit__(self, *exc_info: object) -> None:
         end = time.time_ns()
-        if end - self._start >= COSTLY:
-            self._tracer.start_span(self._name, start_time=self._start).end(end_time=end)
+        tracing = self._tracing
+        # Under a span that records only (not a warm-up's call, not an unsampled one).
+        if end - self._start >= COSTLY and tracing._trace.get_current_span().is_recording():
+            tracing.tracer.start_span(self._name, start_time=self._start).end(end_time=end)
 
 
 class HandlerSpan:
@@ -311,7 +312,7 @@ class HandlerSpan:
     def decode(self) -> IfCostly:
         """Building the request (its body read, its parts spooled), a child span when it
         costs anything."""
-        return IfCostly(self._tracing.tracer, "decode request")
+        return IfCostly(self._tracing, "decode request")
 
     def status(self, status: int) -> None:
         self._span.set_attribute("http.response.status_code", status)

@@ -103,8 +103,22 @@ def test_the_next_worker_takes_the_device_fewest_others_hold(
     devices: str, held: list[str], expected: str | None
 ) -> None:
     processes = [_process(device) for device in held]
-    environment = device_environment({"CUDA_VISIBLE_DEVICES": "7", "A": "1"}, devices, processes)
-    assert environment == {"CUDA_VISIBLE_DEVICES": expected or "7", "A": "1"}
+    environment = device_environment({"A": "1"}, devices, processes)
+    assert environment == ({"CUDA_VISIBLE_DEVICES": expected} if expected else {}) | {"A": "1"}
+
+
+def test_ids_are_positions_among_the_devices_the_runtime_was_given() -> None:
+    """Given GPUs 2 and 3 itself (run-local --gpus device=2,3), the runtime sees them as 0
+    and 1, as CUDA numbers them: its worker of 0 gets GPU 2, not the machine's GPU 0."""
+    given = {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert device_environment(given, "0,1", [])["CUDA_VISIBLE_DEVICES"] == "2"
+    assert device_environment(given, "0,1", [_process("2")])["CUDA_VISIBLE_DEVICES"] == "3"
+    assert (
+        device_environment(given, "0,1", [_process("2"), _process("3")])["CUDA_VISIBLE_DEVICES"]
+        == "2"
+    )
+    assert device_environment(given, "GPU-a", [])["CUDA_VISIBLE_DEVICES"] == "GPU-a"
+    assert device_environment(given, "5", [])["CUDA_VISIBLE_DEVICES"] == "5"  # not among them
 
 
 def test_workers_that_go_do_not_hold_their_device() -> None:

@@ -60,11 +60,11 @@ class Accounting:
         """A call starts: counted in flight until :meth:`CallEntry.end`. With tracing on, its
         server span starts, its parent the caller's context in ``carrier`` (the request's
         headers, or a gRPC call's metadata as a mapping; ``rpc``: ``path`` is its method)."""
-        self.hold()
         entry = CallEntry(self, method, path, received, request_id, requester_id)
         if self.tracing is not None:
             attributes = _span_attributes(method, path, request_id, rpc)
             entry.trace = self.tracing.call(carrier, received, attributes)
+        self.hold()  # once nothing can fail before the entry is returned, to be ended
         return entry
 
     def hold(self) -> None:

@@ -343,6 +343,7 @@ class HandlerPool:
         pending.process = None
         if pending.abandoned:
             self.admitted -= 1
+            self._started(pending, time.monotonic())  # given up while it waited there
             pending.finish()
         else:
             queue = self._queue
@@ -544,11 +545,16 @@ class HandlerPool:
     def _finished(self, process: HandlerProcess, pending: PendingCall) -> None:
         del process.sent[pending.frame.id]
         now = time.monotonic()
+        # An answer to a call taken for waiting (given back, then answered: the race of a
+        # GiveBack and its start) still counts its wait, up to now.
+        self._started(pending, now)
         if pending.batch is not None:
             _left_batch(process, pending)
         elif len(process.sent) >= self._config.concurrency:  # the next one sent there starts
             waiting = itertools.islice(process.sent.values(), self._config.concurrency - 1, None)
-            self._started(next(waiting), now)
+            following = next(waiting)
+            if not following.giving_back:  # else it comes back to the queue, and waits on
+                self._started(following, now)
         busy = now - max(pending.sent_at, process.answered_at)
         process.answered_at = now
         self.call_seconds += _CALL_SECONDS_WEIGHT * (busy - self.call_seconds)
@@ -714,8 +720,10 @@ class HandlerPool:
 
     def _fail_queue(self, exc: HttpError) -> None:
         queue, self._queue = self._queue, deque()
+        now = time.monotonic()
         for pending in queue:
             self.admitted -= 1
+            self._started(pending, now)  # given up in the queue
             pending.finish()
             if not pending.answer.done():
                 pending.answer.set_exception(exc)
@@ -725,9 +733,11 @@ class HandlerPool:
         # A batch is sent to a free slot: all of a batch process's calls were running.
         running = len(process.sent) if self._batching else self._config.concurrency
         requeue: list[PendingCall] = []
+        now = time.monotonic()
         for index, pending in enumerate(process.sent.values()):
             if index < running or pending.answer.done() or pending.abandoned:
                 self.admitted -= 1
+                self._started(pending, now)  # if it still waited there, its wait ends
                 pending.finish()
                 if not pending.answer.done():
                     pending.answer.set_exception(WorkerCrashed(how))
@@ -790,7 +800,7 @@ class HandlerPool:
         self._set_state(process, ProcessState.STOPPING)
         process.kill()
         self._count_restart("stuck")
-        if not self.stopping:
+        if not self.stopping and not process.retiring:  # a retiree's replacement is coming
             self._ensure_spawn()
 
     def _check_memory(self, process: HandlerProcess) -> None:

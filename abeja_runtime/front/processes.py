@@ -246,15 +246,26 @@ def device_environment(
     Started one after another, processes get the devices round-robin (three on ``0,1``: 0, 1,
     0); a replacement gets the device of the process it replaces, the one left short, because
     that process does not stay (it exited, or it is stopping or retiring), so each slot keeps
-    its GPU however often its process is replaced."""
+    its GPU however often its process is replaced.
+
+    The ids are the devices as the runtime sees them: when the runtime itself was given some
+    (its own :data:`DEVICE_VARIABLE`, as ``abeja model run-local --gpus device=2,3`` sets it),
+    index ``0`` is the first of those, as CUDA numbers them for the runtime, and the worker is
+    given that one by its own id."""
     if not devices:
         return environment
+    given = environment.get(DEVICE_VARIABLE, "")
+    seen = given.split(",") if given else []
+    candidates = [
+        seen[int(device)] if device.isdigit() and int(device) < len(seen) else device
+        for device in devices.split(",")
+    ]
     held = [
         process.device
         for process in processes
         if process.state is not ProcessState.STOPPING and not process.retiring
     ]
-    device = min(devices.split(","), key=held.count)
+    device = min(candidates, key=held.count)
     return {**environment, DEVICE_VARIABLE: device}
 
 

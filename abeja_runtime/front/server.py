@@ -155,7 +155,7 @@ class HttpServer:
     async def _serve(self, request: web.BaseRequest, entry: CallEntry) -> web.StreamResponse:
         received = entry.received
         try:
-            if not self.calls.admitting and not self.calls.draining:
+            if not self.calls.admitting:
                 raise ServiceUnavailable()
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)

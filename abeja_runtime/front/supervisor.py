@@ -194,6 +194,8 @@ class _Front:
         self._draining = False
         #: Seconds the front still answers after the signal (see the module).
         self._delay = 0.0
+        #: The service port's stop, begun at the signal when there is no delay.
+        self._stopping: asyncio.Future[None] | None = None
         self._killed = False
         self._rpc: RpcServer | None = None
         self._calls: CallService | None = None
@@ -307,7 +309,9 @@ class _Front:
         signal."""
         if self._delay:
             await asyncio.sleep(self._delay)
-        await self._stop_accepting()
+            await self._stop_accepting()
+        elif self._stopping is not None:
+            await self._stopping
         assert self._calls is not None
         grace = self._config.grace_period
         _log.info(
@@ -318,20 +322,21 @@ class _Front:
             f"{grace:g} s" if grace else "no limit",
         )
         rpc_stopped = asyncio.ensure_future(self._rpc.stop(grace)) if self._rpc else None
-        await self._answer_open(service)
+        left = await self._answer_open(service)
         if rpc_stopped is not None:
             await rpc_stopped
         self._calls.accounting.flush()  # the answers' records before what the workers log
         self._pool.stop()
-        try:
-            await asyncio.wait_for(self._pool.all_gone.wait(), (grace or 0) + _KILL_MARGIN)
+        try:  # within the grace period (what is left of it), then the margin: not twice it
+            await asyncio.wait_for(self._pool.all_gone.wait(), left + _KILL_MARGIN)
         except asyncio.TimeoutError:
             for process in self._pool.processes:
                 _log.warning("worker %s did not stop in time; killing it", process.pid)
 
-    async def _answer_open(self, service: web.ServerRunner) -> None:
+    async def _answer_open(self, service: web.ServerRunner) -> float:
         """Until the calls in flight are answered and no connection accepted just before the
-        stop is still waiting for its request, within the grace period."""
+        stop is still waiting for its request, within the grace period; the seconds left of
+        it (0 without one)."""
         assert self._calls is not None
         calls = self._calls.accounting
         loop = asyncio.get_running_loop()
@@ -352,6 +357,7 @@ class _Front:
                     await asyncio.wait_for(calls.idle(), left)
             else:
                 await asyncio.sleep(_FRESH_CONNECTION_POLL)
+        return 0.0 if deadline is None else max(0.0, deadline - loop.time())
 
     def _on_signal(self, signum: int) -> None:
         if not self._draining:
@@ -371,8 +377,9 @@ class _Front:
                     name,
                     self._delay,
                 )
-            else:
+            else:  # no delay: the port stops accepting now, as readiness begins to say 503
                 _log.info("signal %s received; shutting down gracefully", name)
+                self._stopping = asyncio.ensure_future(self._stop_accepting())
             self._finished.set()
         else:
             _log.warning("second signal received; stopping at once")

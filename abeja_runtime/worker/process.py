@@ -426,7 +426,7 @@ class _Calls:
                 self._send_rpc(RpcAnswer(frame.id, *result), span)
 
     def _batch_requests(
-        self, items: list[tuple[Call, int | None]]
+        self, items: list[tuple[Call, int | None]], spans: dict[int, HandlerSpan]
     ) -> tuple[list[int], list[Request]]:
         """The requests of a batch's calls, each watched for its cancellation; a call whose
         request cannot be built is answered alone (400, 413) and left out."""
@@ -436,7 +436,7 @@ class _Calls:
             with _RequestIds(frame.request_id, frame.requester_id):
                 request = self._request(frame, fd)
             if isinstance(request, EncodedResponse):
-                self._send(frame.id, request)
+                self._send(frame.id, request, spans.get(frame.id))
                 continue
             self.cancellations.started(frame.id)
             request.watch_cancellation(self.cancellations, frame.id)
@@ -466,7 +466,7 @@ class _Calls:
         """One call of a batched ``def`` handler for the batch; each call answered alone."""
         with contextlib.ExitStack() as stack:
             spans = self._batch_spans(items, stack)
-            ids, requests = self._batch_requests(items)
+            ids, requests = self._batch_requests(items, spans)
             if not requests:
                 return
             try:
@@ -481,7 +481,7 @@ class _Calls:
         """:meth:`_run_batch` on the event loop (an ``async def`` batched handler)."""
         with contextlib.ExitStack() as stack:
             spans = self._batch_spans(items, stack)
-            ids, requests = self._batch_requests(items)
+            ids, requests = self._batch_requests(items, spans)
             if not requests:
                 return
             try:

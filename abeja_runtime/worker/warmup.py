@@ -17,7 +17,10 @@ A warm-up fails when the handler raises, answers a status of 400 or more, or its
 :data:`~abeja_runtime.frames.EXIT_WARMUP_FAILED`, and the front replaces it with the back-off of
 processes that die before they are ready, also at the first start (where a handler that cannot
 be imported stops the front): readiness stays 503 until a worker is warm, and a failure that
-passes heals. The log says how long each process took to load the handler and to warm it up.
+passes heals. A process that dies during its warm-up instead (a segfault, the OOM killer)
+cannot say so: at the very first start the front takes it for a handler that cannot be loaded,
+as it would one that crashes on import. The log says how long each process took to load the
+handler and to warm it up.
 """
 
 from __future__ import annotations

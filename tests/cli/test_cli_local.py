@@ -385,8 +385,7 @@ DRAIN_DELAYS: dict[str, tuple[dict[str, Any], str]] = {
 def test_a_local_run_has_no_drain_delay_unless_given(abeja: Abeja, project: Project) -> None:
     """Nothing balances in front of a local run, so its stop need not wait (issue 31)."""
 
-    def run(given: dict[str, Any]) -> str | None:
-        cwd = project("responder")
+    def run(given: dict[str, Any], cwd: Path) -> str | None:
         (cwd / "names.json").write_text(json.dumps([DRAIN_DELAY]))
         if "env_file" in given:
             (cwd / "model.env").write_text(given["env_file"])
@@ -397,8 +396,10 @@ def test_a_local_run_has_no_drain_delay_unless_given(abeja: Abeja, project: Proj
                            *given.get("args", []), env=env)  # fmt: skip
         return variables(result)[DRAIN_DELAY]
 
+    # The copies are made here, one after the other: two threads would pick the same folder.
+    projects = [project("responder") for _ in DRAIN_DELAYS]
     with ThreadPoolExecutor(3) as pool:
-        seen = pool.map(run, (given for given, _ in DRAIN_DELAYS.values()))
+        seen = pool.map(run, (given for given, _ in DRAIN_DELAYS.values()), projects)
         assert dict(zip(DRAIN_DELAYS, seen, strict=True)) == {
             case: expected for case, (_, expected) in DRAIN_DELAYS.items()
         }
