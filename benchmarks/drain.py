@@ -22,101 +22,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
-import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
+from abeja_runtime.launch import RuntimeProcess, runtime_command
+from benchmarks.balancer import HAPROXY, Balancer, Slot
 from benchmarks.chaos import HANDLER_DIR, load
 from benchmarks.servers import runtime_source
 
-HAPROXY: Final = shutil.which("haproxy") or "/usr/sbin/haproxy"
 #: The longest any one step may take: a replica's start or stop (the default drain delay is
 #: 8 s), haproxy seeing it DOWN or UP (three or two checks, 2 s apart).
 STEP_TIMEOUT: Final = 60.0
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One replica's ports, the same across its restarts."""
-
-    name: str
-    port: int
-    health_port: int
-
-
-class Haproxy:
-    """haproxy in front of ``slots``, with its defaults; :meth:`status` reads its stats socket."""
-
-    def __init__(self, directory: Path, slots: Sequence[Slot]) -> None:
-        (self.port,) = free_ports(1)
-        self._socket = directory / "haproxy.sock"
-        servers = "\n".join(
-            f"    server {s.name} 127.0.0.1:{s.port} check port {s.health_port}" for s in slots
-        )
-        config = directory / "haproxy.cfg"
-        config.write_text(
-            f"""global
-    stats socket {self._socket} mode 600 level admin
-
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 30s
-    timeout server 30s
-    timeout check 1s
-
-frontend front
-    bind 127.0.0.1:{self.port}
-    default_backend replicas
-
-backend replicas
-    option httpchk GET /health_check
-{servers}
-"""
-        )
-        self._process = subprocess.Popen(
-            [HAPROXY, "-f", str(config), "-db"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def status(self, name: str) -> str:
-        """haproxy's word for server ``name`` now (``UP``, ``DOWN 1/2``...; empty while it
-        starts)."""
-        if self._process.poll() is not None:
-            raise RuntimeError(f"haproxy exited with code {self._process.returncode}")
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.settimeout(5)
-            try:
-                sock.connect(str(self._socket))
-            except (FileNotFoundError, ConnectionRefusedError):
-                return ""  # its stats socket is not open yet
-            sock.sendall(b"show stat\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        for line in data.decode().splitlines():
-            row = line.split(",")
-            if len(row) > 17 and row[0] == "replicas" and row[1] == name:
-                return row[17]
-        return ""
-
-    def stop(self) -> None:
-        self._process.terminate()
-        try:
-            self._process.wait(10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(10)
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -162,19 +82,19 @@ def restart_in_place(
 ) -> dict[str, int]:
     """The scenario (see the module): the load's outcomes, counted by kind (``ok``, ``status
     503``, an exception's name)."""
-    slots = [Slot(f"r{i}", *free_ports(2)) for i in range(3)]
+    slots = [Slot(f"r{i}") for i in range(3)]
     replicas = Replicas(env, flags)
     counts: dict[str, int] = {}
     lock = threading.Lock()
     stop = threading.Event()
     clients: list[threading.Thread] = []
     with tempfile.TemporaryDirectory(prefix="abeja-drain-") as directory:
-        balancer: Haproxy | None = None
+        balancer: Balancer | None = None
         try:
             for slot in slots:  # ready before haproxy's first checks
                 replicas.start(slot)
-            haproxy = balancer = Haproxy(Path(directory), slots)
-            wait_for(lambda: all(haproxy.status(s.name) == "UP" for s in slots), "three UP")
+            haproxy = balancer = Balancer(Path(directory), slots, tuned=False)
+            wait_for(lambda: haproxy.up() == {s.name for s in slots}, "three UP")
             clients = [
                 threading.Thread(target=load, args=(haproxy.port, stop, counts, lock))
                 for _ in range(connections)
@@ -194,13 +114,13 @@ def restart_in_place(
     return counts
 
 
-def restart(replicas: Replicas, haproxy: Haproxy, slot: Slot) -> None:
+def restart(replicas: Replicas, haproxy: Balancer, slot: Slot) -> None:
     """Stop the replica, start it again on its ports once haproxy has it DOWN (it would send to
     a port that answers ``503`` while the replica starts), and wait until it has it UP."""
     replicas.stop(slot)
-    wait_for(lambda: haproxy.status(slot.name).startswith("DOWN"), f"{slot.name} DOWN")
+    wait_for(lambda: slot.name not in haproxy.up(), f"{slot.name} DOWN")
     replicas.start(slot)
-    wait_for(lambda: haproxy.status(slot.name) == "UP", f"{slot.name} UP")
+    wait_for(lambda: slot.name in haproxy.up(), f"{slot.name} UP")
 
 
 def main() -> None:

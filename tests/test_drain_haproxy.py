@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli.balancer import HAPROXY, Balancer, Slot
 from helpers.load import LoadClient
 from helpers.servers import HANDLERS, runtime_env
 from helpers.waiting import wait_until
 
 from abeja_runtime.launch import RuntimeProcess, runtime_command
+from benchmarks.balancer import HAPROXY, Balancer, Slot
 
 CONNECTIONS = 4
 #: The default drain delay (8 s) and a drain with nothing left, with room for a slow machine.

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO, Any, Final, NoReturn
 
@@ -462,43 +462,47 @@ class _Calls:
                 spans[frame.id] = stack.enter_context(span)
         return spans
 
-    def _run_batch(self, items: list[tuple[Call, int | None]]) -> None:
-        """One call of a batched ``def`` handler for the batch; each call answered alone."""
+    @contextlib.contextmanager
+    def _batch(
+        self, items: list[tuple[Call, int | None]]
+    ) -> Iterator[tuple[dict[int, HandlerSpan], list[int], list[Request]]]:
+        """A batch's handler spans, and the ids and requests of its calls that run; each
+        request closed and each span ended afterwards."""
         with contextlib.ExitStack() as stack:
             spans = self._batch_spans(items, stack)
             ids, requests = self._batch_requests(items, spans)
-            if not requests:
-                return
             try:
-                with _RequestIds(_batch_request_id(requests), None):
-                    replies = self._calls.answer_batch(requests)
-                    for call_id, reply in zip(ids, replies, strict=True):
-                        self._send(call_id, reply, spans.get(call_id))
+                yield spans, ids, requests
             finally:
                 self._batch_over(ids, requests)
 
-    async def _run_batch_async(self, items: list[tuple[Call, int | None]]) -> None:
-        """:meth:`_run_batch` on the event loop (an ``async def`` batched handler)."""
-        with contextlib.ExitStack() as stack:
-            spans = self._batch_spans(items, stack)
-            ids, requests = self._batch_requests(items, spans)
+    def _run_batch(self, items: list[tuple[Call, int | None]]) -> None:
+        """One call of a batched ``def`` handler for the batch; each call answered alone."""
+        with self._batch(items) as (spans, ids, requests):
             if not requests:
                 return
-            try:
-                with _RequestIds(_batch_request_id(requests), None):
-                    # On the loop a batched handler is async: batching is the abeja style's,
-                    # which has no async gRPC service to bring a def handler here.
-                    replies = await self._calls.answer_batch_async(requests)
-                    for call_id, reply in zip(ids, replies, strict=True):
-                        span = spans.get(call_id)
-                        if isinstance(reply.body, AsyncIterator):
-                            if span is not None:
-                                span.status(reply.status)
-                            await self._send_async(call_id, reply)
-                        else:
-                            self._send(call_id, reply, span)
-            finally:
-                self._batch_over(ids, requests)
+            with _RequestIds(_batch_request_id(requests), None):
+                replies = self._calls.answer_batch(requests)
+                for call_id, reply in zip(ids, replies, strict=True):
+                    self._send(call_id, reply, spans.get(call_id))
+
+    async def _run_batch_async(self, items: list[tuple[Call, int | None]]) -> None:
+        """:meth:`_run_batch` on the event loop (an ``async def`` batched handler)."""
+        with self._batch(items) as (spans, ids, requests):
+            if not requests:
+                return
+            with _RequestIds(_batch_request_id(requests), None):
+                # On the loop a batched handler is async: batching is the abeja style's,
+                # which has no async gRPC service to bring a def handler here.
+                replies = await self._calls.answer_batch_async(requests)
+                for call_id, reply in zip(ids, replies, strict=True):
+                    span = spans.get(call_id)
+                    if isinstance(reply.body, AsyncIterator):
+                        if span is not None:
+                            span.status(reply.status)
+                        await self._send_async(call_id, reply)
+                    else:
+                        self._send(call_id, reply, span)
 
     def _rpc(self, call: RpcCall, fd: int | None) -> Any:
         rpc = self._handler.rpc

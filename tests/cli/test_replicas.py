@@ -20,7 +20,7 @@ from helpers.load import LoadClient, Tally
 from helpers.waiting import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from .balancer import HAPROXY, Balancer, Slot
+from benchmarks.balancer import HAPROXY, Balancer, Slot
 
 pytestmark = pytest.mark.docker
 

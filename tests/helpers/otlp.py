@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from helpers.waiting import wait_until
@@ -97,38 +96,14 @@ class Receiver:
 
 @contextmanager
 def otlp_http_receiver() -> Iterator[Receiver]:
-    """OTLP/HTTP: ``POST /v1/traces`` with an ``ExportTraceServiceRequest``."""
+    """OTLP/HTTP: ``POST /v1/traces`` with an ``ExportTraceServiceRequest`` (the benchmark's
+    sink, told to decode what it takes)."""
+    from benchmarks.otlp_sink import otlp_sink
+
     receiver = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            data = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            if (
-                self.path != "/v1/traces"
-                or self.headers.get("Content-Type") != "application/x-protobuf"
-            ):
-                self.send_response(404)
-                self.end_headers()
-                return
-            receiver.take(data)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with otlp_sink(receiver.take) as endpoint:
+        receiver.endpoint = endpoint
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 @contextmanager

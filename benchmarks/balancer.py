@@ -1,4 +1,4 @@
-"""A real haproxy in front of runtime replicas, for the replica and drain tests.
+"""A real haproxy in front of runtime replicas: the replica and drain tests, benchmarks.drain.
 
 haproxy (Debian's package) runs on the host with one server slot per host port pair; slots with
 nothing behind them are simply DOWN, as an empty endpoint would be. It health-checks each slot's
