@@ -24,7 +24,8 @@ pytest.importorskip("opentelemetry.sdk", reason="traces need the otel extra")
 #: OTLP's SpanKind and StatusCode values.
 SERVER, ERROR = 2, 2
 CALL_SPANS = {"queue wait", "handler", "user work"}
-#: A small request's decode and encode take microseconds: no span of their own.
+#: A small request's decode and encode take microseconds: a span of their own only when they
+#: take 0.1 ms or more (a big body, a big answer; or a loaded machine).
 COSTLY_SPANS = {"decode request", "encode response"}
 
 
@@ -94,7 +95,8 @@ def test_a_call_is_a_server_span_with_its_queue_wait_and_handler_below(
     assert handler.parent_span_id == server.span_id
     assert server.start_ns <= queue_wait.start_ns <= queue_wait.end_ns <= handler.start_ns
     assert handler.end_ns <= server.end_ns
-    assert COSTLY_SPANS.isdisjoint(spans)
+    for name in COSTLY_SPANS & spans.keys():  # a small request's, when the machine was slow
+        assert spans[name].parent_span_id == handler.span_id
     assert spans["user work"].parent_span_id == handler.span_id  # the handler's own span
     assert json.loads(body) == {"trace_id": trace_id, "span_id": handler.span_id, "big": []}
     access = traced.wait_for_record(
