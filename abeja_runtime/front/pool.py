@@ -293,7 +293,8 @@ class HandlerPool:
         pending.sent_at = now
         pending.giving_back = False
         process.sent[pending.frame.id] = pending
-        if len(process.sent) <= self._config.concurrency:  # else it waits there: see _finished
+        # Else it waits there (see _finished).
+        if not pending.waited and len(process.sent) <= self._config.concurrency:
             self._started(pending, now)
         process.send(pending.frame, pending.fd)
         if len(process.sent) > self._config.concurrency and process.take_back_timer is None:
@@ -545,15 +546,18 @@ class HandlerPool:
     def _finished(self, process: HandlerProcess, pending: PendingCall) -> None:
         del process.sent[pending.frame.id]
         now = time.monotonic()
-        # An answer to a call taken for waiting (given back, then answered: the race of a
-        # GiveBack and its start) still counts its wait, up to now.
-        self._started(pending, now)
+        if not pending.waited:  # answered, yet taken for waiting (a GiveBack's race): up to now
+            self._started(pending, now)
         if pending.batch is not None:
             _left_batch(process, pending)
         elif len(process.sent) >= self._config.concurrency:  # the next one sent there starts
-            waiting = itertools.islice(process.sent.values(), self._config.concurrency - 1, None)
-            following = next(waiting)
-            if not following.giving_back:  # else it comes back to the queue, and waits on
+            concurrency = self._config.concurrency
+            following = (
+                next(iter(process.sent.values()))
+                if concurrency == 1
+                else next(itertools.islice(process.sent.values(), concurrency - 1, None))
+            )
+            if not following.waited and not following.giving_back:  # (given back: it waits on)
                 self._started(following, now)
         busy = now - max(pending.sent_at, process.answered_at)
         process.answered_at = now
