@@ -169,11 +169,14 @@ class Tracing:
 
     # -- the front --------------------------------------------------------------------------
 
-    def call(self, carrier: Any, received: float, attributes: dict[str, Any]) -> CallTrace:
+    def call(
+        self, carrier: Any, received: float, method: str, path: str, request_id: str, *, rpc: bool
+    ) -> CallTrace:
         """A call's server span, from ``received`` (seconds since the epoch), its parent the
-        caller's context in ``carrier`` (request headers, gRPC metadata as a mapping); its
-        name is ``attributes``' ``name``."""
-        name = attributes.pop("name")
+        caller's context in ``carrier`` (request headers, gRPC metadata as a mapping), named
+        and described as OpenTelemetry's conventions for HTTP and gRPC servers say (``rpc``:
+        ``path`` is the gRPC method)."""
+        name, attributes = _server_span(method, path, request_id, rpc)
         parent = self._propagator.extract(carrier) if carrier else None
         span = self.tracer.start_span(
             name,
@@ -213,6 +216,17 @@ class Tracing:
     def shutdown(self) -> None:
         """Export what is still buffered (at the process's end)."""
         self._provider.shutdown()
+
+
+def _server_span(method: str, path: str, request_id: str, rpc: bool) -> tuple[str, dict[str, str]]:
+    """A server span's name and attributes."""
+    if rpc:  # "/inference.GRPCInferenceService/ModelInfer"
+        service, _, function = path.lstrip("/").partition("/")
+        return path.lstrip("/"), {
+            "rpc.system": "grpc", "rpc.service": service, "rpc.method": function,
+            "abeja.request_id": request_id,
+        }  # fmt: skip
+    return method, {"http.request.method": method, "url.path": path, "abeja.request_id": request_id}
 
 
 class CallTrace:

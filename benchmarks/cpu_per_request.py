@@ -17,28 +17,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
 from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
+from benchmarks.load import run_wrk, wrk_script
 from benchmarks.otlp_sink import otlp_sink
 from benchmarks.processes import descendants, proc_table
+from benchmarks.scenarios import WORKLOADS
 from benchmarks.servers import HANDLERS, SERVER_ENV, runtime_source
 
-_BODY = '{"total_without_tax": 100}'
-_SCRIPT = (
-    'wrk.method = "POST"\n'
-    f"wrk.body = '{_BODY}'\n"
-    'wrk.headers["Content-Type"] = "application/json"\n'
-)
+_SMALL_JSON = WORKLOADS["small_json"]
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_seconds(pids: tuple[int, int]) -> tuple[float, float]:
+    table = proc_table()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return table[pids[0]].cpu_ticks / ticks, table[pids[1]].cpu_ticks / ticks
 
 
 def _measure(source: Path, env: dict[str, str], seconds: float, script: Path) -> tuple[float, ...]:
@@ -49,30 +45,26 @@ def _measure(source: Path, env: dict[str, str], seconds: float, script: Path) ->
         "--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health),
         "--handler", "main:handler",
     )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
     with open(os.devnull, "wb") as log:
-        server = RuntimeProcess(command, cwd=HANDLERS / "small_json", env=env, output=log)
+        server = RuntimeProcess(
+            command, cwd=HANDLERS / _SMALL_JSON.handler_dir, env=env, output=log
+        )
         server.port, server.healthcheck_port = port, health
         try:
             server.wait_healthy(60)
             front = server.popen.pid
             (worker,) = [pid for pid in descendants(front, proc_table()) if pid != front]
-            wrk = ["wrk", "-t1", "-c16", "-s", str(script), f"http://127.0.0.1:{port}/"]
-            subprocess.run([*wrk, "-d1s"], capture_output=True, check=True, timeout=60)
-            before = _cpu_seconds(front), _cpu_seconds(worker)
-            out = subprocess.run(
-                [*wrk, f"-d{seconds:g}s"], capture_output=True, text=True, check=True, timeout=600
-            ).stdout
-            after = _cpu_seconds(front), _cpu_seconds(worker)
+            run_wrk(url, script, duration=1, threads=1, connections=16)  # warm-up
+            before = _cpu_seconds((front, worker))
+            found = run_wrk(url, script, duration=seconds, threads=1, connections=16)
+            after = _cpu_seconds((front, worker))
         finally:
             server.stop(30)
-    found = re.search(r"(\d+) requests in", out)
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    assert found and rate, out
-    requests = int(found.group(1))
     return (
-        float(rate.group(1)),
-        (after[0] - before[0]) / requests * 1e6,
-        (after[1] - before[1]) / requests * 1e6,
+        found.rps,
+        (after[0] - before[0]) / found.requests * 1e6,
+        (after[1] - before[1]) / found.requests * 1e6,
     )
 
 
@@ -88,8 +80,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="abeja-cpu-") as tmp, otlp_sink() as endpoint:
-        script = Path(tmp) / "post.lua"
-        script.write_text(_SCRIPT)
+        script = wrk_script(Path(tmp), _SMALL_JSON.name, _SMALL_JSON.content_type, _SMALL_JSON.body)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("ABEJA_", "OTEL_"))}
         base.update(SERVER_ENV)
         variants: dict[str, tuple[Path, dict[str, str]]] = {}

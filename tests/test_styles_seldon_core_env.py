@@ -218,8 +218,18 @@ def test_inside_seldon_core_s_environment_rest_grpc_metrics_and_run_local_are_se
         "--style", "seldon",
         "--grpc-port", str(grpc_port),
         # The metrics are only exported: the answers stay SeldonMessages with tags alone.
-        env={"HANDLER": "Identity", "INCLUDE_METRICS_IN_CLIENT_RESPONSE": "false"},
+        # Traces asked for where the otel extra is not installed (seldon-core's protobuf<4
+        # leaves no room for it): one warning, and the runtime serves.
+        env={
+            "HANDLER": "Identity", "INCLUDE_METRICS_IN_CLIENT_RESPONSE": "false",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        },
     )  # fmt: skip
+    tracing = [r for r in server.records() if "tracing is off" in str(r.get("message"))]
+    assert [r["message"] for r in tracing] == [
+        "tracing is off: the OpenTelemetry packages are not installed "
+        "(pip install 'abeja-runtime[otel]')"
+    ]
     # The component's own report of where it runs: seldon-core's release and those it pins.
     tags = RELEASES
 

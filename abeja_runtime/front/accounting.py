@@ -62,8 +62,7 @@ class Accounting:
         headers, or a gRPC call's metadata as a mapping; ``rpc``: ``path`` is its method)."""
         entry = CallEntry(self, method, path, received, request_id, requester_id)
         if self.tracing is not None:
-            attributes = _span_attributes(method, path, request_id, rpc)
-            entry.trace = self.tracing.call(carrier, received, attributes)
+            entry.trace = self.tracing.call(carrier, received, method, path, request_id, rpc=rpc)
         self.hold()  # once nothing can fail before the entry is returned, to be ended
         return entry
 
@@ -101,21 +100,6 @@ class Accounting:
             None if trace is None else trace.ids,
         )  # fmt: skip
         self._metrics.observe(status, responded - received)
-
-
-def _span_attributes(method: str, path: str, request_id: str, rpc: bool) -> dict[str, str]:
-    """A server span's name and attributes, as OpenTelemetry's conventions for HTTP and gRPC
-    servers name them (the name under ``name``)."""
-    if rpc:  # "/inference.GRPCInferenceService/ModelInfer"
-        service, _, function = path.lstrip("/").partition("/")
-        return {
-            "name": path.lstrip("/"), "rpc.system": "grpc", "rpc.service": service,
-            "rpc.method": function, "abeja.request_id": request_id,
-        }  # fmt: skip
-    return {
-        "name": method, "http.request.method": method, "url.path": path,
-        "abeja.request_id": request_id,
-    }  # fmt: skip
 
 
 class CallEntry:
