@@ -13,6 +13,7 @@ its parser. No other module names them; they are reached through this one:
   exactly what ``self._messages`` costs: the direct path reads them for every request (about
   24k a second), and a property or a function call there would be a layer per read.
 * :func:`server_loop` and :func:`handler_kwargs`: what ``web.Server`` makes its connections with.
+* :func:`whole_body`: a small body that came whole, without ``read_nowait``'s bookkeeping.
 * :data:`PRIVATE_NAMES`: all of the above, by aiohttp class or module.
   ``tests/unit/test_aiohttp_private.py`` checks them against the installed aiohttp, so that an
   upgrade fails at once, with the list of what is gone.
@@ -39,6 +40,7 @@ __all__ = [
     "HandlerInternals",
     "handler_kwargs",
     "server_loop",
+    "whole_body",
 ]
 
 #: The private names relied on, by where aiohttp 3.14 defines them: a class (an attribute of its
@@ -66,6 +68,7 @@ PRIVATE_NAMES: Final[Mapping[str, tuple[str, ...]]] = {
         "_resume_reading_if_drained",
     ),
     "aiohttp.web_server.Server": ("_loop", "_kwargs"),
+    "aiohttp.streams.StreamReader": ("_buffer",),
     # Not underscored, but no documented API either: new in 3.14 with the queue's limit.
     "aiohttp.http.HttpRequestParser": ("message_consumed",),
     "aiohttp.web_protocol": ("MAX_MSG_QUEUE_SIZE",),
@@ -231,3 +234,12 @@ def handler_kwargs(server: web.Server) -> dict[str, Any]:
     (``Server._kwargs``: those it was made with, but its request handler and factory)."""
     kwargs: dict[str, Any] = server._kwargs
     return kwargs
+
+
+def whole_body(payload: StreamReader) -> bytes:
+    """The body of a request whose payload is whole (``is_eof()``) and small enough that it
+    never paused reading (below the payload's high-water mark), read as the direct path takes
+    it, for good: its pieces (``StreamReader._buffer``) joined. ``read_nowait()`` does the same
+    through three calls of bookkeeping for later reads (a cursor, chunk splits, flow control)
+    that nothing makes: 0.45 µs against 0.18 a request."""
+    return b"".join(payload._buffer)

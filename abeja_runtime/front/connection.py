@@ -84,11 +84,17 @@ class DirectPath(Protocol):
 
     def accepts(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
-    ) -> bool:
-        """Whether this request (its head parsed, its body complete or not) is one to take."""
+    ) -> int | None:
+        """Whether this request (its head parsed, its body complete or not) is one to take:
+        ``None`` if not, else what :meth:`take` is to be given with it (the size of a body
+        still to read; ``0``, the body is whole)."""
 
     def take(
-        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+        self,
+        connection: Connection,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        captured: int,
     ) -> DirectCall:
         """Start serving the request (it may be answered at once). The answer is given with
         :meth:`Connection.send_direct`, and :meth:`Connection.direct_done` ends the call."""
@@ -207,9 +213,12 @@ class Connection(HandlerInternals):
                     break
                 continue
             message, payload = messages[0]
-            if not isinstance(message, RawRequestMessage) or not direct.accepts(
-                self, message, payload
-            ):
+            captured = (
+                direct.accepts(self, message, payload)
+                if isinstance(message, RawRequestMessage)
+                else None
+            )
+            if captured is None:
                 waiter = self.aio_waiter
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
@@ -219,7 +228,7 @@ class Connection(HandlerInternals):
             # Busy while it is taken: reading its body may resume the transport's reading,
             # which parses (and would take) the requests behind it.
             self._direct_call = _TAKING
-            call = direct.take(self, message, payload)
+            call = direct.take(self, message, payload, captured)
             if self._direct_call is _TAKING:  # else answered at once (direct_done)
                 self._direct_call = call
             if self.aio_buffer_paused and self._direct_call is not None:

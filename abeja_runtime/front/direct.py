@@ -31,8 +31,9 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from abeja_runtime.errors import HttpError, ServiceBusy
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, plain_headers
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
 from abeja_runtime.front.accounting import CallEntry
+from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
 from abeja_runtime.front.connection import Connection
@@ -77,10 +78,10 @@ class DirectRequests:
 
     def accepts(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
-    ) -> bool:
-        if not self._in_frame(payload) and not self._captured_size(connection, message, payload):
-            return False
-        return (
+    ) -> int | None:
+        """``None``: the request is left to aiohttp's path; else the size of its body to read
+        into a shared buffer (``0``: the body is whole already, and travels in the frame)."""
+        if not (
             message.version == HttpVersion11
             and message.method in ALLOWED_METHODS
             and not message.upgrade
@@ -90,7 +91,11 @@ class DirectRequests:
             # A body with a Content-Encoding is decoded, and any wrong in it answered, on
             # aiohttp's path (server.py with content_encoding.py).
             and "Content-Encoding" not in message.headers
-        )
+        ):
+            return None
+        if self._in_frame(payload):
+            return 0
+        return self._captured_size(connection, message, payload) or None
 
     def _in_frame(self, payload: StreamReader) -> bool:
         """Whether the body is whole already, and small enough for the call frame."""
@@ -121,7 +126,11 @@ class DirectRequests:
         return size
 
     def take(
-        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+        self,
+        connection: Connection,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        captured: int,
     ) -> _DirectCall:
         headers = message.headers
         calls = self._calls
@@ -135,21 +144,18 @@ class DirectRequests:
             requester_id_from(headers.get(REQUESTER_ID_HEADER)),
             headers,
         )
-        if self._in_frame(payload):
-            body: bytes | None = (
-                b"" if payload is EMPTY_PAYLOAD or method == "GET" else payload.read_nowait()
-            )
-            assert body is not None
+        if captured:  # read into a shared buffer by the call (DirectBody)
+            body: bytes | None = None
+            size = captured
+        else:
+            body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else whole_body(payload)
             size = len(body)
-        else:  # read into a shared buffer by the call (DirectBody)
-            body = None
-            size = self._captured_size(connection, message, payload)
         call = Call(
             calls.next_id(),
             method,
             url.raw_path,
             url.raw_query_string,
-            plain_headers(headers),
+            message.raw_headers,
             entry.request_id,
             entry.requester_id,
             body,

@@ -193,16 +193,16 @@ class HandlerPool:
         if self.admitted >= self._capacity:
             raise ServiceBusy()
         self.admitted += 1
-        pending.queued_at = time.monotonic()
+        pending.queued_at = now = time.monotonic()
         if self._batching:
             self._queue.append(pending)
             self._dispatch_batches()
             return
-        process = self._free_process()
+        process = self._free_process(now)
         if process is None:
             self._queue.append(pending)
         else:
-            self._send(process, pending)
+            self._send(process, pending, now)
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -238,7 +238,7 @@ class HandlerPool:
                 self._started(pending, time.monotonic())  # its wait ends here
                 pending.finish()
 
-    def _free_process(self) -> HandlerProcess | None:
+    def _free_process(self, now: float) -> HandlerProcess | None:
         """Where the next call goes.
 
         While calls are quick, a process that is serving and whose oldest call is young takes
@@ -248,7 +248,7 @@ class HandlerPool:
         in a process behind a slow one: it waits in the queue, for whichever process frees a
         slot first."""
         if self.call_seconds < _QUICK_CALL:
-            serving = self._serving_young()
+            serving = self._serving_young(now)
             if serving is not None:
                 return serving
         processes = self.processes
@@ -270,26 +270,26 @@ class HandlerPool:
         if held < concurrency:
             return best
         if held < concurrency + PIPELINE:
-            age = best.oldest_call_age(time.monotonic())
+            age = best.oldest_call_age(now)
             if age is not None and age < _PIPELINE_WHILE_YOUNGER:
                 return best
         return None
 
-    def _serving_young(self) -> HandlerProcess | None:
+    def _serving_young(self, now: float) -> HandlerProcess | None:
         """A ready process that serves calls, the oldest of them younger than
         :data:`_JOIN_WHILE_YOUNGER`, with room in its pipeline (for a quick call to join)."""
         most_held = self._config.concurrency + PIPELINE
-        now = time.monotonic()
+        joins_after = now - _JOIN_WHILE_YOUNGER
         for process in self.processes:
-            if process.state is ProcessState.READY and 0 < len(process.sent) < most_held:
-                age = process.oldest_call_age(now)
-                if age is not None and age < _JOIN_WHILE_YOUNGER:
+            sent = process.sent
+            if 0 < len(sent) < most_held and process.state is ProcessState.READY:
+                oldest = next(iter(sent.values()))
+                if oldest.sent_at > joins_after:
                     return process
         return None
 
-    def _send(self, process: HandlerProcess, pending: PendingCall) -> None:
+    def _send(self, process: HandlerProcess, pending: PendingCall, now: float) -> None:
         pending.process = process
-        now = time.monotonic()
         pending.sent_at = now
         pending.giving_back = False
         process.sent[pending.frame.id] = pending
@@ -360,11 +360,15 @@ class HandlerPool:
         if self._batching:
             self._dispatch_batches()
             return
-        while self._queue:
-            process = self._free_process()
+        queue = self._queue
+        if not queue:
+            return
+        now = time.monotonic()
+        while queue:
+            process = self._free_process(now)
             if process is None:
                 return
-            self._send(process, self._queue.popleft())
+            self._send(process, queue.popleft(), now)
 
     def _dispatch_batches(self) -> None:
         """Batch mode: the queue's calls go in batches of up to ``--max-batch-size``, each to

@@ -34,7 +34,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
     ServiceUnavailable,
 )
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, plain_headers
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call
 from abeja_runtime.front.accounting import CallEntry
 from abeja_runtime.front.answers import (
     ResponseSink,
@@ -191,7 +191,7 @@ class HttpServer:
             request.method,
             url.raw_path,
             url.raw_query_string,
-            plain_headers(request.headers),
+            request.raw_headers,
             entry.request_id,
             entry.requester_id,
             body.data,

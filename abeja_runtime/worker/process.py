@@ -65,6 +65,7 @@ from abeja_runtime.frames import (
     RpcCall,
     RunBatch,
     Start,
+    header_text,
     memfd,
 )
 from abeja_runtime.logs import (
@@ -575,7 +576,7 @@ class _Calls:
                 method=call.method,
                 raw_path=call.raw_path,
                 raw_query=call.raw_query,
-                headers=call.headers,
+                headers=header_text(call.headers),
                 body=body,
                 request_id=call.request_id,
             )

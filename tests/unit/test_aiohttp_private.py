@@ -20,6 +20,7 @@ from abeja_runtime.front.aiohttp_private import (
     HandlerInternals,
     handler_kwargs,
     server_loop,
+    whole_body,
 )
 from abeja_runtime.front.connection import Connection
 
@@ -103,6 +104,26 @@ def test_a_replaced_parser_queues_requests_as_aiohttps_own() -> None:
     assert run(scenario) == (["/a", "/b"], 1, True)
 
 
+def test_whole_body_is_the_body_however_it_arrived() -> None:
+    """A body parsed from several reads is in several pieces: whole_body joins them all, as
+    read_nowait() would read them, in order."""
+
+    async def scenario() -> tuple[bytes, bytes]:
+        server = web.Server(_not_found)
+        handler = HandlerInternals(server, loop=server_loop(server), **handler_kwargs(server))
+        handler.replace_parser({})
+        head = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n"
+        for piece in (head + b"abc", b"def", b"ghi"):
+            handler.data_received(piece)
+        _, payload = handler.aio_messages[0]
+        assert payload.is_eof() and len(payload._buffer) == 3  # the pieces as they came
+        handler.data_received(head + b"abcdefghi")
+        _, twin = handler.aio_messages[1]
+        return whole_body(payload), twin.read_nowait()
+
+    assert run(scenario) == (b"abcdefghi", b"abcdefghi")
+
+
 class _Transport(asyncio.Transport):
     """What a connection writes and whether its reading is paused."""
 
@@ -142,11 +163,15 @@ class _Direct:
     def __init__(self) -> None:
         self.taken: list[str] = []
 
-    def accepts(self, connection: Connection, message: RawRequestMessage, payload: Any) -> bool:
-        return True
+    def accepts(self, connection: Connection, message: RawRequestMessage, payload: Any) -> int:
+        return 0
 
     def take(
-        self, connection: Connection, message: RawRequestMessage, payload: StreamReader
+        self,
+        connection: Connection,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        captured: int,
     ) -> _Call:
         self.taken.append(message.path)
         return _Call()
