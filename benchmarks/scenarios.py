@@ -155,7 +155,8 @@ def bench_one(load: LoadSpec, setup: Setup, target: str, workers: int, w: Worklo
         with running(server, setup) as srv:
             row.ready_s = srv.ready_s
             check_answer(w, post(srv.port, path, w.content_type, w.body))
-            with TreeSampler(srv.pid) as sampler:
+            # The kernel's peaks, and a sample a second: see TreeSampler.
+            with TreeSampler(srv.pid, interval=1.0, high_water=True) as sampler:
                 if load.warmup > 0:
                     wrk(load.warmup)
                 _, cpu0 = tree_snapshot(srv.pid)
