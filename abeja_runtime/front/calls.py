@@ -212,7 +212,7 @@ class CallService:
 
     def _expire(self, pending: PendingCall) -> None:
         if not pending.answer.done():
-            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
+            pending.settle(HandlerTimeout(self._config.timeout))
             self._pool.withdraw(pending)
 
     # -- the call ----------------------------------------------------------------------------
