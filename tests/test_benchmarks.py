@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.load import WrkResult, parse_wrk
-from benchmarks.report import ratio_checks, start_check, upload_check
+from benchmarks.report import Options, ratio_checks, render, start_check, upload_check
 from benchmarks.scenarios import WORKLOADS, Row, UploadRow, check_answer, median_row
 from benchmarks.servers import ServerError
 
@@ -131,6 +131,35 @@ def test_two_worker_rows_are_held_to_the_rate_only_four_worker_rows_to_nothing()
         other = row(rps=1.0, workload=workload)
         other.workers = workers
         assert ratio_checks(bare, other) == []
+
+
+def test_the_runtime_is_held_to_the_bare_uvloop_rate_on_small_json_served_unpinned():
+    """Issue 31's target, as the issue measured it: small JSON, servers and wrk on both cores.
+    A pinned row gives the front and its worker the bare app's one core: no verdict."""
+    rows = [
+        row(target, rps, workload=workload)
+        for workload in ("small_json", "numpy_1ms")
+        for target, rps in (("bare", 900.0), ("bare-uvloop", 1000.0), ("runtime", 990.0))
+    ]
+
+    def against_uvloop(pin: str) -> list[str]:
+        options = Options(("python", "-m", "benchmarks"), 1, 16, 10.0, 2.0, 1, pin, 0)
+        text = render(options, rows, [], [("date", "2026-11-26")])
+        return [line for line in text.splitlines() if line.startswith("| runtime | bare-uvloop")]
+
+    assert against_uvloop("none") == [
+        "| runtime | bare-uvloop | 1 | small_json | 0.99 | 1.00 | at least 1.00: FAIL |",
+        "| runtime | bare-uvloop | 1 | numpy_1ms | 0.99 | 1.00 |  |",
+    ]
+    pinned = against_uvloop("auto")
+    assert len(pinned) == 2
+    assert all(
+        line.endswith("| pinned: front and worker on the bare app's one core |") for line in pinned
+    )
+    faster = rows[2].wrk
+    assert faster is not None
+    faster.rps = 1000.0
+    assert against_uvloop("none")[0].endswith("| at least 1.00: PASS |")
 
 
 def test_start_and_upload_bounds():
