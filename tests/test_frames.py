@@ -23,9 +23,10 @@ from abeja_runtime.frames import (
     GiveBack,
     ProtocolError,
     encode_frame,
+    header_text,
 )
 
-CALL = Call(7, "POST", "/p", "a=1", (("Content-Type", "text/plain"),), "rid", None, b"hi", "", 0)
+CALL = Call(7, "POST", "/p", "a=1", ((b"Content-Type", b"text/plain"),), "rid", None, b"hi", "", 0)
 
 
 def test_frames_split_at_every_byte_come_out_whole_and_in_order():
@@ -39,6 +40,18 @@ def test_frames_split_at_every_byte_come_out_whole_and_in_order():
 
 
 FRAME_CLASSES = typing.get_args(frames.Frame)
+
+
+def test_header_lines_travel_as_bytes_and_are_read_as_aiohttp_reads_them():
+    """Every line, a name sent twice included, in order; UTF-8, and a byte that is not kept as
+    a lone surrogate (aiohttp's ``surrogateescape``), so that nothing is lost or refused."""
+    raw = ((b"X-A", b"1"), (b"x-a", b"2"), (b"X-Name", "\u00e9".encode() + b"\xff"))
+    (decoded,) = FrameDecoder().feed(encode_frame(CALL._replace(headers=raw)), [])
+    assert header_text(decoded[0].headers) == [
+        ("X-A", "1"),
+        ("x-a", "2"),
+        ("X-Name", "\u00e9\udcff"),
+    ]
 
 
 def test_every_frame_class_has_a_kind_of_its_own_and_every_kind_a_class():

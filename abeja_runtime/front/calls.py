@@ -212,7 +212,7 @@ class CallService:
 
     def _expire(self, pending: PendingCall) -> None:
         if not pending.answer.done():
-            pending.settle(HandlerTimeout(self._config.timeout))
+            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
             self._pool.withdraw(pending)
 
     # -- the call ----------------------------------------------------------------------------

@@ -250,7 +250,7 @@ class _DirectCall:
         except ServiceBusy as exc:
             self.refused(exc)
             return
-        self.pending.on_answer = self.answered
+        self.pending.answer.add_done_callback(self.answered)
 
     def answered(self, future: asyncio.Future[Answer | RpcAnswer]) -> None:
         """The answer's callback: an answer, or the front's 504 / 502 for this call."""

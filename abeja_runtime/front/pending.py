@@ -107,7 +107,7 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "chunks", "fd", "frame",
-        "giving_back", "on_answer", "process", "queued_at", "sent_at", "trace", "waited",
+        "giving_back", "process", "queued_at", "sent_at", "trace", "waited",
     )  # fmt: skip
 
     def __init__(
@@ -126,9 +126,6 @@ class PendingCall:
         self._cleanup = cleanup
         # The loop is passed, not looked up: on Python 3.11 each lookup is a getpid() call.
         self.answer: asyncio.Future[Answer | RpcAnswer] = loop.create_future()
-        #: Told of the answer by :meth:`settle` rather than by a callback of :attr:`answer`
-        #: (the direct path's, which no task awaits).
-        self.on_answer: Callable[[asyncio.Future[Answer | RpcAnswer]], None] | None = None
         self.chunks: asyncio.Queue[Any] | None = None
         #: The body of an answer that came without one (``Answer.body`` is ``None``, and it is
         #: not streamed); whoever writes it closes it.
@@ -176,24 +173,6 @@ class PendingCall:
                 if self.process is not None:
                     self.process.send(Credit(self.frame.id, CREDIT_STEP))
             yield item
-
-    def settle(self, outcome: Answer | RpcAnswer | BaseException, *, at_once: bool = False) -> None:
-        """The call's answer, or the front's error for it: :attr:`answer` is done, and
-        :attr:`on_answer` told, in the loop's next turn as a future's callback would be, or
-        ``at_once`` where the pool is done with the call (its answer on the direct path is
-        then written without a turn of the loop: a handle, a callback and a future's
-        bookkeeping fewer per request, 0.5 µs)."""
-        if isinstance(outcome, BaseException):
-            self.answer.set_exception(outcome)
-        else:
-            self.answer.set_result(outcome)
-        listener, self.on_answer = self.on_answer, None
-        if listener is None:
-            return
-        if at_once:
-            listener(self.answer)
-        else:
-            self.answer.get_loop().call_soon(listener, self.answer)
 
     def finish(self) -> None:
         cleanup, self._cleanup = self._cleanup, None

@@ -454,15 +454,15 @@ class HandlerPool:
             return
         if frame.streamed:
             pending.chunks = asyncio.Queue()
-            pending.settle(frame)
+            pending.answer.set_result(frame)
             return
         if fd is not None:  # its body came as a memfd
             if os.fstat(fd).st_size > ANSWER_FILE_ABOVE:  # written from there
                 pending.answer_file = AnswerFile(fd)
             else:
                 frame = frame._replace(body=read_fd(fd))
+        pending.answer.set_result(frame)
         self._finished(process, pending)
-        pending.settle(frame, at_once=True)
 
     def _rpc_answer_received(
         self, process: HandlerProcess, frame: RpcAnswer, fd: int | None
@@ -476,8 +476,8 @@ class HandlerPool:
             return
         if fd is not None:  # its message came as a memfd
             frame = frame._replace(payload=read_fd(fd))
+        pending.answer.set_result(frame)
         self._finished(process, pending)
-        pending.settle(frame, at_once=True)
 
     def _chunk_received(self, process: HandlerProcess, frame: Chunk, fd: int | None) -> None:
         pending = process.sent.get(frame.id)
@@ -734,7 +734,7 @@ class HandlerPool:
             self._started(pending, now)  # given up in the queue
             pending.finish()
             if not pending.answer.done():
-                pending.settle(exc)
+                pending.answer.set_exception(exc)
 
     def _fail_or_requeue(self, process: HandlerProcess, how: str) -> None:
         """The calls that were running fail; the ones that had not started go to the queue."""
@@ -748,7 +748,7 @@ class HandlerPool:
                 self._started(pending, now)  # if it still waited there, its wait ends
                 pending.finish()
                 if not pending.answer.done():
-                    pending.settle(WorkerCrashed(how))
+                    pending.answer.set_exception(WorkerCrashed(how))
                 elif pending.chunks is not None:
                     pending.chunks.put_nowait(STREAM_FAILED)
             else:
