@@ -43,7 +43,6 @@ class LocalServer(Server):
         self._sink = sink
         self._python = python
         self.port = spec.host_port or free_port()
-        self._health_port = free_port(other_than=(self.port,))
         self.url = f"http://127.0.0.1:{self.port}"
         self.description = f"local engine ({python})"
         self._runtime: RuntimeProcess | None = None
@@ -56,8 +55,11 @@ class LocalServer(Server):
             "127.0.0.1",
             "--port",
             str(self.port),
+            # The kernel's choice, named in the start-up record: a port picked here and bound
+            # by the runtime a moment later was sometimes taken meanwhile (by a test running
+            # beside it), and the start failed.
             "--healthcheck-port",
-            str(self._health_port),
+            "0",
             python=self._python,
         )
 
@@ -77,7 +79,6 @@ class LocalServer(Server):
             )
         except OSError as exc:
             raise ServerError(f"cannot start {self._python}: {exc}") from None
-        self._runtime.port, self._runtime.healthcheck_port = self.port, self._health_port
         self.log_thread = self._runtime.reader
 
     def exit_code(self) -> int | None:
