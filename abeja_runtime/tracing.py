@@ -253,6 +253,18 @@ class CallTrace:
         tracing._propagator.inject(found, tracing._trace.set_span_in_context(self._span))
         return tuple(found.items())
 
+    def job(self, async_id: str) -> CallTrace:
+        """The span of an async request's job (ABEJA's ARMS), a child of this server span, from
+        now until its result is sent: the server span ends at the ``202``, before the call
+        runs, so the call's queue wait and handler span hang from this one."""
+        tracing = self._tracing
+        span = tracing.tracer.start_span(
+            "async request",
+            context=tracing._trace.set_span_in_context(self._span),
+            attributes={"abeja.async_request_id": async_id},
+        )
+        return CallTrace(tracing, span)
+
     def queue_wait(self, seconds: float) -> None:
         """The call left the queue for its handler call after ``seconds`` there."""
         span = self._span

@@ -9,12 +9,14 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import multipart
 import pytest
+from helpers.otlp import otlp_http_receiver
 from helpers.servers import RunningServer, ServerFactory
 from helpers.waiting import wait_until
 
@@ -84,8 +86,10 @@ def platform_api() -> Iterator[PlatformApi]:
     thread.join(10)
 
 
-def start(make_server: ServerFactory, api: PlatformApi, *flags: str) -> RunningServer:
-    env = {**PLATFORM, "ABEJA_API_URL": f"http://127.0.0.1:{api.port}"}
+def start(
+    make_server: ServerFactory, api: PlatformApi, *flags: str, env: dict[str, str] | None = None
+) -> RunningServer:
+    env = {**PLATFORM, "ABEJA_API_URL": f"http://127.0.0.1:{api.port}", **(env or {})}
     return make_server("as_jobs", *flags, env=env)
 
 
@@ -122,6 +126,34 @@ def test_an_async_request_gets_202_at_once_and_its_result_is_put_to_the_platform
     assert json.loads(parts["body"][1]) == {"async_id": "job-1", "token": "t0k", "body": {"x": 1}}
     assert sync.status == 200
     assert sync.json() == {"async_id": "", "token": "t0k", "body": {"x": 1}}
+
+
+def test_an_async_request_is_traced_until_its_result_is_sent(make_server, platform_api):
+    """The server span ends at the 202, before the call runs: the job has a span of its own,
+    a child of it, until the result is sent, and the call's queue wait and handler span are
+    the job's children."""
+    pytest.importorskip("opentelemetry.sdk", reason="traces need the otel extra")
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    with otlp_http_receiver() as receiver:
+        server = start(
+            make_server,
+            platform_api,
+            env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"},
+        )
+        headers = ASYNC | {"traceparent": f"00-{trace_id}-{parent}-01"}
+        answer = server.post_json({"x": 1}, headers=headers)
+        platform_api.wait_for_puts(1)
+        spans = receiver.wait_for(trace_id, {"POST", "async request", "queue wait", "handler"})
+
+    assert answer.status == 202
+    call, job = spans["POST"], spans["async request"]
+    assert (call.parent_span_id, call.attributes["http.response.status_code"]) == (parent, 202)
+    assert job.parent_span_id == call.span_id
+    assert job.attributes["abeja.async_request_id"] == "job-1"
+    assert job.attributes["http.response.status_code"] == 200  # the result's
+    assert spans["queue wait"].parent_span_id == job.span_id
+    assert spans["handler"].parent_span_id == job.span_id
+    assert spans["handler"].end_ns <= job.end_ns  # the job ends once its result is sent
 
 
 def test_a_streamed_answer_is_sent_whole(make_server, platform_api):

@@ -65,6 +65,7 @@ from abeja_runtime.logs import (
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch, Spool
+from abeja_runtime.tracing import CallTrace
 
 __all__ = [
     "HEALTH_PATH",
@@ -184,7 +185,16 @@ class HttpServer:
         assert sink.response is not None  # its head was written, or tried
         return sink.response
 
-    def _pending(self, request: web.BaseRequest, body: Body, entry: CallEntry) -> PendingCall:
+    def _pending(
+        self,
+        request: web.BaseRequest,
+        body: Body,
+        entry: CallEntry,
+        trace: CallTrace | None = None,
+    ) -> PendingCall:
+        """The call of ``request``; its spans hang from ``trace`` (an async request's job's),
+        else from the entry's server span."""
+        trace = entry.trace if trace is None else trace
         url = request.rel_url
         call = Call(
             self.calls.next_id(),
@@ -197,9 +207,9 @@ class HttpServer:
             body.data,
             "" if body.file is None else body.file.name,
             body.size,
-            entry.carrier(),
+            () if trace is None else trace.carrier(),
         )
-        return PendingCall(call, self.loop, body.fd, body.close, entry.trace)
+        return PendingCall(call, self.loop, body.fd, body.close, trace)
 
     async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
         """The whole body, counted against the limit: in the frame up to
@@ -315,7 +325,8 @@ class HttpServer:
         if refusal is not None:
             body.close()
             return await self._send_reply(request, entry, refusal)
-        pending = self._pending(request, body, entry)
+        job_trace = None if entry.trace is None else entry.trace.job(async_id)
+        pending = self._pending(request, body, entry, job_trace)
         token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
         self.calls.accounting.hold()  # until the result is sent: a graceful shutdown waits for it
         job = asyncio.create_task(self._run_async(pending, async_id, token, tag, entry.received))
@@ -334,6 +345,9 @@ class HttpServer:
         tag: tuple[str, str],
         received: float,
     ) -> None:
+        """Run the call, and send its result (or ABEJA's failure document) to the platform;
+        the job's span (``pending.trace``) ends with the result's status once it is sent."""
+        status = 500  # the job failed, unless a reply is sent
         try:
             try:
                 answer = await self.calls.call(pending, received)
@@ -352,6 +366,7 @@ class HttpServer:
                     pending.answer_file.close()
                 assert data is not None
                 reply = EncodedResponse(answer.status, answer.headers, data)
+            status = reply.status
             await self._results.send_result(async_id, token, reply.with_headers((tag,)))
         except Exception:
             _log.exception("async request %s failed", async_id)
@@ -359,6 +374,9 @@ class HttpServer:
         finally:
             if pending.answer_file is not None:  # not read: a failed answer, or a failure
                 pending.answer_file.close()  # (closing twice is nothing)
+            if pending.trace is not None:
+                pending.trace.status(status)
+                pending.trace.end()
             self.calls.accounting.release()
 
 
