@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextvars import Token
@@ -58,6 +59,10 @@ _SAMPLERS: Final = (
 _INSTALL: Final = "pip install 'abeja-runtime[otel]'"
 #: Nanoseconds of decoding or encoding that make a span of their own (:class:`IfCostly`).
 COSTLY: Final = 100_000
+#: Seconds the spans still buffered get to go out when a process stops: a collector that does
+#: not answer held the stop for OpenTelemetry's own bound, 30 s (beyond a pod's usual
+#: termination grace, once the drain has had its share).
+SHUTDOWN_WAIT: Final = 5.0
 
 
 def _configuration_problem(environ: Mapping[str, str]) -> str | None:
@@ -214,8 +219,19 @@ class Tracing:
         return traced
 
     def shutdown(self) -> None:
-        """Export what is still buffered (at the process's end)."""
-        self._provider.shutdown()
+        """Export what is still buffered (at the process's end), for :data:`SHUTDOWN_WAIT`
+        seconds at most; what is left then is dropped, with a warning."""
+        export = threading.Thread(
+            target=self._provider.shutdown, name="tracing-shutdown", daemon=True
+        )
+        export.start()
+        export.join(SHUTDOWN_WAIT)
+        if export.is_alive():
+            _log.warning(
+                "the spans still buffered were not all sent within %g s (the collector did not "
+                "answer in time); the rest are dropped",
+                SHUTDOWN_WAIT,
+            )
 
 
 def _server_span(method: str, path: str, request_id: str, rpc: bool) -> tuple[str, dict[str, str]]:

@@ -268,6 +268,31 @@ def test_a_configuration_that_cannot_work_is_one_warning_and_no_traces(
         assert receiver.spans() == []
 
 
+def test_a_collector_that_does_not_answer_holds_the_stop_no_longer_than_the_runtime_allows(
+    make_server: Any,
+) -> None:
+    """Spans still buffered at the stop get SHUTDOWN_WAIT seconds to go out; a collector that
+    accepts and never answers (and an exporter told to wait ten minutes for it) would hold each
+    process's stop for OpenTelemetry's own 30 s. The front and its worker say what they drop,
+    and the runtime stops with 0."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connections wait in its backlog
+        server = make_server(
+            "tr_traced", "--log-format", "json",
+            env={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
+                "OTEL_BSP_SCHEDULE_DELAY": "600000",  # kept until the stop
+            },
+        )  # fmt: skip
+        assert server.request("POST", "/", b"{}", traceparent()[2]).status == 200
+        assert server.stop(timeout=120) == 0
+    dropped = [r for r in server.records() if "were not all sent" in r.get("message", "")]
+    assert len(dropped) == 2, dropped  # the front's server span, the worker's handler span
+    assert all(r["log_level"] == "warning" for r in dropped)
+
+
 def test_no_exporter_configured_is_no_tracing(make_server: Any) -> None:
     """No span anywhere: the handler runs under none, the access record names none."""
     import json
