@@ -100,7 +100,24 @@ class Deployment:
     @property
     def pod_concurrency(self) -> int:
         """Requests one pod serves at once: what Knative and KServe call containerConcurrency."""
-        return self.workers * self.concurrency
+        return int(self.effective("workers") * self.effective("concurrency"))
+
+    def effective(self, name: str) -> float:
+        """The runtime's setting ``name`` (one of those passed on) as the runtime will read it:
+        a variable given with ``-e`` wins over the option (:attr:`runtime_env`), so what the
+        manifests size by it (the pod's termination grace, its concurrency) follows it."""
+        setting = setting_named(name)
+        envvar = str(setting.envvar)
+        given = self.env.get(envvar)
+        if given is None:
+            return float(getattr(self, name))
+        try:
+            return float(given)
+        except ValueError:
+            raise InputError(
+                f"-e {envvar}={given} is not a number, which the runtime would refuse at its "
+                f"start; give a number, or {setting.flag} instead"
+            ) from None
 
     @property
     def runtime_env(self) -> dict[str, str]:
@@ -198,7 +215,12 @@ def _kubernetes(d: Deployment) -> list[dict[str, Any]]:
     # What the runtime takes at most to stop: its drain delay (answering while readiness
     # says 503, so that endpoints and load balancers stop sending first), the grace period,
     # the kill of stragglers.
-    grace = math.ceil(d.drain_delay) + math.ceil(d.grace_period) + _KILL_MARGIN + _SLACK
+    grace = (
+        math.ceil(d.effective("drain_delay"))
+        + math.ceil(d.effective("grace_period"))
+        + _KILL_MARGIN
+        + _SLACK
+    )
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

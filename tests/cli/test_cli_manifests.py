@@ -344,7 +344,13 @@ def test_keda_queries_a_metric_the_runtime_exports(
 
 @pytest.mark.parametrize(
     ("args", "drain", "grace"),
-    [([], "8", 8 + 30 + 5 + 5), (["--drain-delay", "12.5", "--grace-period", "20"], "12.5", 43)],
+    [
+        ([], "8", 8 + 30 + 5 + 5),
+        (["--drain-delay", "12.5", "--grace-period", "20"], "12.5", 43),
+        # The user's variables win over the options, in the runtime and in the pod's grace.
+        (["--drain-delay", "3", "-e", "ABEJA_RUNTIME_DRAIN_DELAY=40"], "40", 40 + 30 + 5 + 5),
+    ],
+    ids=["defaults", "options", "-e"],
 )
 def test_a_stopping_pod_drains_in_the_runtime_without_a_pre_stop_pause(
     tmp_path: Path, args: list[str], drain: str, grace: int
@@ -369,6 +375,11 @@ def test_a_stopping_pod_drains_in_the_runtime_without_a_pre_stop_pause(
         (["--image", "m:1", "--target", "swarm"], "--target 'swarm' is not one of"),
         (["--image", "Bad Image", "--target", "kserve"], "is not an image name Docker accepts"),
         (["--image", "m:1", "--target", "kserve", "-e", "X"], "-e 'X' has no value"),
+        (
+            ["--image", "m:1", "--target", "kubernetes", "-e", "ABEJA_RUNTIME_GRACE_PERIOD=soon"],
+            "-e ABEJA_RUNTIME_GRACE_PERIOD=soon is not a number, which the runtime would refuse "
+            "at its start; give a number, or --grace-period instead",
+        ),
         (["--image", "m:1", "--target", "kserve", "--name", "9x"], "is not a Kubernetes name"),
         (["--image", "m:1", "--target", "kserve", "--env-file", "nope.env"], "does not exist"),
         (
