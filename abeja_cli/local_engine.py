@@ -26,28 +26,23 @@ from abeja_cli.errors import EngineUnavailable, InputError, ServerError
 from abeja_cli.gpus import GpuRequest
 from abeja_cli.server_log import LogSink, pump_lines, start_daemon
 from abeja_cli.venvs import project_python
-from abeja_runtime.launch import RuntimeProcess, runtime_command
+from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
 
-__all__ = ["LocalEngine", "LocalServer"]
+__all__ = ["LocalEngine", "LocalServer", "free_port"]
 
 #: Seconds a stopping runtime gets to finish in-flight requests before it is killed.
 _GRACE: Final = 10.0
-#: Seconds to wait for the start-up record that names the ports the kernel chose (the runtime
-#: writes it once it listens, before its workers load the handler; a runtime that exits
-#: before ends the wait at once).
-_PORTS_WAIT: Final = 60.0
 _CUDA: Final = "CUDA_VISIBLE_DEVICES"
 
 
 class LocalServer(Server):
-    """One ``python -m abeja_runtime`` process; restartable on the same service port."""
+    """One ``python -m abeja_runtime`` process; restartable on the same ports."""
 
     def __init__(self, spec: RunSpec, sink: LogSink, python: str = sys.executable) -> None:
         self._spec = spec
         self._sink = sink
         self._python = python
-        #: The port given, else the kernel's choice at the first start, kept for the restarts.
-        self.port = spec.host_port or 0
+        self.port = spec.host_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.description = f"local engine ({python})"
         self._runtime: RuntimeProcess | None = None
@@ -58,11 +53,11 @@ class LocalServer(Server):
             self._spec.handler,
             "--host",
             "127.0.0.1",
-            # Ports the kernel chooses are named in the start-up record: a port picked here and
-            # bound by the runtime a moment later was sometimes taken meanwhile (by a test
-            # running beside it), and the start failed.
             "--port",
             str(self.port),
+            # The kernel's choice, named in the start-up record: a port picked here and bound
+            # by the runtime a moment later was sometimes taken meanwhile (by a test running
+            # beside it), and the start failed.
             "--healthcheck-port",
             "0",
             python=self._python,
@@ -85,9 +80,6 @@ class LocalServer(Server):
         except OSError as exc:
             raise ServerError(f"cannot start {self._python}: {exc}") from None
         self.log_thread = self._runtime.reader
-        if not self.port and self._runtime.wait_for_ports(_PORTS_WAIT):
-            self.port = self._runtime.port
-            self.url = f"http://127.0.0.1:{self.port}"
 
     def exit_code(self) -> int | None:
         return None if self._runtime is None else self._runtime.exit_code()
