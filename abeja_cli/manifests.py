@@ -37,7 +37,7 @@ from abeja_cli.console import Console
 from abeja_cli.environment import parse_env_file, parse_env_option
 from abeja_cli.errors import InputError
 from abeja_cli.session import reported
-from abeja_runtime.config import Config
+from abeja_runtime.config import VALIDATORS, Config
 from abeja_runtime.options import click_option, setting_named
 
 __all__ = ["TARGETS", "Deployment", "manifests", "render"]
@@ -92,6 +92,8 @@ class Deployment:
                     f"--secret {secret!r} is not a Kubernetes Secret name; use lower-case "
                     "letters, digits, '-' and '.'"
                 )
+        for name in _PASSED_ON:  # every target sizes something by them
+            self.effective(name)
         if not 1 <= self.replicas <= self.max_replicas:
             raise InputError(
                 f"--replicas {self.replicas} must be from 1 to --max-replicas {self.max_replicas}"
@@ -105,26 +107,36 @@ class Deployment:
     def effective(self, name: str) -> float:
         """The runtime's setting ``name`` (one of those passed on) as the runtime will read it:
         a variable given with ``-e`` wins over the option (:attr:`runtime_env`), so what the
-        manifests size by it (the pod's termination grace, its concurrency) follows it."""
+        manifests size by it (the pod's termination grace, its concurrency, the timeouts)
+        follows it. Checked by the runtime's own rule for the setting, and finite (a grace
+        period is sized by it): :class:`InputError` otherwise."""
         setting = setting_named(name)
         envvar = str(setting.envvar)
         given = self.env.get(envvar)
         if given is None:
-            return float(getattr(self, name))
-        try:
-            return float(given)
-        except ValueError:
+            value = float(getattr(self, name))
+            named = f"{setting.flag} {value:g}"
+        else:
+            named = f"-e {envvar}={given}"
+            try:
+                value = float(VALIDATORS[setting.kind](setting, given))
+            except ValueError as exc:
+                raise InputError(
+                    f"{named}: the value {exc}; give one that is, or {setting.flag} instead"
+                ) from None
+        if not math.isfinite(value):
             raise InputError(
-                f"-e {envvar}={given} is not a number, which the runtime would refuse at its "
-                f"start; give a number, or {setting.flag} instead"
-            ) from None
+                f"{named} is not a finite number: the pod's termination grace period and "
+                "timeouts are sized by it"
+            )
+        return value
 
     @property
     def runtime_env(self) -> dict[str, str]:
         """The runtime's own settings, then the user's variables (which win). Several workers
         share the pod's GPUs, one each, round-robin (``--devices``)."""
         ours = {str(setting_named(name).envvar): f"{getattr(self, name):g}" for name in _PASSED_ON}
-        if self.gpus and self.workers > 1:
+        if self.gpus and self.effective("workers") > 1:
             ours[_DEVICES] = ",".join(str(index) for index in range(self.gpus))
         return {**ours, **self.env}
 
@@ -288,8 +300,8 @@ def _knative(d: Deployment) -> list[dict[str, Any]]:
         "containers": [container],
         "volumes": _tmp_volume(),
     }
-    if d.timeout:
-        spec["timeoutSeconds"] = math.ceil(d.timeout)
+    if timeout := d.effective("timeout"):
+        spec["timeoutSeconds"] = math.ceil(timeout)
     return [
         {
             "apiVersion": "serving.knative.dev/v1",
@@ -317,8 +329,8 @@ def _kserve(d: Deployment) -> list[dict[str, Any]]:
         "containers": [container],
         "volumes": _tmp_volume(),
     }
-    if d.timeout:
-        predictor["timeout"] = math.ceil(d.timeout)
+    if timeout := d.effective("timeout"):
+        predictor["timeout"] = math.ceil(timeout)
     return [
         {
             "apiVersion": "serving.kserve.io/v1beta1",

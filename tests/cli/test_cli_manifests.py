@@ -273,6 +273,26 @@ def test_no_gpus_unless_asked(tmp_path: Path, target: str) -> None:
     assert "ABEJA_RUNTIME_DEVICES" not in json.dumps(container)
 
 
+def test_runtime_variables_given_with_e_size_the_service_as_they_size_the_runtime(
+    tmp_path: Path,
+) -> None:
+    """They win over the options in the container's env; the concurrency, the target and the
+    timeout Knative holds requests to follow them, not the options they override."""
+    result, (service,) = manifests(
+        "--image", "m:1", "--target", "knative", "--workers", "1", "--timeout", "60",
+        "-e", "ABEJA_RUNTIME_WORKERS=4", "-e", "ABEJA_RUNTIME_TIMEOUT=300", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    validate(service)
+    template = service["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert (env["ABEJA_RUNTIME_WORKERS"], env["ABEJA_RUNTIME_TIMEOUT"]) == ("4", "300")
+    assert template["spec"]["containerConcurrency"] == 4
+    assert template["metadata"]["annotations"]["autoscaling.knative.dev/target"] == "3"
+    assert template["spec"]["timeoutSeconds"] == 300
+
+
 @pytest.mark.parametrize(
     ("workers", "concurrency", "target"),
     [(1, 1, 1), (2, 1, 1), (2, 2, 3), (4, 3, 8), (10, 1, 7)],
@@ -377,8 +397,18 @@ def test_a_stopping_pod_drains_in_the_runtime_without_a_pre_stop_pause(
         (["--image", "m:1", "--target", "kserve", "-e", "X"], "-e 'X' has no value"),
         (
             ["--image", "m:1", "--target", "kubernetes", "-e", "ABEJA_RUNTIME_GRACE_PERIOD=soon"],
-            "-e ABEJA_RUNTIME_GRACE_PERIOD=soon is not a number, which the runtime would refuse "
-            "at its start; give a number, or --grace-period instead",
+            "-e ABEJA_RUNTIME_GRACE_PERIOD=soon: the value must be a number of seconds, 0 or more "
+            "(e.g. 2.5; 0: no limit); give one that is, or --grace-period instead",
+        ),
+        (  # whatever the target sizes: the runtime would refuse it at its start
+            ["--image", "m:1", "--target", "kubernetes", "-e", "ABEJA_RUNTIME_WORKERS=0"],
+            "-e ABEJA_RUNTIME_WORKERS=0: the value must be a whole number, 1 or more; give one "
+            "that is, or --workers instead",
+        ),
+        (
+            ["--image", "m:1", "--target", "knative", "--drain-delay", "inf"],
+            "--drain-delay inf is not a finite number: the pod's termination grace period and "
+            "timeouts are sized by it",
         ),
         (["--image", "m:1", "--target", "kserve", "--name", "9x"], "is not a Kubernetes name"),
         (["--image", "m:1", "--target", "kserve", "--env-file", "nope.env"], "does not exist"),
