@@ -60,9 +60,10 @@ _INSTALL: Final = "pip install 'abeja-runtime[otel]'"
 #: Nanoseconds of decoding or encoding that make a span of their own (:class:`IfCostly`).
 COSTLY: Final = 100_000
 #: Seconds the spans still buffered get to go out when a process stops: a collector that does
-#: not answer held the stop for OpenTelemetry's own bound, 30 s (beyond a pod's usual
-#: termination grace, once the drain has had its share).
-SHUTDOWN_WAIT: Final = 5.0
+#: not answer held the stop for OpenTelemetry's own bound, 30 s (beyond a pod's termination
+#: grace, once the drain has had its share). Within the 5 s the front gives a worker beyond
+#: its grace period, and the manifests' 5 s beyond the front's.
+SHUTDOWN_WAIT: Final = 2.0
 
 
 def _configuration_problem(environ: Mapping[str, str]) -> str | None:
@@ -161,7 +162,11 @@ class Tracing:
         )
         attributes = {} if named else {"service.name": "abeja-runtime"}
         attributes["abeja_runtime.process"] = process
-        self._provider: TracerProvider = TracerProvider(resource=Resource.create(attributes))
+        # No exit handler of its own: ours (shutdown) bounds the wait, and an exit handler
+        # would wait again, unbounded in the SDK's older releases.
+        self._provider: TracerProvider = TracerProvider(
+            resource=Resource.create(attributes), shutdown_on_exit=False
+        )
         self._provider.add_span_processor(BatchSpanProcessor(_exporter(environ)))
         if process == "worker":  # the handler's own spans go where the runtime's go
             trace.set_tracer_provider(self._provider)
