@@ -52,6 +52,14 @@ def said(server: RunningServer, words: str) -> dict:
     return server.wait_for_record(lambda r: words in r.get("message", ""))
 
 
+def hold_call(server: RunningServer, release: Path) -> http.client.HTTPConnection:
+    """A call that runs until ``release`` exists; its connection, to read the answer from."""
+    held = connect(server.port)
+    held.request("POST", f"/?until={release}", b"{}", {"Content-Type": "application/json"})
+    wait_until(lambda: server.in_flight() == 1, 10, "the held call to run")
+    return held
+
+
 def refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
@@ -135,9 +143,7 @@ def test_after_the_delay_the_port_refuses_and_the_drain_goes_on(make_server, tmp
     is answered, and the runtime exits 0."""
     server = make_server("fi_sync", env={"ABEJA_RUNTIME_DRAIN_DELAY": "1"})
     release = tmp_path / "release"
-    held = connect(server.port)
-    held.request("POST", f"/?until={release}", b"{}", {"Content-Type": "application/json"})
-    wait_until(lambda: server.in_flight() == 1, 10, "the held call to run")
+    held = hold_call(server, release)
     server.process.send_signal(signal.SIGTERM)
     record = said(server, "drain delay of 1 s over")
     assert record["message"] == (
@@ -157,9 +163,7 @@ def test_after_the_delay_the_port_refuses_and_the_drain_goes_on(make_server, tmp
 def test_sigint_stops_accepting_at_once(make_server, tmp_path: Path):
     server = make_server("fi_sync", "--drain-delay", LONG_DELAY)
     release = tmp_path / "release"
-    held = connect(server.port)
-    held.request("POST", f"/?until={release}", b"{}", {"Content-Type": "application/json"})
-    wait_until(lambda: server.in_flight() == 1, 10, "the held call to run")
+    held = hold_call(server, release)
     server.process.send_signal(signal.SIGINT)
     record = said(server, "the service port stops accepting")
     assert record["message"].startswith("the service port stops accepting; 1 request(s) in flight")
