@@ -41,7 +41,15 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["COSTLY", "CallTrace", "HandlerSpan", "IfCostly", "Tracing", "tracing_from"]
+__all__ = [
+    "COSTLY",
+    "CallTrace",
+    "HandlerSpan",
+    "IfCostly",
+    "Tracing",
+    "carrier",
+    "tracing_from",
+]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -309,6 +317,12 @@ class CallTrace:
 
     def end(self) -> None:
         self._span.end()
+
+
+def carrier(trace: CallTrace | None) -> Carrier:
+    """The context a call's spans in the handler process hang from, for its frame (empty: the
+    call is not traced)."""
+    return () if trace is None else trace.carrier()
 
 
 class IfCostly:

@@ -132,10 +132,6 @@ class CallEntry:
         #: Its spans, when tracing is on.
         self.trace: CallTrace | None = None
 
-    def carrier(self) -> tuple[tuple[str, str], ...]:
-        """Its server span's context for the handler process (empty: not traced)."""
-        return () if self.trace is None else self.trace.carrier()
-
     def count(self, status: int) -> None:
         """The call's status, counted now (before its answer leaves); once: a later status is
         not counted again."""

@@ -46,6 +46,7 @@ from abeja_runtime.logs import (
     request_id_from,
     requester_id_from,
 )
+from abeja_runtime.tracing import carrier
 
 if TYPE_CHECKING:
     from abeja_runtime.front.calls import CallService
@@ -161,7 +162,7 @@ class DirectRequests:
             body,
             "",
             size,
-            entry.carrier(),
+            carrier(entry.trace),
         )
         direct = _DirectCall(
             calls,

@@ -53,6 +53,7 @@ from abeja_runtime.front.accounting import CallEntry
 from abeja_runtime.front.calls import CallService
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.logs import REQUEST_ID_HEADER, request_id_from
+from abeja_runtime.tracing import carrier
 
 __all__ = ["RpcServer"]
 
@@ -210,7 +211,13 @@ class RpcServer:
         if size <= INLINE_LIMIT:
             calls.gate.leave()
             call = RpcCall(
-                calls.next_id(), method, payload, metadata, entry.request_id, 0, entry.carrier()
+                calls.next_id(),
+                method,
+                payload,
+                metadata,
+                entry.request_id,
+                0,
+                carrier(entry.trace),
             )
             return PendingCall(call, calls.loop, trace=entry.trace), size
         body, mapped = calls.held_body(size)
@@ -223,6 +230,6 @@ class RpcServer:
         mapped[:size] = payload
         del payload  # the front holds the message once, in the buffer, while the call runs
         call = RpcCall(
-            calls.next_id(), method, b"", metadata, entry.request_id, size, entry.carrier()
+            calls.next_id(), method, b"", metadata, entry.request_id, size, carrier(entry.trace)
         )
         return PendingCall(call, calls.loop, body.fd, body.close, entry.trace), size

@@ -65,7 +65,7 @@ from abeja_runtime.logs import (
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch, Spool
-from abeja_runtime.tracing import CallTrace
+from abeja_runtime.tracing import CallTrace, carrier
 
 __all__ = [
     "HEALTH_PATH",
@@ -207,7 +207,7 @@ class HttpServer:
             body.data,
             "" if body.file is None else body.file.name,
             body.size,
-            () if trace is None else trace.carrier(),
+            carrier(trace),
         )
         return PendingCall(call, self.loop, body.fd, body.close, trace)
 
