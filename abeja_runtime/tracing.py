@@ -184,25 +184,35 @@ class Tracing:
         self._context = context
         self._server = trace.SpanKind.SERVER
         self._error = trace.StatusCode.ERROR
+        #: A call could not be traced (said once).
+        self._call_failed = False
 
     # -- the front --------------------------------------------------------------------------
 
     def call(
         self, carrier: Any, received: float, method: str, path: str, request_id: str, *, rpc: bool
-    ) -> CallTrace:
+    ) -> CallTrace | None:
         """A call's server span, from ``received`` (seconds since the epoch), its parent the
         caller's context in ``carrier`` (request headers, gRPC metadata as a mapping), named
         and described as OpenTelemetry's conventions for HTTP and gRPC servers say (``rpc``:
-        ``path`` is the gRPC method)."""
+        ``path`` is the gRPC method). ``None`` when it cannot be made: the call is served, and
+        counted, untraced (the first such failure is logged)."""
         name, attributes = _server_span(method, path, request_id, rpc)
-        parent = self._propagator.extract(carrier) if carrier else None
-        span = self.tracer.start_span(
-            name,
-            context=parent,
-            kind=self._server,
-            attributes=attributes,
-            start_time=int(received * 1e9),
-        )
+        try:
+            parent = self._propagator.extract(carrier) if carrier else None
+            span = self.tracer.start_span(
+                name,
+                context=parent,
+                kind=self._server,
+                attributes=attributes,
+                start_time=int(received * 1e9),
+            )
+        except Exception:  # a propagator or sampler of OTEL_PROPAGATORS/_SAMPLER that failed:
+            # the call goes on untraced, and is counted like any other (its access record)
+            if not self._call_failed:
+                self._call_failed = True
+                _log.warning("a call could not be traced; it is served untraced", exc_info=True)
+            return None
         return CallTrace(self, span)
 
     # -- a handler process ------------------------------------------------------------------
@@ -269,11 +279,7 @@ class CallTrace:
         context = span.get_span_context()
         #: The trace and span ids, as the access record shows them (hex); none for a call
         #: that is not sampled (no trace of it is kept anywhere to look them up in).
-        self.ids = (
-            (f"{context.trace_id:032x}", f"{context.span_id:016x}")
-            if context.trace_flags.sampled
-            else None
-        )
+        self.ids = _hex_ids(context) if context.trace_flags.sampled else None
 
     def carrier(self) -> Carrier:
         """The server span's context as the handler process gets it (in the call frame)."""
@@ -310,13 +316,22 @@ class CallTrace:
     def status(self, status: int) -> None:
         """The answer's status (a gRPC call's as the access log counts it); a 5xx (504 too)
         marks the span as an error."""
-        span = self._span
-        span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            span.set_status(self._tracing._error, f"answered {status}")
+        _answered(self._tracing, self._span, status)
 
     def end(self) -> None:
         self._span.end()
+
+
+def _hex_ids(context: Any) -> tuple[str, str]:
+    """A span's trace and span ids as the logs show them (hex)."""
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def _answered(tracing: Tracing, span: Span, status: int) -> None:
+    """The answer's status on ``span``; a 5xx (504 too) marks it as an error."""
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_status(tracing._error, f"answered {status}")
 
 
 def carrier(trace: CallTrace | None) -> Carrier:
@@ -365,9 +380,7 @@ class HandlerSpan:
         self._token = tracing._context.attach(tracing._trace.set_span_in_context(self._span))
         context = self._span.get_span_context()
         if context.trace_flags.sampled:
-            self._ids_token = trace_ids_var.set(
-                (f"{context.trace_id:032x}", f"{context.span_id:016x}")
-            )
+            self._ids_token = trace_ids_var.set(_hex_ids(context))
         return self
 
     def decode(self) -> IfCostly:
@@ -376,9 +389,7 @@ class HandlerSpan:
         return IfCostly(self._tracing, "decode request")
 
     def status(self, status: int) -> None:
-        self._span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            self._span.set_status(self._tracing._error, f"answered {status}")
+        _answered(self._tracing, self._span, status)
 
     def __exit__(self, *exc_info: object) -> None:
         if self._ids_token is not None:
@@ -386,8 +397,3 @@ class HandlerSpan:
         if self._token is not None:
             self._tracing._context.detach(self._token)
         self._span.end()
-
-
-def from_environment(process: str) -> Tracing | None:
-    """:func:`tracing_from` this process's environment."""
-    return tracing_from(os.environ, process)

@@ -138,14 +138,13 @@ class RpcServer:
             for key, value in (context.invocation_metadata() or ())
             if isinstance(value, str)
         )
-        request_id = request_id_from(dict(metadata).get(REQUEST_ID_HEADER))
+        given = dict(metadata)  # also the caller's trace context
+        request_id = request_id_from(given.get(REQUEST_ID_HEADER))
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         calls = self._calls
         # Ended however the call ends: a call the client cancels (or whose own deadline
         # passes) is counted as 499 then.
-        entry = calls.accounting.open(
-            "POST", method, received, request_id, None, dict(metadata), rpc=True
-        )
+        entry = calls.accounting.open("POST", method, received, request_id, None, given, rpc=True)
         size = 0
         try:
             if not calls.admitting:
