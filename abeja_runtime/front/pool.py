@@ -279,12 +279,10 @@ class HandlerPool:
         """A ready process that serves calls, the oldest of them younger than
         :data:`_JOIN_WHILE_YOUNGER`, with room in its pipeline (for a quick call to join)."""
         most_held = self._config.concurrency + PIPELINE
-        joins_after = now - _JOIN_WHILE_YOUNGER
         for process in self.processes:
-            sent = process.sent
-            if 0 < len(sent) < most_held and process.state is ProcessState.READY:
-                oldest = next(iter(sent.values()))
-                if oldest.sent_at > joins_after:
+            if process.state is ProcessState.READY and 0 < len(process.sent) < most_held:
+                age = process.oldest_call_age(now)
+                if age is not None and age < _JOIN_WHILE_YOUNGER:
                     return process
         return None
 
