@@ -35,7 +35,7 @@ def wait_for_ready_workers(server: RunningServer, count: int) -> list[int]:
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or before the read
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited already
 
