@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from abeja_runtime.styles import Style
 
 __all__ = [
+    "DEVICE_ID",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "LOOPS",
@@ -54,8 +55,9 @@ __all__ = [
 #: The event loops a worker can run on (``--loop``).
 LOOPS: Final = ("auto", "asyncio", "uvloop")
 MiB: Final = 1024 * 1024
-#: One id of ``--devices``: an index, or a GPU's UUID (``GPU-...``, ``MIG-...``).
-_DEVICE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
+#: One GPU id as CUDA_VISIBLE_DEVICES and ``docker run --gpus device=`` take it: an index, a
+#: GPU's UUID or the start of one (``GPU-8f2a``), or a MIG device's (``MIG-...``).
+DEVICE_ID: Final = re.compile(r"^(?:\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)$")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 #: How log records are written (``--log-format``); ``auto`` is resolved by each process against
 #: the stream its records go to (:func:`abeja_runtime.logs.configure_logging`).
@@ -192,8 +194,19 @@ class Config:
         kind="seconds",
         envvar="ABEJA_RUNTIME_STREAM_IDLE_TIMEOUT",
         server_only=True,
-        help="seconds a streamed answer may go without a chunk once it has begun (`--timeout` "
-        "bounds its first); then it is cut short and its generator closed; `0`: no limit",
+        help="seconds a streamed answer may go without progress once it has begun (no chunk "
+        "from the handler and nothing taken by the client; `--timeout` bounds its first chunk); "
+        "then it alone is cut short, its connection closed and its generator closed; `0`: no "
+        "limit",
+    )
+    stream_timeout: float = setting(
+        0.0,
+        kind="seconds",
+        envvar="ABEJA_RUNTIME_STREAM_TIMEOUT",
+        server_only=True,
+        help="seconds a streamed answer may last in all once it has begun, however steadily it "
+        "sends; then it alone is cut short and its generator closed (the handler's worker and "
+        "its other calls go on); `0`: no limit",
     )
     #: ABEJA Platform had no limit at all; 100 MiB admits large images and small videos while
     #: still stopping a runaway client before it fills the disk.
@@ -430,10 +443,11 @@ class Config:
                 f"--grpc-port must differ from the HTTP ports ({self.grpc_port}); "
                 "give it a port of its own"
             )
-        if self.devices and not all(_DEVICE.match(device) for device in self.devices.split(",")):
+        if self.devices and not all(DEVICE_ID.match(device) for device in self.devices.split(",")):
             problems.append(
-                f"--devices (ABEJA_RUNTIME_DEVICES) must be device ids separated by commas, as "
-                f"CUDA_VISIBLE_DEVICES takes them (e.g. 0,1 or GPU-8f2a...), got {self.devices!r}"
+                f"--devices (ABEJA_RUNTIME_DEVICES) must be GPU ids separated by commas, as "
+                f"CUDA_VISIBLE_DEVICES takes them: indices or UUIDs (e.g. 0,1 or GPU-8f2a...), "
+                f"got {self.devices!r}"
             )
         if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             problems.append(

@@ -31,8 +31,10 @@ with :data:`EXIT_WARMUP_FAILED` when its warm-up failed). Then the front sends :
 :class:`RpcAnswer`; a ``def`` handler's process at ``--concurrency 1`` writes each answer
 **before** it reads the next call, so that a crash can lose only the call that was running
 (with threads or an event loop, the calls that were running). A streamed body runs at most
-:data:`STREAM_WINDOW` chunks ahead of its client: the front gives :class:`Credit` for the chunks
-the client took, and a stream that has none left waits (its generator is not asked for more).
+:data:`STREAM_WINDOW` chunks and :data:`STREAM_WINDOW_BYTES` bytes (plus the chunk that crossed
+them) ahead of its client: the front gives :class:`Credit` for the chunks the client took, and a
+stream that has none left waits (its generator is not asked for more). A chunk above
+:data:`INLINE_LIMIT` travels as a memfd, as a big body does.
 The front may take back a call the process has not started (:class:`Cancel`,
 :class:`GiveBack`): the process then answers :class:`GivenBack` instead. A closed socket tells
 either side that the other is gone: the handler process finishes (the handler's teardown runs),
@@ -60,10 +62,12 @@ if TYPE_CHECKING:  # for the type only: config imports every style, and mapped.p
 
 __all__ = [
     "CREDIT_STEP",
+    "CREDIT_STEP_BYTES",
     "EXIT_WARMUP_FAILED",
     "FDS_PER_WRITE",
     "INLINE_LIMIT",
     "STREAM_WINDOW",
+    "STREAM_WINDOW_BYTES",
     "VERSION",
     "Answer",
     "BlockingChannel",
@@ -91,7 +95,7 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 7
+VERSION: Final = 8
 #: A handler process's exit code when its warm-up failed (``worker/warmup.py``; EX_TEMPFAIL of
 #: sysexits.h): the front replaces it with back-off, even before any process was ready.
 EXIT_WARMUP_FAILED: Final = 75
@@ -110,9 +114,15 @@ _FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * FDS_PER_WR
 #: stream whose client reads slowly (the generator waits), per stream, so that one slow reader
 #: holds up its own stream and no other call of its process.
 STREAM_WINDOW: Final = 8
-#: The front gives credit back in steps of this many chunks (a frame per chunk would double the
-#: frames of a stream).
+#: ... and how many bytes: a chunk may still be sent while fewer than these are ahead, so the
+#: front holds at most this plus one chunk of a stream (HTTP/2's default window is 64 KiB,
+#: Envoy buffers 1 MiB a connection). Counted in chunks alone, four clients that read nothing
+#: of streams of 32 MiB chunks held 1 GiB in the front.
+STREAM_WINDOW_BYTES: Final = 1024 * 1024
+#: The front gives credit back in steps of this many chunks, or of this many bytes, whichever
+#: comes first (a frame per chunk would double the frames of a stream).
 CREDIT_STEP: Final = STREAM_WINDOW // 2
+CREDIT_STEP_BYTES: Final = STREAM_WINDOW_BYTES // 2
 
 
 class FrameKind(enum.IntEnum):
@@ -290,19 +300,21 @@ class Answer(NamedTuple):
 
 @_kind(FrameKind.CHUNK)
 class Chunk(NamedTuple):
-    """Handler process → front: the next piece of streamed answer ``id``'s body."""
+    """Handler process → front: the next piece of streamed answer ``id``'s body; ``None``
+    when it is above :data:`INLINE_LIMIT` and came as the frame's memfd."""
 
     id: int
-    data: bytes
+    data: bytes | None
 
 
 @_kind(FrameKind.CREDIT)
 class Credit(NamedTuple):
     """Front → handler process: the client of streamed answer ``id`` took ``chunks`` more of its
-    chunks, so that many more may come (see :data:`STREAM_WINDOW`)."""
+    chunks, ``size`` bytes in all, so that as many more may come (see :data:`STREAM_WINDOW`)."""
 
     id: int
     chunks: int
+    size: int
 
 
 @_kind(FrameKind.RUN_BATCH)
@@ -516,7 +528,7 @@ class BlockingChannel:
         sock: socket.socket,
         broken: Callable[[ProtocolError], NoReturn] | None = None,
         cancelled: Callable[[int], None] | None = None,
-        granted: Callable[[int, int], None] | None = None,
+        granted: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self._sock = sock
         #: Called with what broke the protocol, on whichever thread read it (else raised).
@@ -579,7 +591,7 @@ class BlockingChannel:
         for item in frames:
             frame = item[0]
             if isinstance(frame, Credit) and self._granted is not None:
-                self._granted(frame.id, frame.chunks)
+                self._granted(frame.id, frame.chunks, frame.size)
                 continue
             if isinstance(frame, Cancel) and self._cancelled is not None:
                 self._cancelled(frame.id)

@@ -121,18 +121,18 @@ def test_credit_goes_to_its_stream_and_cancel_is_said_as_it_is_read():
     """Credit is given to ``granted`` by whichever read takes it in, never returned by read();
     a Cancel is said to ``cancelled`` at once and still read in order (a call waiting behind
     it is taken back)."""
-    granted: list[tuple[int, int]] = []
+    granted: list[tuple[int, int, int]] = []
     cancelled: list[int] = []
     ours, theirs = socket.socketpair()
     with ours, theirs:
         receiver = BlockingChannel(
-            theirs, None, cancelled.append, lambda i, n: granted.append((i, n))
+            theirs, None, cancelled.append, lambda i, n, size: granted.append((i, n, size))
         )
         sender = BlockingChannel(ours)
-        for frame in (Credit(3, 4), CALL, Cancel(5), Credit(3, 4)):
+        for frame in (Credit(3, 4, 4096), CALL, Cancel(5), Credit(3, 4, 4096)):
             sender.write(frame)
         assert receiver.read() == (CALL, None)
-        assert granted == [(3, 4), (3, 4)] and cancelled == [5]
+        assert granted == [(3, 4, 4096), (3, 4, 4096)] and cancelled == [5]
         assert receiver.read() == (Cancel(5), None)
 
 
@@ -140,21 +140,23 @@ def test_waiting_until_reads_frames_until_it_is_done_or_the_socket_closes():
     """A stream waiting for credit on the reading thread takes in what comes: its credit, the
     calls the front takes back meanwhile (given back at once: nobody else can read), and the
     rest kept in order for the next read."""
-    granted: list[tuple[int, int]] = []
+    granted: list[tuple[int, int, int]] = []
     given_back: list[int] = []
     other = CALL._replace(id=8)
     ours, theirs = socket.socketpair()
     with theirs:
-        receiver = BlockingChannel(theirs, None, None, lambda i, n: granted.append((i, n)))
+        receiver = BlockingChannel(
+            theirs, None, None, lambda i, n, size: granted.append((i, n, size))
+        )
         sender = BlockingChannel(ours)
-        for frame in (CALL, other, GiveBack(8), Credit(3, 4)):
+        for frame in (CALL, other, GiveBack(8), Credit(3, 4, 4096)):
             sender.write(frame)
 
         def give_back(frame: Any, fd: int | None) -> None:
             given_back.append(frame.id)
 
         assert receiver.wait_until(lambda: bool(granted), give_back)
-        assert granted == [(3, 4)] and given_back == [8]
+        assert granted == [(3, 4, 4096)] and given_back == [8]
         assert receiver.read() == (CALL, None)  # kept, in order, for the next read
         ours.close()
         assert not receiver.wait_until(lambda: False, give_back)

@@ -75,7 +75,7 @@ def test_a_stream_silent_past_the_idle_limit_is_cut_short(
     finally:
         sock.close()
     assert b"before the release\n" in received and not received.endswith(b"0\r\n\r\n")
-    said = server.wait_for_record(lambda r: "sent nothing for 1 s" in r.get("message", ""))
+    said = server.wait_for_record(lambda r: "made no progress for 1 s" in r.get("message", ""))
     assert said["log_level"] == "warning" and "(request silent)" in said["message"]
 
 

@@ -44,6 +44,7 @@ from aiohttp import web, web_protocol
 from aiohttp.http import SERVER_SOFTWARE, StreamWriter
 
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
+from abeja_runtime.front.stream_limits import StreamLimits
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
@@ -287,18 +288,25 @@ async def write_stream(
     handler process sends it), or big and written from its file (with its length), a piece at
     a time as the client takes it: a slow reader holds a piece of it in the front, not all of
     it. Whether it went out whole (else the connection must end); the file is closed however
-    it ends. ``CancelledError`` (the client left) abandons the call and is raised on."""
+    it ends. Cut short at its limits (:mod:`~abeja_runtime.front.stream_limits`).
+    ``CancelledError`` (the client left) abandons the call and is raised on."""
     file = pending.answer_file
     try:
         checked_head(status, headers)
     except ValueError as exc:
         return await _write_unsendable(sink, calls, pending, entry, exc)
     entry.streaming(status)
+    limits = StreamLimits(
+        calls.loop, calls.stream_idle, calls.stream_timeout if file is None else None
+    )
     try:
-        await sink.start(status, headers, entry.request_id, None if file is None else file.size)
-        chunks = pending.stream(calls.stream_idle) if file is None else file.chunks()
-        async for chunk in chunks:
-            await sink.write(chunk)
+        with limits:
+            await sink.start(status, headers, entry.request_id, None if file is None else file.size)
+            chunks = pending.stream() if file is None else file.chunks()
+            async for chunk in chunks:
+                limits.progress()  # a chunk came
+                await sink.write(chunk)
+                limits.progress()  # the client took it
     except ConnectionError:  # the client left
         calls.abandon(pending)
         return False

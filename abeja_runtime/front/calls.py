@@ -46,8 +46,9 @@ from abeja_runtime.frames import Answer, RpcAnswer
 from abeja_runtime.front.accounting import Accounting
 from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.deadlines import Deadlines
-from abeja_runtime.front.pending import PendingCall, StreamIdle
+from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
+from abeja_runtime.front.stream_limits import StreamLimitReached
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch
@@ -111,8 +112,10 @@ class CallService:
         #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
         self.loop = asyncio.get_running_loop()
         self._timeout = config.timeout or None
-        #: The longest silence between two chunks of a streamed answer (``None``: no limit).
+        #: The longest a streamed answer may go without progress, and may last (``None``: no
+        #: limit; see :mod:`~abeja_runtime.front.stream_limits`).
         self.stream_idle = config.stream_idle_timeout or None
+        self.stream_timeout = config.stream_timeout or None
         self.buffers = BodyBuffers()
         #: The places for bodies above the inline limit.
         self.gate = BodyGate(config.workers * (config.concurrency + BODIES_AHEAD), self.loop)
@@ -245,10 +248,10 @@ class CallService:
 
     def stream_cut(self, pending: PendingCall, exc: Exception) -> None:
         """A streamed answer ended before its end (its generator failed, its process died, it
-        went silent, or its head could not be sent): nobody reads on, and the log says why
-        when the front cut it for silence."""
+        reached a limit, or its head could not be sent): nobody reads on, and the log says why
+        when the front cut it at a limit."""
         self._pool.withdraw(pending)
-        if isinstance(exc, StreamIdle):
+        if isinstance(exc, StreamLimitReached):
             frame = pending.frame
             _log.warning("%s (request %s)", exc, frame.request_id)
 

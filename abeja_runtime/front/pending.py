@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from abeja_runtime.frames import CREDIT_STEP, Answer, Call, Credit, RpcAnswer, RpcCall
+from abeja_runtime.frames import (
+    CREDIT_STEP,
+    CREDIT_STEP_BYTES,
+    Answer,
+    Call,
+    Credit,
+    RpcAnswer,
+    RpcCall,
+)
 
 if TYPE_CHECKING:
     from abeja_runtime.front.processes import HandlerProcess
@@ -25,7 +34,6 @@ __all__ = [
     "AnswerFile",
     "Batch",
     "PendingCall",
-    "StreamIdle",
 ]
 
 #: An answer's body above this many bytes is written to the client from the handler process's
@@ -40,19 +48,9 @@ _PIECE: Final = 256 * 1024
 STREAM_FAILED: Final = object()
 
 
-class StreamIdle(RuntimeError):
-    """A streamed answer sent no chunk for ``--stream-idle-timeout`` seconds."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(
-            f"the streamed answer sent nothing for {seconds:g} s and was cut short; the limit "
-            "is ABEJA_RUNTIME_STREAM_IDLE_TIMEOUT (--stream-idle-timeout)"
-        )
-
-
 class AnswerFile:
     """A big answer's body, left in the memfd the handler process wrote it to (see
-    :data:`ANSWER_FILE_ABOVE`)."""
+    :data:`ANSWER_FILE_ABOVE`), or a streamed answer's chunk above the frames' inline limit."""
 
     __slots__ = ("_fd", "size")
 
@@ -107,7 +105,8 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "chunks", "fd", "frame",
-        "giving_back", "process", "queued_at", "sent_at", "trace", "waited",
+        "giving_back", "process", "queued_at", "sent_at", "streaming", "trace", "waited",
+        "withdrawn_at",
     )  # fmt: skip
 
     def __init__(
@@ -131,6 +130,10 @@ class PendingCall:
         #: not streamed); whoever writes it closes it.
         self.answer_file: AnswerFile | None = None
         self.abandoned = False
+        #: When it was withdrawn (:meth:`abandon`), by ``time.monotonic()``; 0 before.
+        self.withdrawn_at = 0.0
+        #: The head of its streamed answer came: its handler returned, its generator runs.
+        self.streaming = False
         self.process: HandlerProcess | None = None
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
@@ -142,37 +145,40 @@ class PendingCall:
         self.waited = False
         self.batch: Batch | None = None
 
-    async def stream(self, idle: float | None = None) -> Any:
-        """The streamed body's chunks as they come (an async iterator); raises
-        ``RuntimeError`` where the handler's generator failed or its process died, and
-        :class:`StreamIdle` when no chunk came for ``idle`` seconds.
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The streamed body's pieces as they come; raises ``RuntimeError`` where the
+        handler's generator failed or its process died. A chunk that came as a memfd is read
+        a piece at a time as it is written, and closed.
 
         Each chunk asked for after the one before was written gives its credit back to the
         handler process (:class:`~abeja_runtime.frames.Credit`, in steps): a client that reads
         slowly holds up its own stream's generator, and the front holds a few of its chunks
-        (:data:`~abeja_runtime.frames.STREAM_WINDOW`)."""
+        (:data:`~abeja_runtime.frames.STREAM_WINDOW`, :data:`~abeja_runtime.frames.
+        STREAM_WINDOW_BYTES`)."""
         chunks = self.chunks
         assert chunks is not None
-        taken = 0
+        taken = taken_bytes = 0
         while True:
-            if idle is None or not chunks.empty():
-                item = await chunks.get()
-            else:
-                try:
-                    async with asyncio.timeout(idle):
-                        item = await chunks.get()
-                except TimeoutError:
-                    raise StreamIdle(idle) from None
+            item = await chunks.get()
             if item is None:
                 return
             if item is STREAM_FAILED:
                 raise RuntimeError("the streamed answer was cut short")
+            if isinstance(item, AnswerFile):
+                try:
+                    for piece in item.pieces():
+                        yield piece
+                finally:
+                    item.close()
+                taken_bytes += item.size
+            else:
+                yield item
+                taken_bytes += len(item)
             taken += 1
-            if taken == CREDIT_STEP:
-                taken = 0
+            if taken >= CREDIT_STEP or taken_bytes >= CREDIT_STEP_BYTES:
                 if self.process is not None:
-                    self.process.send(Credit(self.frame.id, CREDIT_STEP))
-            yield item
+                    self.process.send(Credit(self.frame.id, taken, taken_bytes))
+                taken = taken_bytes = 0
 
     def finish(self) -> None:
         cleanup, self._cleanup = self._cleanup, None
@@ -180,9 +186,16 @@ class PendingCall:
             cleanup()
 
     def abandon(self) -> None:
-        """Nobody waits for the answer any more (timeout, client gone): drop it when it comes."""
+        """Nobody waits for the answer any more (timeout, client gone): drop it when it comes,
+        and the chunks of its stream held here now."""
         self.abandoned = True
+        self.withdrawn_at = time.monotonic()
         self.answer.add_done_callback(_retrieve)
+        chunks, self.chunks = self.chunks, None
+        while chunks is not None and not chunks.empty():
+            item = chunks.get_nowait()
+            if isinstance(item, AnswerFile):
+                item.close()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -446,11 +446,13 @@ class HandlerPool:
             if pending is None:
                 return
             if frame.streamed:
+                pending.streaming = True
                 pending.chunks = None  # chunks until End are dropped
             else:
                 self._finished(process, pending)
             return
         if frame.streamed:
+            pending.streaming = True
             pending.chunks = asyncio.Queue()
             pending.answer.set_result(frame)
             return
@@ -480,7 +482,9 @@ class HandlerPool:
     def _chunk_received(self, process: HandlerProcess, frame: Chunk, fd: int | None) -> None:
         pending = process.sent.get(frame.id)
         if pending is not None and pending.chunks is not None and not pending.abandoned:
-            pending.chunks.put_nowait(frame.data)
+            pending.chunks.put_nowait(frame.data if fd is None else AnswerFile(fd))
+        elif fd is not None:
+            os.close(fd)
 
     def _end_received(self, process: HandlerProcess, frame: End, fd: int | None) -> None:
         pending = process.sent.get(frame.id)
@@ -775,8 +779,7 @@ class HandlerPool:
             self._ensure_spawn(retiree)
 
     async def _watch(self) -> None:
-        """Judge calls that outlive timeout + grace, memory limits, and exits without pidfd."""
-        limit = self._config.stuck_after
+        """Judge stuck handlers (:meth:`_stuck`), memory limits, and exits without pidfd."""
         while True:
             await asyncio.sleep(_TICK)
             now = time.monotonic()
@@ -786,19 +789,36 @@ class HandlerPool:
                     continue
                 if process.state is not ProcessState.READY:
                     continue
-                age = process.oldest_call_age(now)
-                if limit is not None and age is not None and age > limit:
+                if self._stuck(process, now):
                     self._recycle_stuck(process)
                 else:
                     self._check_memory(process)
 
+    def _stuck(self, process: HandlerProcess, now: float) -> bool:
+        """Whether a call that ``process`` runs is stuck in its handler: not answered
+        ``timeout + grace`` after it was sent (it was answered ``504`` long ago), or a stream
+        still running ``grace`` after it was withdrawn (cut, or its client left: its generator
+        does not stop). A stream that goes on producing is never stuck, however old: its
+        limits end it alone (``stream_limits.py``)."""
+        limit = self._config.stuck_after
+        if limit is None:
+            return False
+        running = len(process.sent) if self._batching else self._config.concurrency
+        for pending in itertools.islice(process.sent.values(), running):
+            if not pending.streaming:
+                if now - pending.sent_at > limit:
+                    return True
+            elif pending.withdrawn_at and now - pending.withdrawn_at > self._config.grace_period:
+                return True
+        return False
+
     def _recycle_stuck(self, process: HandlerProcess) -> None:
         config = self._config
         _log.error(
-            "a handler call in worker %s has been running for more than %g s (timeout %g s + "
-            "grace %g s); this worker is killed and replaced",
+            "a handler call in worker %s has run past its deadline by more than its grace "
+            "period (timeout %g s, grace %g s), or a stream of it went on for more than the "
+            "grace period after it was cut; this worker is killed and replaced",
             process.pid,
-            config.stuck_after,
             config.timeout,
             config.grace_period,
         )

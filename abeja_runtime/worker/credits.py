@@ -1,8 +1,10 @@
 """How many more chunks each streamed answer of this process may send (its credit).
 
-A stream starts with :data:`~abeja_runtime.frames.STREAM_WINDOW` chunks of credit; each chunk
-sent spends one, and the front gives them back (:class:`~abeja_runtime.frames.Credit`) as the
-client takes the chunks. A stream without credit waits before it asks its generator for more,
+A stream starts with :data:`~abeja_runtime.frames.STREAM_WINDOW` chunks and
+:data:`~abeja_runtime.frames.STREAM_WINDOW_BYTES` bytes of credit; each chunk sent spends one
+chunk and its size, and the front gives them back (:class:`~abeja_runtime.frames.Credit`) as the
+client takes the chunks. A chunk may go while some of both is left, so a chunk bigger than the
+window still goes, alone. A stream without credit waits before it asks its generator for more,
 so a client that reads slowly holds up its own generator, not the front's memory nor the other
 calls of this process (the front no longer has to stop reading the whole socket).
 
@@ -22,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from abeja_runtime.frames import STREAM_WINDOW
+from abeja_runtime.frames import STREAM_WINDOW, STREAM_WINDOW_BYTES
 
 if TYPE_CHECKING:
     import asyncio
@@ -37,7 +39,9 @@ class StreamCredits:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._left: dict[int, int] = {}
+        #: The chunks and bytes each stream may still send (bytes may go below zero: the chunk
+        #: that crossed the window went whole).
+        self._left: dict[int, list[int]] = {}
         #: How to wake the stream of each id that waits (a thread's event, a loop's future).
         self._wake: dict[int, Callable[[], None]] = {}
         #: The front closed the socket: no credit will come, nobody waits.
@@ -45,20 +49,22 @@ class StreamCredits:
 
     def open(self, call_id: int) -> None:
         with self._lock:
-            self._left[call_id] = STREAM_WINDOW
+            self._left[call_id] = [STREAM_WINDOW, STREAM_WINDOW_BYTES]
 
     def finished(self, call_id: int) -> None:
         with self._lock:
             self._left.pop(call_id, None)
             self._wake.pop(call_id, None)
 
-    def spend(self, call_id: int) -> bool:
-        """Spend one chunk's credit; ``False`` when there is none left (then wait for it)."""
+    def spend(self, call_id: int, size: int) -> bool:
+        """Spend the credit of a chunk of ``size`` bytes; ``False`` when there is none left
+        (then wait for it)."""
         with self._lock:
-            left = self._left.get(call_id, 0)
-            if left <= 0:
+            left = self._left.get(call_id)
+            if left is None or left[0] <= 0 or left[1] <= 0:
                 return False
-            self._left[call_id] = left - 1
+            left[0] -= 1
+            left[1] -= size
             return True
 
     @property
@@ -66,14 +72,18 @@ class StreamCredits:
         return self._closed
 
     def has_credit(self, call_id: int) -> bool:
-        return self._left.get(call_id, 0) > 0 or self._closed
+        return self._closed or _positive(self._left.get(call_id))
 
-    def grant(self, call_id: int, chunks: int) -> None:
+    def grant(self, call_id: int, chunks: int, size: int) -> None:
         """The front's :class:`~abeja_runtime.frames.Credit` (on the thread that read it)."""
         with self._lock:
-            if call_id not in self._left:
+            left = self._left.get(call_id)
+            if left is None:
                 return  # a stream over already
-            self._left[call_id] += chunks
+            left[0] += chunks
+            left[1] += size
+            if not _positive(left):
+                return
             wake = self._wake.pop(call_id, None)
         if wake is not None:
             wake()
@@ -120,10 +130,15 @@ class StreamCredits:
         that a grant or a cancel cannot slip between the check and the registration; a cancel
         marks the call before it calls :meth:`stop_waiting`)."""
         with self._lock:
-            if self._closed or self._left.get(call_id, 0) > 0 or cancelled():
+            if self._closed or _positive(self._left.get(call_id)) or cancelled():
                 return False
             self._wake[call_id] = wake
             return True
+
+
+def _positive(left: list[int] | None) -> bool:
+    """Whether a stream with ``left`` credit may send a chunk."""
+    return left is not None and left[0] > 0 and left[1] > 0
 
 
 def _set_once(future: asyncio.Future[None]) -> None:

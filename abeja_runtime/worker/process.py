@@ -647,7 +647,7 @@ class _Calls:
         gone meanwhile."""
         credits = self.credits
         cancellations = self.cancellations
-        while chunk and not credits.spend(call_id):
+        while chunk and not credits.spend(call_id, len(chunk)):
             if cancellations.is_cancelled(call_id) or credits.closed:
                 return False
             if not self.reads_itself:
@@ -666,7 +666,7 @@ class _Calls:
             return self._credit_for(call_id, chunk)
         credits = self.credits
         cancellations = self.cancellations
-        while chunk and not credits.spend(call_id):
+        while chunk and not credits.spend(call_id, len(chunk)):
             if cancellations.is_cancelled(call_id) or credits.closed:
                 return False
             await credits.wait_async(call_id, lambda: cancellations.is_cancelled(call_id))
@@ -677,7 +677,13 @@ class _Calls:
         (nobody reads on: the generator is to stop producing)."""
         if self.cancellations.is_cancelled(call_id):
             return False
-        if chunk:
+        if len(chunk) > INLINE_LIMIT:  # as a memfd: never whole in the front's memory
+            fd = memfd([chunk])
+            try:
+                self.channel.write(Chunk(call_id, None), fd)
+            finally:
+                os.close(fd)
+        elif chunk:
             self.channel.write(Chunk(call_id, bytes(chunk)))
         return True
 

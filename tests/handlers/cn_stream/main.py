@@ -2,7 +2,7 @@
 
 ``handler`` returns a sync generator, ``async_handler`` an async one, ``def_async_gen`` is a
 ``def`` handler that returns an async generator; each yields ``<tag> <i>\\n`` every 20 ms, up to
-3,000 lines (a minute), and prints ``{"event": "closed", "tag": ..., "sent": n}`` from its
+``?lines=`` lines (3,000 by default: a minute), and prints ``{"event": "closed", "tag": ..., "sent": n}`` from its
 ``finally``. ``watching`` is a ``def`` handler that loops until ``request.cancelled`` is set
 (a minute at most) and prints ``{"event": "noticed", ...}``.
 """
@@ -20,10 +20,10 @@ def _closed(tag: str, sent: int, event: str = "closed") -> None:
     print(json.dumps({"event": event, "tag": tag, "sent": sent}))
 
 
-def _lines(tag: str):
+def _lines(tag: str, lines: int = LINES):
     sent = 0
     try:
-        for index in range(LINES):
+        for index in range(lines):
             yield f"{tag} {index}\n"
             sent += 1
             time.sleep(PAUSE)
@@ -31,10 +31,10 @@ def _lines(tag: str):
         _closed(tag, sent)
 
 
-async def _async_lines(tag: str):
+async def _async_lines(tag: str, lines: int = LINES):
     sent = 0
     try:
-        for index in range(LINES):
+        for index in range(lines):
             yield f"{tag} {index}\n"
             sent += 1
             await asyncio.sleep(PAUSE)
@@ -42,12 +42,16 @@ async def _async_lines(tag: str):
         _closed(tag, sent)
 
 
+def _asked(request) -> tuple[str, int]:
+    return request.query.get("tag", ""), int(request.query.get("lines", LINES))
+
+
 def handler(request, context):
-    return {"content_type": "text/plain", "content": _lines(request.query.get("tag", ""))}
+    return {"content_type": "text/plain", "content": _lines(*_asked(request))}
 
 
 async def async_handler(request, context):
-    return {"content_type": "text/plain", "content": _async_lines(request.query.get("tag", ""))}
+    return {"content_type": "text/plain", "content": _async_lines(*_asked(request))}
 
 
 def def_async_gen(request, context):
@@ -92,6 +96,34 @@ async def async_held(request, context):
     return {"content_type": "text/plain", "content": content}
 
 
+def _held_items(until: str):
+    yield {"item": 0}
+    deadline = time.monotonic() + 20
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield {"item": 1}
+
+
+async def _async_held_items(until: str):
+    yield {"item": 0}
+    deadline = time.monotonic() + 20
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    yield {"item": 1}
+
+
+def held_items(request, context):
+    """JSON Lines: yields ``{"item": 0}``, then ``{"item": 1}`` once the file ``?until=``
+    exists."""
+    content = _held_items(request.query["until"])
+    return {"content_type": "application/x-ndjson", "content": content}
+
+
+async def async_held_items(request, context):
+    content = _async_held_items(request.query["until"])
+    return {"content_type": "application/x-ndjson", "content": content}
+
+
 async def _async_events(until: str):
     yield {"token": "Hello"}
     deadline = time.monotonic() + 20
@@ -130,13 +162,17 @@ def sleeper(request, context):
     return {"content": {"slept": True}}
 
 
-def _blocks(tag: str, count: int, size: int):
+def _blocks(tag: str, count: int, size: int, say_each: bool = False):
     """``count`` chunks of ``size`` bytes, each byte its chunk's number modulo 256; says when it
-    has made its tenth (past the front's window of 8) and, from its ``finally``, how many."""
+    has made its tenth (past the front's window of 8 chunks), with ``say_each`` each chunk it
+    made (``made``, before it is yielded) and, from its ``finally``, how many were taken."""
     sent = 0
     try:
         for index in range(count):
-            yield bytes([index % 256]) * size
+            block = bytes([index % 256]) * size
+            if say_each:
+                _closed(tag, index + 1, "made")
+            yield block
             sent += 1
             if sent == 10:
                 _closed(tag, sent, "ten")
@@ -144,8 +180,8 @@ def _blocks(tag: str, count: int, size: int):
         _closed(tag, sent)
 
 
-async def _async_blocks(tag: str, count: int, size: int):
-    blocks = _blocks(tag, count, size)
+async def _async_blocks(tag: str, count: int, size: int, say_each: bool = False):
+    blocks = _blocks(tag, count, size, say_each)
     try:
         for block in blocks:
             yield block
@@ -156,11 +192,13 @@ async def _async_blocks(tag: str, count: int, size: int):
 
 def _blocks_asked(request):
     query = request.query
-    return query.get("tag", ""), int(query["chunks"]), int(query["kib"]) * 1024
+    say_each = query.get("say") == "each"
+    return query.get("tag", ""), int(query["chunks"]), int(query["kib"]) * 1024, say_each
 
 
 def blocks(request, context):
-    """``?chunks=N&kib=K``: a stream of N chunks of K KiB each (a sync generator)."""
+    """``?chunks=N&kib=K``: a stream of N chunks of K KiB each (a sync generator); ``&say=each``
+    prints each chunk it made."""
     return {"content_type": "application/octet-stream", "content": _blocks(*_blocks_asked(request))}
 
 
