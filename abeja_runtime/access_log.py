@@ -12,12 +12,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import access_logger, encode_record, logs_text, utc_seconds
 
-__all__ = ["AccessLog"]
+__all__ = ["AccessLog", "StreamedBody"]
+
+
+class StreamedBody(NamedTuple):
+    """How an answer written at its client's pace went (a stream, or a big body written from
+    its file): when its first byte left, how it ended (``complete``, ``client_left``,
+    ``failed``, ``worker_lost``, ``idle``, ``too_long``), and the body's bytes written."""
+
+    first_byte: float
+    end: str
+    bytes_sent: int
 
 
 class AccessLog:
@@ -55,25 +65,25 @@ class AccessLog:
         responded: float,
         request_id: str,
         requester_id: str | None = None,
-        first_byte: float | None = None,
+        streamed: StreamedBody | None = None,
         trace_ids: tuple[str, str] | None = None,
     ) -> None:
         """``path`` is the URL path without the query (which may carry what logs must not);
-        ``first_byte``, for a streamed answer recorded at its end, when its first byte left;
-        ``trace_ids``, for a traced call, its trace's and server span's ids."""
+        ``streamed``, for an answer written at its client's pace and recorded at its end, how
+        it went; ``trace_ids``, for a traced call, its trace's and server span's ids."""
         if not self._enabled:
             return
         if self._text:
             _record_text(
-                method, path, status, responded - received, request_id, requester_id,
-                None if first_byte is None else first_byte - received, trace_ids,
+                method, path, status, received, responded, request_id, requester_id, streamed,
+                trace_ids,
             )  # fmt: skip
             return
-        if first_byte is not None or trace_ids is not None:
+        if streamed is not None or trace_ids is not None:
             self._pend(
                 self._rare_line(
                     method, path, status, received, responded, request_id, requester_id,
-                    first_byte, trace_ids,
+                    streamed, trace_ids,
                 )
             )  # fmt: skip
             return
@@ -112,12 +122,13 @@ class AccessLog:
         responded: float,
         request_id: str,
         requester_id: str | None,
-        first_byte: float | None,
+        streamed: StreamedBody | None,
         trace_ids: tuple[str, str] | None,
     ) -> str:
-        """The record of a streamed answer (with ``time_to_first_byte_microsecs``) or of a
-        traced call (with ``trace_id`` and ``span_id``): the plain one's fields, made as a dict
-        (rarer records, or ones beside a span that costs far more: no micro-optimising)."""
+        """The record of a streamed answer (with ``time_to_first_byte_microsecs``,
+        ``stream_end`` and ``bytes_sent``) or of a traced call (with ``trace_id`` and
+        ``span_id``): the plain one's fields, made as a dict (rarer records, or ones beside a
+        span that costs far more: no micro-optimising)."""
         received_us = int(received * 1_000_000)
         responded_us = int(responded * 1_000_000)
         received_second, received_fraction = divmod(received_us, 1_000_000)
@@ -136,8 +147,11 @@ class AccessLog:
         }
         if requester_id is not None:
             fields["requester_id"] = requester_id
-        if first_byte is not None:
-            fields["time_to_first_byte_microsecs"] = int(first_byte * 1_000_000) - received_us
+        if streamed is not None:
+            first_byte_us = int(streamed.first_byte * 1_000_000) - received_us
+            fields["time_to_first_byte_microsecs"] = first_byte_us
+            fields["stream_end"] = streamed.end
+            fields["bytes_sent"] = streamed.bytes_sent
         if trace_ids is not None:
             fields["trace_id"], fields["span_id"] = trace_ids
         return str(encode_record(fields))
@@ -173,25 +187,25 @@ def _record_text(
     method: str,
     path: str,
     status: int,
-    elapsed: float,
+    received: float,
+    responded: float,
     request_id: str,
     requester_id: str | None,
-    first_byte: float | None,
+    streamed: StreamedBody | None,
     trace_ids: tuple[str, str] | None,
 ) -> None:
     """``POST /predict 200 12.3 ms  request_id=...``: the record of a text log, written at once
-    (a streamed answer's: ``200 2503.1 ms (first byte 1.2 ms)``)."""
+    (a streamed answer's: ``200 2503.1 ms (first byte 1.2 ms, complete, 5120 bytes)``)."""
     fields = {"request_id": request_id}
     if requester_id is not None:
         fields["requester_id"] = requester_id
     if trace_ids is not None:
         fields["trace_id"], fields["span_id"] = trace_ids
-    milliseconds = f"{elapsed * 1000:.1f}"
-    if first_byte is not None:
-        milliseconds += f" ms (first byte {first_byte * 1000:.1f}"
-    access_logger.info(
-        "%s %s %d %s ms", method, path, status, milliseconds, extra={"fields": fields}
-    )
+    took = f"{(responded - received) * 1000:.1f} ms"
+    if streamed is not None:
+        first_byte = (streamed.first_byte - received) * 1000
+        took += f" (first byte {first_byte:.1f} ms, {streamed.end}, {streamed.bytes_sent} bytes)"
+    access_logger.info("%s %s %d %s", method, path, status, took, extra={"fields": fields})
 
 
 _json_string: Final[Any] = json.encoder.encode_basestring

@@ -106,13 +106,25 @@ class FrontMetrics:
             self._restarts.labels(reason=reason)  # present at 0 from the first scrape
         self._abandoned = Counter(
             f"{_PREFIX}_abandoned_requests",
-            "Calls whose client left before their answer (counted 499), by the stage they "
-            "reached: queued (never ran) or running (cancelled in their worker).",
+            "Calls whose client left before their whole answer (each counted 499), by the stage "
+            "they reached: receiving (their body was arriving), queued (never ran), running "
+            "(cancelled in their worker) or answering (their streamed or big answer was being "
+            "written).",
             ["stage"],
             registry=registry,
         )
-        for stage in ("queued", "running"):
+        for stage in ("receiving", "queued", "running", "answering"):
             self._abandoned.labels(stage=stage)
+        self._rejected_heads = Counter(
+            f"{_PREFIX}_rejected_heads",
+            "Request heads answered without a handler call, their connection closed: malformed "
+            "(400: not HTTP), too_large (431: past --max-head-size) or timeout (408: not whole "
+            "within --request-head-timeout).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("malformed", "too_large", "timeout"):
+            self._rejected_heads.labels(reason=reason)
         self._batching: _BatchMetrics | None = None
         info = Gauge(
             f"{_PREFIX}_build_info",
@@ -131,6 +143,9 @@ class FrontMetrics:
 
     def abandoned(self, stage: str) -> None:
         self._abandoned.labels(stage=stage).inc()
+
+    def rejected_head(self, reason: str) -> None:
+        self._rejected_heads.labels(reason=reason).inc()
 
     def batching(self) -> _BatchMetrics:
         """The batch metrics, registered (all at 0) on the first call: only a front that

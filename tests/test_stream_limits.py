@@ -116,6 +116,9 @@ def test_a_stream_past_its_whole_limit_is_cut_alone(make_server: ServerFactory):
     assert 0 < closed["sent"] < 3000
     said = server.wait_for_record(lambda r: "lasted 1 s" in r.get("message", ""))
     assert said["log_level"] == "warning" and "(request endless)" in said["message"]
+    (record,) = wait_until(lambda: records_of(server, "endless"), 10, "its access record")
+    assert record["http_status"] == 504 and record["stream_end"] == "too_long"
+    assert 0 < record["bytes_sent"] < len(received)
     assert worker_pids(server) == workers
     after = server.request("GET", "/?lines=3&tag=after", timeout=30)
     assert after.status == 200 and b"after 2\n" in after.body
@@ -140,6 +143,9 @@ def test_a_client_that_takes_nothing_is_cut_at_the_idle_limit_and_frees_its_slot
         assert closed["sent"] < 100
         said = server.wait_for_record(lambda r: "made no progress" in r.get("message", ""))
         assert "(request stalled)" in said["message"]
+        (record,) = wait_until(lambda: records_of(server, "stalled"), 10, "its access record")
+        assert record["http_status"] == 504 and record["stream_end"] == "idle"
+        assert record["bytes_sent"] >= 256 * 1024
         after = send_and_leave(server, get("/?chunks=3&kib=1&tag=next", "next"))
         after.settimeout(30)
         try:
@@ -183,6 +189,38 @@ def test_abandoned_streams_of_big_chunks_leave_nothing_in_the_front(make_server:
         for tag in tags:
             (closed,) = wait_until(lambda t=tag: events(server, "closed", t), 30, "closed")
             assert closed["sent"] <= 2, closed  # the first chunk crossed the byte window
+    records = [
+        record
+        for tag in ("big00", "big01", "big02", "big03")
+        for record in wait_until(lambda t=tag: records_of(server, t), 10, "the records")
+    ]
+    assert {(r["http_status"], r["stream_end"]) for r in records} == {(499, "client_left")}
+    samples = scrape(server)
+    left = total(samples, "abeja_runtime_abandoned_requests_total", stage="answering")
+    assert left == total(samples, "abeja_runtime_requests_total", code="499") == 8
     peak = memory_mib(server, "VmHWM")
     assert peak < max(peak_before, at_rest) + 64, (at_rest, peak_before, peak)
     assert memory_mib(server, "VmRSS") < at_rest + 32
+
+
+@pytest.mark.parametrize(
+    "mode, status, end", [("stream_fails", 500, "failed"), ("stream_dies", 502, "worker_lost")]
+)
+def test_a_stream_that_breaks_after_its_head_is_recorded_by_how_it_ended(
+    make_server: ServerFactory, mode: str, status: int, end: str
+):
+    """Its head said ``200``; its generator raised, or its worker died, after the first
+    chunk: the body is cut short, and its record and ``requests_total`` say how it ended (before:
+    ``200``, as if it went out whole), with the bytes it sent."""
+    server = make_server("er_mixed")
+    sock = send_and_leave(server, get(f"/?mode={mode}", mode))
+    sock.settimeout(30)
+    try:
+        received = read_until(sock, b"0\r\n\r\n")  # until the front closes the connection
+    finally:
+        sock.close()
+    assert received.startswith(b"HTTP/1.1 200 ") and not received.endswith(b"0\r\n\r\n")
+    (record,) = wait_until(lambda: records_of(server, mode), 10, "its access record")
+    assert record["http_status"] == status and record["stream_end"] == end
+    assert record["bytes_sent"] == len(b"first")
+    assert total(scrape(server), "abeja_runtime_requests_total", code=str(status)) == 1

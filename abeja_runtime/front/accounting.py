@@ -8,25 +8,58 @@ answer a scrape does not count); a call that ends without one, because its clien
 it was answered (or an error escaped), is counted as ``499`` (nginx's "client closed request"),
 by the stage it reached. Before, such calls left no access record and no metric at all.
 
-A streamed answer is counted when its stream ends (:meth:`CallEntry.streaming`), so that its
-duration covers the whole stream, with the time to its first byte beside it: a 2.5 s stream
-was logged as the 1.3 ms until its head left.
+A streamed answer (or a big one written from its file) is counted when it ends
+(:meth:`CallEntry.streaming`), so that its duration covers the whole of it, with the time to its
+first byte, how it ended (:class:`StreamEnd`) and the bytes sent beside it. One that did not go
+out whole is counted with the status of how it ended (``499`` when its client left, ``500``
+when the generator raised, ``502`` when its worker died, ``504`` at a stream limit), not with
+the head's ``200``. Every ``499`` is also counted in ``abandoned_requests_total`` with the stage
+the call had reached (:meth:`CallEntry.client_left`), so the two always agree.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from typing import Any, Final
 
-from abeja_runtime.access_log import AccessLog
+from abeja_runtime.access_log import AccessLog, StreamedBody
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.tracing import CallTrace, Tracing
 
-__all__ = ["CLIENT_CLOSED", "Accounting", "CallEntry"]
+__all__ = ["CLIENT_CLOSED", "Accounting", "CallEntry", "StreamEnd"]
 
 #: The status a call whose client left before its answer is counted with.
 CLIENT_CLOSED: Final = 499
+
+
+class StreamEnd(enum.Enum):
+    """How an answer written at its client's pace ended (its access record's ``stream_end``)."""
+
+    COMPLETE = "complete"
+    CLIENT_LEFT = "client_left"
+    #: The handler's generator raised.
+    FAILED = "failed"
+    #: The handler's worker exited while it ran.
+    WORKER_LOST = "worker_lost"
+    #: Cut at ``--stream-idle-timeout``, or at ``--stream-timeout``.
+    IDLE = "idle"
+    TOO_LONG = "too_long"
+
+    @property
+    def status(self) -> int | None:
+        """The status it is counted with (``None``: the head's)."""
+        return _STREAM_END_STATUS.get(self)
+
+
+_STREAM_END_STATUS: Final = {
+    StreamEnd.CLIENT_LEFT: CLIENT_CLOSED,
+    StreamEnd.FAILED: 500,
+    StreamEnd.WORKER_LOST: 502,
+    StreamEnd.IDLE: 504,
+    StreamEnd.TOO_LONG: 504,
+}
 
 
 class Accounting:
@@ -91,23 +124,27 @@ class Accounting:
         received: float,
         request_id: str,
         requester_id: str | None,
-        first_byte: float | None = None,
+        streamed: StreamedBody | None = None,
         trace: CallTrace | None = None,
     ) -> None:
         responded = time.time()
         self._access_log.record(
-            method, path, status, received, responded, request_id, requester_id, first_byte,
+            method, path, status, received, responded, request_id, requester_id, streamed,
             None if trace is None else trace.ids,
         )  # fmt: skip
         self._metrics.observe(status, responded - received)
+
+    def abandoned(self, stage: str) -> None:
+        """A call whose client left at ``stage`` (counted ``499`` beside)."""
+        self._metrics.abandoned(stage)
 
 
 class CallEntry:
     """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over."""
 
     __slots__ = (
-        "_accounting", "first_byte", "method", "path", "received", "request_id",
-        "requester_id", "status", "trace",
+        "_accounting", "bytes_sent", "first_byte", "left_at", "method", "path", "received",
+        "request_id", "requester_id", "status", "stream_end", "trace",
     )  # fmt: skip
 
     def __init__(
@@ -127,8 +164,13 @@ class CallEntry:
         self.requester_id = requester_id
         #: The status counted (0: none yet).
         self.status = 0
-        #: When a streamed answer's head left (0: not streamed).
+        #: When a streamed answer's head left (0: not streamed), how it ended (``None``: not
+        #: said, as when its writing was cancelled), and its body's bytes written.
         self.first_byte = 0.0
+        self.stream_end: StreamEnd | None = None
+        self.bytes_sent = 0
+        #: The stage the call had reached when its client left (``None``: it did not leave).
+        self.left_at: str | None = None
         #: Its spans, when tracing is on.
         self.trace: CallTrace | None = None
 
@@ -156,19 +198,38 @@ class CallEntry:
             if self.trace is not None:
                 self.trace.status(status)
 
+    def client_left(self, stage: str) -> None:
+        """Its client left at ``stage`` (``queued``, ``running``, ``answering``): counted
+        ``499`` with it when the call ends, unless its status was counted already."""
+        if self.left_at is None:
+            self.left_at = stage
+
+    def stream_ended(self, end: StreamEnd, bytes_sent: int) -> None:
+        """How a streamed answer ended, and the bytes of its body written."""
+        self.stream_end = end
+        self.bytes_sent = bytes_sent
+
     def end(self) -> None:
         """The call is over, however it ended: one that was never counted is counted as
-        :data:`CLIENT_CLOSED`; a stream, now that it ended. Once: a second call does
-        nothing."""
+        :data:`CLIENT_CLOSED`; a stream, now that it ended, with the status of how it ended.
+        Once: a second call does nothing."""
         accounting = self._accounting
         if accounting is None:
             return
         if not self.status:
+            accounting.abandoned(self.left_at or "receiving")
             self.count(CLIENT_CLOSED)
         elif self.first_byte:
+            end = self.stream_end or StreamEnd.CLIENT_LEFT  # its writing was cancelled
+            status = end.status or self.status
+            if end is StreamEnd.CLIENT_LEFT:
+                accounting.abandoned(self.left_at or "answering")
+            if self.trace is not None and status != self.status:
+                self.trace.status(status)
+            streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent)
             accounting.record(
-                self.method, self.path, self.status, self.received, self.request_id,
-                self.requester_id, self.first_byte, self.trace,
+                self.method, self.path, status, self.received, self.request_id,
+                self.requester_id, streamed, self.trace,
             )  # fmt: skip
         if self.trace is not None:
             self.trace.end()

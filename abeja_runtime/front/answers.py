@@ -44,7 +44,9 @@ from aiohttp import web, web_protocol
 from aiohttp.http import SERVER_SOFTWARE, StreamWriter
 
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
-from abeja_runtime.front.stream_limits import StreamLimits
+from abeja_runtime.front.accounting import StreamEnd
+from abeja_runtime.front.pending import StreamFailed
+from abeja_runtime.front.stream_limits import StreamIdle, StreamLimits, StreamTooLong
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
@@ -299,6 +301,7 @@ async def write_stream(
     limits = StreamLimits(
         calls.loop, calls.stream_idle, calls.stream_timeout if file is None else None
     )
+    sent = 0
     try:
         with limits:
             await sink.start(status, headers, entry.request_id, None if file is None else file.size)
@@ -306,26 +309,42 @@ async def write_stream(
             async for chunk in chunks:
                 limits.progress()  # a chunk came
                 await sink.write(chunk)
+                sent += len(chunk)
                 limits.progress()  # the client took it
     except ConnectionError:  # the client left
-        calls.abandon(pending)
+        entry.stream_ended(StreamEnd.CLIENT_LEFT, sent)
+        calls.abandon(pending, entry)
         return False
     except RuntimeError as exc:
         # Headers are out: the only honest signal left is to cut the body short.
+        entry.stream_ended(_cut_short(exc), sent)
         calls.stream_cut(pending, exc)
         sink.cut()
         return False
     except BaseException:  # the client left (cancelled), or a failure of the transport's
-        calls.abandon(pending)  # own: the stream is withdrawn, its worker's slot freed
+        entry.stream_ended(StreamEnd.CLIENT_LEFT, sent)
+        calls.abandon(pending, entry)  # own: the stream is withdrawn, its worker's slot freed
         raise
     finally:
         if file is not None:
             file.close()
+    entry.stream_ended(StreamEnd.COMPLETE, sent)
     try:
         await sink.end()  # the call has its whole answer: a client leaving now abandons nothing
     except ConnectionError:
         return False
     return True
+
+
+def _cut_short(exc: RuntimeError) -> StreamEnd:
+    """How a stream that ``exc`` cut short ended."""
+    if isinstance(exc, StreamIdle):
+        return StreamEnd.IDLE
+    if isinstance(exc, StreamTooLong):
+        return StreamEnd.TOO_LONG
+    if isinstance(exc, StreamFailed) and exc.lost:
+        return StreamEnd.WORKER_LOST
+    return StreamEnd.FAILED
 
 
 async def _write_unsendable(

@@ -43,7 +43,7 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import Answer, RpcAnswer
-from abeja_runtime.front.accounting import Accounting
+from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pending import PendingCall
@@ -233,14 +233,16 @@ class CallService:
             return None
         return self._deadlines.watch(pending, received + self._timeout)
 
-    async def call(self, pending: PendingCall, received: float) -> Answer | RpcAnswer:
+    async def call(
+        self, pending: PendingCall, received: float, entry: CallEntry | None
+    ) -> Answer | RpcAnswer:
         """The call through the pool, answered within the deadline; withdrawn when the task
-        awaiting it is cancelled (the client left)."""
+        awaiting it is cancelled (its client, whose ``entry`` is told, left)."""
         watched = self.submit(pending, received)
         try:
             return await pending.answer
         except asyncio.CancelledError:  # the client left (perhaps just as its answer came)
-            self.abandon(pending)
+            self.abandon(pending, entry)
             raise
         finally:
             if watched is not None:
@@ -255,14 +257,19 @@ class CallService:
             frame = pending.frame
             _log.warning("%s (request %s)", exc, frame.request_id)
 
-    def abandon(self, pending: PendingCall) -> None:
-        """The client left before the answer: the call is withdrawn (a queued call never runs,
-        a running one is cancelled in its handler process: see
-        :mod:`~abeja_runtime.worker.cancellation`), and counted by the stage it reached. Once;
-        nothing for a call the pool has answered already (its body was being written)."""
+    def abandon(self, pending: PendingCall, entry: CallEntry | None) -> None:
+        """The client left before the whole answer: the call is withdrawn (a queued call never
+        runs, a running one is cancelled in its handler process: see
+        :mod:`~abeja_runtime.worker.cancellation`, a stream stops), and its ``entry`` told the
+        stage it reached (``answering``: its answer was being written), for its ``499``.
+        Once."""
         if pending.answer_file is not None:
             pending.answer_file.close()
-        if pending.abandoned or (pending.answer.done() and pending.chunks is None):
+        if pending.abandoned:
             return
-        self._metrics.abandoned("running" if self._pool.running(pending) else "queued")
-        self._pool.withdraw(pending)
+        answered = pending.answer.done()
+        if entry is not None:
+            running = answered or self._pool.running(pending)
+            entry.client_left("answering" if answered else "running" if running else "queued")
+        if not answered or pending.streaming:
+            self._pool.withdraw(pending)

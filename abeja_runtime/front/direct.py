@@ -310,10 +310,10 @@ class _DirectCall:
         failed otherwise (a defect) is logged, and its connection ended: it never reached its
         ``direct_done``."""
         if task.cancelled():
-            self._calls.abandon(self.pending)
+            self._calls.abandon(self.pending, self._entry)
         elif task.exception() is not None:
             _log.error("writing the answer failed", exc_info=task.exception())
-            self._calls.abandon(self.pending)
+            self._calls.abandon(self.pending, self._entry)
             self._connection.direct_done(close=True)
         if self.pending.answer_file is not None:
             self.pending.answer_file.close()
@@ -336,5 +336,5 @@ class _DirectCall:
             return
         if self.deadline is not None:
             self.deadline.discard(self.pending)
-        self._calls.abandon(self.pending)
+        self._calls.abandon(self.pending, self._entry)
         self._entry.end()

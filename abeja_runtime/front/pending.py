@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWER_FILE_ABOVE",
     "STREAM_FAILED",
+    "STREAM_LOST",
     "AnswerFile",
     "Batch",
     "PendingCall",
+    "StreamFailed",
 ]
 
 #: An answer's body above this many bytes is written to the client from the handler process's
@@ -43,9 +45,23 @@ ANSWER_FILE_ABOVE: Final = 1024 * 1024
 #: The size of the pieces it is written in.
 _PIECE: Final = 256 * 1024
 
-#: Put in a streamed answer's chunks where it was cut short (the generator raised, the
-#: process died).
+#: Put in a streamed answer's chunks where it was cut short: its generator raised, or its
+#: process exited.
 STREAM_FAILED: Final = object()
+STREAM_LOST: Final = object()
+
+
+class StreamFailed(RuntimeError):
+    """A streamed answer cut short by its handler process: its generator raised, or (``lost``)
+    the process exited."""
+
+    def __init__(self, *, lost: bool) -> None:
+        super().__init__(
+            "the handler's worker exited during the streamed answer"
+            if lost
+            else "the handler's streamed content failed"
+        )
+        self.lost = lost
 
 
 class AnswerFile:
@@ -146,8 +162,8 @@ class PendingCall:
         self.batch: Batch | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The streamed body's pieces as they come; raises ``RuntimeError`` where the
-        handler's generator failed or its process died. A chunk that came as a memfd is read
+        """The streamed body's pieces as they come; raises :class:`StreamFailed` where the
+        handler's generator failed or its process exited. A chunk that came as a memfd is read
         a piece at a time as it is written, and closed.
 
         Each chunk asked for after the one before was written gives its credit back to the
@@ -162,8 +178,8 @@ class PendingCall:
             item = await chunks.get()
             if item is None:
                 return
-            if item is STREAM_FAILED:
-                raise RuntimeError("the streamed answer was cut short")
+            if item is STREAM_FAILED or item is STREAM_LOST:
+                raise StreamFailed(lost=item is STREAM_LOST)
             if isinstance(item, AnswerFile):
                 try:
                     for piece in item.pieces():

@@ -58,6 +58,7 @@ from abeja_runtime.frames import (
 from abeja_runtime.front.pending import (
     ANSWER_FILE_ABOVE,
     STREAM_FAILED,
+    STREAM_LOST,
     AnswerFile,
     Batch,
     PendingCall,
@@ -752,7 +753,7 @@ class HandlerPool:
                 if not pending.answer.done():
                     pending.answer.set_exception(WorkerCrashed(how))
                 elif pending.chunks is not None:
-                    pending.chunks.put_nowait(STREAM_FAILED)
+                    pending.chunks.put_nowait(STREAM_LOST)
             else:
                 pending.process = None
                 requeue.append(pending)

@@ -152,7 +152,7 @@ class RpcServer:
             else:
                 try:
                     pending, size = await self._pending(method, metadata, entry, context)
-                    answer = await calls.call(pending, received)
+                    answer = await calls.call(pending, received, entry)
                 except HttpError as exc:
                     calls.refusal(exc)  # counted as on the HTTP port
                     code, message, status = _status_of(exc), exc.message, exc.status

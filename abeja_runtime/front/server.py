@@ -171,7 +171,7 @@ class HttpServer:
             return await self._accept_async(request, body, async_id, entry)
         pending = self._pending(request, body, entry)
         try:
-            answer = await self.calls.call(pending, received)
+            answer = await self.calls.call(pending, received, entry)
         except HttpError as exc:
             reply = self.calls.refusal(exc)
             return await self._send_reply(request, entry, reply)
@@ -350,7 +350,7 @@ class HttpServer:
         status = 500  # the job failed, unless a reply is sent
         try:
             try:
-                answer = await self.calls.call(pending, received)
+                answer = await self.calls.call(pending, received, None)  # (no client waits)
             except HttpError as exc:  # a timeout or a full queue: the answer a client would get
                 reply = self.calls.refusal(exc)
             else:

@@ -55,7 +55,7 @@ def test_a_call_past_its_deadline_gets_504_and_is_cancelled_in_its_process(
         process.ready()
         call = pending(calls)
         with pytest.raises(HandlerTimeout):
-            await calls.call(call, time.time())
+            await calls.call(call, time.time(), None)
         assert process.frames[-1] == Cancel(call.frame.id)
 
     run(scenario)

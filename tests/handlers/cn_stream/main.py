@@ -2,9 +2,10 @@
 
 ``handler`` returns a sync generator, ``async_handler`` an async one, ``def_async_gen`` is a
 ``def`` handler that returns an async generator; each yields ``<tag> <i>\\n`` every 20 ms, up to
-``?lines=`` lines (3,000 by default: a minute), and prints ``{"event": "closed", "tag": ..., "sent": n}`` from its
-``finally``. ``watching`` is a ``def`` handler that loops until ``request.cancelled`` is set
-(a minute at most) and prints ``{"event": "noticed", ...}``.
+``?lines=`` lines (3,000 by default: a minute), and prints
+``{"event": "closed", "tag": ..., "sent": n}`` from its ``finally``. ``watching`` is a ``def``
+handler that loops until ``request.cancelled`` is set (a minute at most) and prints
+``{"event": "noticed", ...}``.
 """
 
 import asyncio

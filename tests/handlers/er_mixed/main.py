@@ -22,5 +22,12 @@ def handler(request, context):
             raise ValueError("broken stream")
 
         return {"content": chunks()}
+    if mode == "stream_dies":
+
+        def last_words():
+            yield b"first"
+            os._exit(3)  # the worker dies after its first chunk
+
+        return {"content": last_words()}
     content = {"size": size, "spooled": spooled, "pid": os.getpid()}
     return {"content_type": "application/json", "content": content}
