@@ -96,13 +96,13 @@ class FrontMetrics:
         )
         self._restarts = Counter(
             f"{_PREFIX}_worker_restarts",
-            "Workers replaced after they died (crashed), their handler got stuck past "
-            "timeout + grace (stuck), they served --max-requests (max_requests) or grew past "
-            "--max-worker-memory (memory).",
+            "Workers replaced after they died (crashed), exited after a failed warm-up "
+            "(warmup_failed), their handler got stuck past timeout + grace (stuck), they served "
+            "--max-requests (max_requests) or grew past --max-worker-memory (memory).",
             ["reason"],
             registry=registry,
         )
-        for reason in ("crashed", "stuck", "max_requests", "memory"):
+        for reason in ("crashed", "warmup_failed", "stuck", "max_requests", "memory"):
             self._restarts.labels(reason=reason)  # present at 0 from the first scrape
         self._abandoned = Counter(
             f"{_PREFIX}_abandoned_requests",

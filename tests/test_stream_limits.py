@@ -224,3 +224,31 @@ def test_a_stream_that_breaks_after_its_head_is_recorded_by_how_it_ended(
     assert record["http_status"] == status and record["stream_end"] == end
     assert record["bytes_sent"] == len(b"first")
     assert total(scrape(server), "abeja_runtime_requests_total", code=str(status)) == 1
+
+
+def test_a_cut_stream_whose_generator_does_not_stop_has_its_worker_recycled(
+    make_server: ServerFactory, tmp_path: Path
+):
+    """A ``def`` generator that waits (20 s) for a file nobody creates, past
+    ``--stream-idle-timeout 1``: it is cut, and since the generator cannot be stopped before
+    its next chunk, its worker is killed ``--grace-period`` after the cut and replaced, as a
+    stuck handler's is (else it would hold its slot for as long as the generator waits)."""
+    server = make_server(
+        "cn_stream",
+        "--handler", "main:held",
+        "--stream-idle-timeout", "1",
+        "--grace-period", "1",
+    )  # fmt: skip
+    (worker,) = worker_pids(server)
+    sock = send_and_leave(server, get(f"/?until={tmp_path / 'never'}", "held"))
+    sock.settimeout(30)
+    try:
+        read_until(sock, b"0\r\n\r\n")  # until the front closes the connection
+    finally:
+        sock.close()
+    said = server.wait_for_record(lambda r: "after it was cut" in r.get("message", ""), 30)
+    assert said["message"].startswith(f"a streamed answer of worker {worker} has gone on")
+    wait_until(lambda: worker not in worker_pids(server), 30, "the stuck worker to be gone")
+    assert stuck_restarts(server) == 1
+    after = server.request("GET", f"/?until={tmp_path}", timeout=30)  # (it exists: at once)
+    assert after.status == 200 and b"after the release\n" in after.body

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.metrics import scrape, total
 from helpers.servers import HANDLERS, RunningServer, ServerFactory, call_all, runtime_env
 from helpers.waiting import wait_until
 from helpers.workers import (
@@ -208,6 +209,16 @@ def test_a_failed_warmup_keeps_readiness_503_and_the_front_alive(
     assert server.process.poll() is None
     assert server.health() == 503
     assert ready_workers(server) == []
+    # The front says the worker exited after its failed warm-up, not that it exited
+    # unexpectedly, and counts it as such.
+    replaced = server.wait_for_record(
+        lambda r: r.get("message", "").startswith(f"worker {first[1]} exited")
+    )
+    assert replaced["log_level"] == "warning", replaced
+    assert replaced["message"].startswith(f"worker {first[1]} exited after its failed warm-up;")
+    samples = scrape(server)
+    assert total(samples, "abeja_runtime_worker_restarts_total", reason="warmup_failed") >= 1
+    assert total(samples, "abeja_runtime_worker_restarts_total", reason="crashed") == 0
 
 
 def test_a_warmup_that_fails_once_heals_in_the_replacement(make_server, tmp_path):

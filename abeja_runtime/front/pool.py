@@ -682,7 +682,7 @@ class HandlerPool:
         if process.state is ProcessState.STARTING and not self.ever_ready and not warmup_failed:
             self._load_failed(f"the worker exited ({how}) while loading the handler", "")
             return
-        self._replace_exited(process, how)
+        self._replace_exited(process, "after its failed warm-up" if warmup_failed else None, how)
         if not self.admitting:  # no process will take the queued calls soon
             self._fail_queue(
                 ServiceUnavailable(
@@ -711,23 +711,35 @@ class HandlerPool:
             self.metrics.worker_gone(process.pid)
         return code
 
-    def _replace_exited(self, process: HandlerProcess, how: str) -> None:
-        """Start a replacement for a process that exited, unless it has one already."""
+    def _replace_exited(self, process: HandlerProcess, expected: str | None, how: str) -> None:
+        """Start a replacement for a process that exited, unless it has one already.
+        ``expected``: why it exited, when it said so itself (its warm-up failed)."""
         if process.state is ProcessState.STOPPING:
             return  # retired, recycled or killed as stuck: its replacement exists already
-        if process.retiring:
-            _log.error(
-                "worker %s exited unexpectedly (%s); its replacement is starting already",
-                process.pid,
-                how,
-            )
-            self._count_restart("crashed")
-            return
         retiree = process.replaces
-        if retiree is not None and retiree in self.processes:  # died before it was ready
-            self._replace(process, how, retiree)  # the retiree serves on until the next is
+        if retiree is None or retiree not in self.processes:
+            retiree = None  # else it died before it was ready: the retiree serves on meanwhile
+        if process.state is ProcessState.STARTING:
+            self._deaths_before_ready += 1
+        delay = 0.0 if process.retiring else _backoff(self._deaths_before_ready)
+        if process.retiring:
+            when = "; its replacement is starting already"
+        elif delay:
+            when = f"; starting a replacement in {delay:g} s (replacements keep dying before "
+            when += "they are ready)"
+        else:
+            when = "; starting a replacement"
+        if expected is None:
+            _log.error("worker %s exited unexpectedly (%s)%s", process.pid, how, when)
+        else:
+            _log.warning("worker %s exited %s%s", process.pid, expected, when)
+        self._count_restart("crashed" if expected is None else "warmup_failed")
+        if process.retiring:
             return
-        self._replace(process, how)
+        if delay:
+            self._spawn_later(delay, retiree)
+        else:
+            self._ensure_spawn(retiree)
 
     def _fail_queue(self, exc: HttpError) -> None:
         queue, self._queue = self._queue, deque()
@@ -760,25 +772,6 @@ class HandlerPool:
         process.sent.clear()
         self._queue.extendleft(reversed(requeue))
 
-    def _replace(
-        self, process: HandlerProcess, how: str, retiree: HandlerProcess | None = None
-    ) -> None:
-        """Start a replacement for ``process`` (after a back-off when replacements keep dying
-        before they are ready); for a retiring process's replacement that died, a new
-        replacement of that ``retiree``, so that the pool keeps its size."""
-        if process.state is ProcessState.STARTING:
-            self._deaths_before_ready += 1
-        delay = _backoff(self._deaths_before_ready)
-        when = f" in {delay:g} s (replacements keep dying before they are ready)" if delay else ""
-        _log.error(
-            "worker %s exited unexpectedly (%s); starting a replacement%s", process.pid, how, when
-        )
-        self._count_restart("crashed")
-        if delay:
-            self._spawn_later(delay, retiree)
-        else:
-            self._ensure_spawn(retiree)
-
     async def _watch(self) -> None:
         """Judge stuck handlers (:meth:`_stuck`), memory limits, and exits without pidfd."""
         while True:
@@ -790,39 +783,41 @@ class HandlerPool:
                     continue
                 if process.state is not ProcessState.READY:
                     continue
-                if self._stuck(process, now):
-                    self._recycle_stuck(process)
+                stuck = self._stuck(process, now)
+                if stuck is not None:
+                    self._recycle_stuck(process, stuck)
                 else:
                     self._check_memory(process)
 
-    def _stuck(self, process: HandlerProcess, now: float) -> bool:
-        """Whether a call that ``process`` runs is stuck in its handler: not answered
+    def _stuck(self, process: HandlerProcess, now: float) -> str | None:
+        """What is stuck in ``process``'s handler (``None``: nothing): a call not answered
         ``timeout + grace`` after it was sent (it was answered ``504`` long ago), or a stream
         still running ``grace`` after it was withdrawn (cut, or its client left: its generator
         does not stop). A stream that goes on producing is never stuck, however old: its
         limits end it alone (``stream_limits.py``)."""
-        limit = self._config.stuck_after
+        config = self._config
+        limit = config.stuck_after
         if limit is None:
-            return False
-        running = len(process.sent) if self._batching else self._config.concurrency
+            return None
+        running = len(process.sent) if self._batching else config.concurrency
         for pending in itertools.islice(process.sent.values(), running):
             if not pending.streaming:
                 if now - pending.sent_at > limit:
-                    return True
-            elif pending.withdrawn_at and now - pending.withdrawn_at > self._config.grace_period:
-                return True
-        return False
+                    return (
+                        f"a handler call in worker {process.pid} has been running for more than "
+                        f"{limit:g} s (timeout {config.timeout:g} s + grace "
+                        f"{config.grace_period:g} s)"
+                    )
+            elif pending.withdrawn_at and now - pending.withdrawn_at > config.grace_period:
+                return (
+                    f"a streamed answer of worker {process.pid} has gone on for more than "
+                    f"{config.grace_period:g} s (the grace period) after it was cut, its "
+                    "generator not stopping"
+                )
+        return None
 
-    def _recycle_stuck(self, process: HandlerProcess) -> None:
-        config = self._config
-        _log.error(
-            "a handler call in worker %s has run past its deadline by more than its grace "
-            "period (timeout %g s, grace %g s), or a stream of it went on for more than the "
-            "grace period after it was cut; this worker is killed and replaced",
-            process.pid,
-            config.timeout,
-            config.grace_period,
-        )
+    def _recycle_stuck(self, process: HandlerProcess, stuck: str) -> None:
+        _log.error("%s; this worker is killed and replaced", stuck)
         _log.warning("recycling worker %s, whose handler is stuck", process.pid)
         self._set_state(process, ProcessState.STOPPING)
         process.kill()
