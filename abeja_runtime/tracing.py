@@ -21,6 +21,11 @@ children, and its ids are in the handler's log records (as the server span's are
 access record). ``/health_check``, ``/livez`` and ``/metrics`` have no spans: the front
 answers them before a call begins.
 
+When tracing is on, the front says so at start, with where the spans go and the sampler.
+Each process says once when its spans cannot be sent (the collector is away, or refuses them),
+and once when they are sent again: the SDK's exporter would log a warning at every retry of
+every batch for as long as the collector is away (:class:`_ExportWatch`).
+
 Nothing of OpenTelemetry is imported while tracing is off: the hot path pays one ``is None``.
 """
 
@@ -83,9 +88,7 @@ def _configuration_problem(environ: Mapping[str, str]) -> str | None:
             f"OTEL_TRACES_EXPORTER={exporter!r} is not an exporter the runtime has; use otlp "
             "or console (or none for no traces)"
         )
-    protocol = environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    ).strip()
+    protocol = _protocol(environ)
     if exporter == "otlp" and protocol and protocol not in _PROTOCOLS:
         return (
             f"the OTLP protocol {protocol!r} is not one the runtime exports with; set "
@@ -126,34 +129,144 @@ def tracing_from(environ: Mapping[str, str], process: str) -> Tracing | None:
     problem = _configuration_problem(environ)
     if problem is None:
         try:
-            return Tracing(environ, process)
+            tracing = Tracing(environ, process)
         except ImportError:
             problem = f"the OpenTelemetry packages are not installed ({_INSTALL})"
         except Exception as exc:  # an exporter that rejects its settings (a bad endpoint)
             problem = f"OpenTelemetry could not be set up: {exc}"
+        else:
+            if process == "front":
+                _log.info(
+                    "tracing is on: the front and each handler process %s; sampler %s",
+                    _destination(environ),
+                    _sampler(environ),
+                )
+            return tracing
     if process == "front":
         _log.warning("tracing is off: %s", problem)
     return None
 
 
-def _exporter(environ: Mapping[str, str]) -> Any:
+def _protocol(environ: Mapping[str, str]) -> str:
+    """The OTLP protocol configured (empty: OpenTelemetry's default, http/protobuf)."""
+    return environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    ).strip()
+
+
+def _endpoint(environ: Mapping[str, str]) -> tuple[str, str]:
+    """Where the OTLP exporter sends, resolved as OpenTelemetry resolves it, and the variable
+    that says so (``OTEL_EXPORTER_OTLP_ENDPOINT`` when neither is set: the one to set)."""
+    traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if traces:
+        return traces, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if _protocol(environ) == "grpc":
+        return base or "http://localhost:4317", "OTEL_EXPORTER_OTLP_ENDPOINT"
+    base = base or "http://localhost:4318"
+    return f"{base.removesuffix('/')}/v1/traces", "OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
+def _destination(environ: Mapping[str, str]) -> str:
+    """Where the spans go, as the start-up line says it."""
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "console":
+        return "print their spans on stdout (OTEL_TRACES_EXPORTER=console)"
+    transport = "OTLP/gRPC" if _protocol(environ) == "grpc" else "OTLP/HTTP"
+    endpoint, variable = _endpoint(environ)
+    return f"send their spans over {transport} to {endpoint} ({variable})"
+
+
+def _sampler(environ: Mapping[str, str]) -> str:
+    """The sampler, with its ratio where it takes one, as the start-up line says it."""
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if sampler.endswith("traceidratio"):
+        return f"{sampler} ({environ.get('OTEL_TRACES_SAMPLER_ARG', '1.0')})"
+    return sampler
+
+
+def _exporter(environ: Mapping[str, str], process: str) -> Any:
+    """The span exporter ``environ`` configures; an OTLP one is watched (:class:`_ExportWatch`)."""
     exporter = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     if exporter == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    protocol = environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    ).strip()
-    if protocol == "grpc":
+    if _protocol(environ) == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
+        return _ExportWatch(OTLPSpanExporter(), environ, process)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpSpanExporter,
     )
 
-    return HttpSpanExporter()
+    return _ExportWatch(HttpSpanExporter(), environ, process)
+
+
+class _ExportWatch(logging.Filter):
+    """An OTLP exporter, watched: this process says once, in a warning, that its spans cannot
+    be sent (with the exporter's first reason, and what to do), and once, in an info line,
+    that they are sent again. The exporter's own warnings and errors (a warning at every retry
+    of every batch while the collector is away) are kept out of the log: this filter is on
+    its loggers. ``export`` is watched; the rest (``shutdown``, ``force_flush``) is the
+    exporter's own."""
+
+    def __init__(self, exporter: Any, environ: Mapping[str, str], process: str) -> None:
+        super().__init__()
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self._exporter = exporter
+        self._success = SpanExportResult.SUCCESS
+        self._endpoint, self._variable = _endpoint(environ)
+        self._who = "the front" if process == "front" else f"handler process {os.getpid()}"
+        self._lock = threading.Lock()
+        #: The spans could not be sent, and that was said; not yet sent again since.
+        self._failing = False
+        # Its loggers: each of its classes' modules logs as itself (``getLogger(__name__)``).
+        for module in {kind.__module__ for kind in type(exporter).__mro__}:
+            if module.startswith("opentelemetry.exporter."):
+                logging.getLogger(module).addFilter(self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._exporter, name)
+
+    def export(self, spans: Any) -> Any:
+        result = self._exporter.export(spans)
+        if result is self._success:
+            self._sent()
+        else:
+            self._failed("")
+        return result
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep the exporter's debug and info records; its warnings and errors are said as one
+        of ours."""
+        if record.levelno < logging.WARNING:
+            return True
+        self._failed(record.getMessage())
+        return False
+
+    def _failed(self, reason: str) -> None:
+        with self._lock:
+            if self._failing:
+                return
+            self._failing = True
+        said = f' (OpenTelemetry\'s exporter said: "{reason}")' if reason else ""
+        _log.warning(
+            "%s cannot send its spans to %s%s: they are dropped until an OTLP collector there "
+            "takes them. Start one, or set %s to where yours listens (or unset it: no "
+            "tracing). Said once, not at every retry.",
+            self._who,
+            self._endpoint,
+            said,
+            self._variable,
+        )
+
+    def _sent(self) -> None:
+        with self._lock:
+            if not self._failing:
+                return
+            self._failing = False
+        _log.info("%s sends its spans to %s again", self._who, self._endpoint)
 
 
 class Tracing:
@@ -175,7 +288,7 @@ class Tracing:
         self._provider: TracerProvider = TracerProvider(
             resource=Resource.create(attributes), shutdown_on_exit=False
         )
-        self._provider.add_span_processor(BatchSpanProcessor(_exporter(environ)))
+        self._provider.add_span_processor(BatchSpanProcessor(_exporter(environ, process)))
         if process == "worker":  # the handler's own spans go where the runtime's go
             trace.set_tracer_provider(self._provider)
         self.tracer: Tracer = self._provider.get_tracer("abeja_runtime")

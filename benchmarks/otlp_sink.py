@@ -11,10 +11,13 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["otlp_sink"]
+__all__ = ["otlp_sink", "sink_handler"]
 
 
-def _handler(take: Callable[[bytes], None] | None) -> type[BaseHTTPRequestHandler]:
+def sink_handler(take: Callable[[bytes], None] | None) -> type[BaseHTTPRequestHandler]:
+    """The sink's request handler: ``200`` to an export (its body to ``take``, if given),
+    ``404`` to anything else."""
+
     class Sink(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # the exporter keeps its connection
 
@@ -39,7 +42,7 @@ def _handler(take: Callable[[bytes], None] | None) -> type[BaseHTTPRequestHandle
 def otlp_sink(take: Callable[[bytes], None] | None = None) -> Iterator[str]:
     """The sink's endpoint (``http://127.0.0.1:PORT``), for ``OTEL_EXPORTER_OTLP_ENDPOINT``;
     each export's body goes to ``take``, if given."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(take))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), sink_handler(take))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -121,6 +121,70 @@ def test_import_error_inside_the_module_names_the_missing_package(make_server, f
     assert "No module named 'abeja_missing_dependency'" in message, message
     # The module named in HANDLER exists: the message must not say that it could not be found.
     assert f"Couldn't import a module named [{module}]" not in message, message
+    assert message.endswith("Add the missing package to requirements.txt."), message  # none yet
+
+
+#: How requirements.txt is installed, as the advice about a missing package says it.
+INSTALL = (
+    "pip install -r requirements.txt, or start the runtime with --install-requirements "
+    "(ABEJA_RUNTIME_INSTALL_REQUIREMENTS=on), which installs requirements.txt at every start"
+)
+
+
+@pytest.mark.parametrize(
+    ("imported", "requirements", "flags", "advice"),
+    [
+        pytest.param(
+            "abeja_missing_dependency",
+            "numpy>=1.0\nAbeja.Missing-Dependency==1.0  # the model's\n",
+            (),
+            "The package Abeja.Missing-Dependency is listed in requirements.txt but is not "
+            f"installed: install it with {INSTALL}.",
+            id="listed",
+        ),
+        pytest.param(
+            "abeja_missing_dependency",
+            "numpy>=1.0\n",
+            (),
+            "requirements.txt lists no package named abeja_missing_dependency: add the package "
+            f"that provides it, and install requirements.txt with {INSTALL}. If it is listed "
+            "under another name (as Pillow provides PIL), only the install is missing.",
+            id="not-listed",
+        ),
+        pytest.param(  # pytest is installed here: the install at start has nothing to fetch
+            "abeja_missing_dependency",
+            "pytest\n",
+            ("--install-requirements",),
+            "requirements.txt lists no package named abeja_missing_dependency: add the package "
+            "that provides it (its name may differ from the module's, as Pillow provides PIL); "
+            "--install-requirements installs it at the next start.",
+            id="not-listed-installed-at-start",
+        ),
+        pytest.param(  # installed here too, and its module is google.protobuf
+            "protobuf",
+            "protobuf\n",
+            ("--install-requirements",),
+            "requirements.txt lists protobuf, which was installed at start "
+            "(--install-requirements), yet no module named protobuf is there: check that "
+            "protobuf is the package that provides it.",
+            id="listed-installed-at-start",
+        ),
+    ],
+)
+def test_a_missing_package_is_advised_from_what_requirements_txt_lists(
+    make_server, tmp_path, imported, requirements, flags, advice
+):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text(
+        f"import {imported}\n\n\ndef handler(request, context):\n    return {{}}\n"
+    )
+    (project / "requirements.txt").write_text(requirements)
+    message = load_failure(make_server(project, *flags, wait=False))
+    assert message == (
+        "Importing the module [main] specified in HANDLER[main:handler] failed: "
+        f"No module named '{imported}'. {advice}"
+    )
 
 
 def test_syntax_error_in_the_module_is_reported(make_server, tmp_path):

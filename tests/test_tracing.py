@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from helpers.metrics import scrape, total
-from helpers.otlp import Receiver, otlp_grpc_receiver, otlp_http_receiver
+from helpers.otlp import Receiver, away_otlp_http_receiver, otlp_grpc_receiver, otlp_http_receiver
 from helpers.servers import RunningServer
 from helpers.waiting import wait_until
 
@@ -291,6 +291,66 @@ def test_a_collector_that_does_not_answer_holds_the_stop_no_longer_than_the_runt
     dropped = [r for r in server.records() if "were not all sent" in r.get("message", "")]
     assert len(dropped) == 2, dropped  # the front's server span, the worker's handler span
     assert all(r["log_level"] == "warning" for r in dropped)
+
+
+def test_an_absent_collector_is_one_warning_per_process_and_one_line_when_it_comes(
+    make_server: Any,
+) -> None:
+    """The front says at start that tracing is on, and where the spans go. While the collector
+    cannot be reached, OpenTelemetry's exporter would log a warning at every retry of every
+    batch, in every process: each process says once instead that its spans cannot be sent,
+    naming the variable to set, and once that they are sent again when the collector comes."""
+    with away_otlp_http_receiver() as receiver:
+        server = make_server("tr_traced", "--log-format", "json", env=exporting_to(receiver))
+        started = server.wait_for_record(lambda r: "tracing is on" in r.get("message", ""))
+        assert started["log_level"] == "info"
+        assert started["message"] == (
+            "tracing is on: the front and each handler process send their spans over OTLP/HTTP "
+            f"to {receiver.endpoint}/v1/traces (OTEL_EXPORTER_OTLP_ENDPOINT); sampler "
+            "parentbased_always_on"
+        )
+        for _ in range(3):
+            assert server.request("POST", "/", b"{}", traceparent()[2]).status == 200
+        processes = ("the front ", "handler process ")
+
+        def cannot_send(record: dict[str, Any]) -> bool:
+            return "cannot send its spans" in record.get("message", "")
+
+        def sent_again(record: dict[str, Any]) -> bool:
+            return record.get("message", "").endswith(
+                f"its spans to {receiver.endpoint}/v1/traces again"
+            )
+
+        for process in processes:
+            server.wait_for_record(
+                lambda r, by=process: cannot_send(r) and r["message"].startswith(by)
+            )
+        receiver.arrive()
+        trace_id, _, headers = traceparent()
+        assert server.request("POST", "/", b"{}", headers).status == 200
+        receiver.wait_for(trace_id, {"POST", *CALL_SPANS})
+        for process in processes:
+            server.wait_for_record(
+                lambda r, by=process: sent_again(r) and r["message"].startswith(by)
+            )
+    records = server.records()
+    warned = [r for r in records if cannot_send(r)]
+    assert len(warned) == 2, warned  # one per process: the front's, its handler process's
+    for record in warned:
+        assert record["log_level"] == "warning"
+        assert f"cannot send its spans to {receiver.endpoint}/v1/traces" in record["message"]
+        assert "Connection refused" in record["message"]  # the exporter's reason
+        assert "set OTEL_EXPORTER_OTLP_ENDPOINT to where yours listens" in record["message"]
+    assert [r["log_level"] for r in records if sent_again(r)] == ["info", "info"]
+    # None of the exporter's own warnings: only ours, and the handler's own line.
+    others = [
+        r
+        for r in records
+        if r.get("log_level") in ("warning", "error")
+        and not cannot_send(r)
+        and r.get("message") != "inside the handler"
+    ]
+    assert others == []
 
 
 def test_no_exporter_configured_is_no_tracing(make_server: Any) -> None:

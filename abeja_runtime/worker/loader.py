@@ -4,7 +4,8 @@
 the working directory that :mod:`abeja_runtime.project` settled), lets
 :mod:`abeja_runtime.styles` decide the handler's style (ABEJA, ABEJA v1, Cortex, KServe,
 Seldon) and adapt it, and logs the choice. Every failure is a :class:`HandlerLoadError` whose
-message keeps ABEJA's wording (typos fixed) and adds what to do.
+message keeps ABEJA's wording (typos fixed) and adds what to do: for a package that the module
+imports and that is not installed, from what the project's ``requirements.txt`` lists.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Final
 
 from abeja_runtime import styles
 from abeja_runtime.config import Config
@@ -26,6 +29,10 @@ from abeja_runtime.styles import LoadedHandler, module_alone_allowed
 __all__ = ["load_handler"]
 
 _log = logging.getLogger("abeja_runtime")
+
+#: A requirement's name at the start of a ``requirements.txt`` line, followed by what may
+#: follow a name (extras, a version, markers, ``@ url``); not a path, URL or option.
+_REQUIREMENT: Final = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:$|[\[<>=!~;@(,])")
 
 
 def load_handler(spec: str, workdir: Path, config: Config | None = None) -> LoadedHandler:
@@ -44,7 +51,7 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
             return handler
     module_name, attribute = _parse_spec(spec, config.style)
     with _argv_of_its_own():
-        module, attribute = _import_target(module_name, attribute, spec)
+        module, attribute = _import_target(module_name, attribute, spec, workdir, config)
         target = styles.Target(spec=spec, module=module, attribute=attribute)
         choice = styles.choose(target, config.style)
         handler = choice.style.load(
@@ -85,24 +92,26 @@ def _argv_of_its_own() -> Iterator[None]:
         sys.argv = saved
 
 
-def _import_target(module_name: str, attribute: str, spec: str) -> tuple[ModuleType, str]:
+def _import_target(
+    module_name: str, attribute: str, spec: str, workdir: Path, config: Config
+) -> tuple[ModuleType, str]:
     """Import the module; Seldon's ``package.Class`` form is accepted for a module-only spec."""
     if not attribute and "." in module_name:
         parent, _, name = module_name.rpartition(".")
         try:
-            return _import(module_name, spec), ""
+            return _import(module_name, spec, workdir, config), ""
         except HandlerLoadError as exc:
             cause = exc.__cause__
             if not isinstance(cause, ModuleNotFoundError) or cause.name != module_name:
                 raise
-            module = _import(parent, spec)
+            module = _import(parent, spec, workdir, config)
             if not hasattr(module, name):
                 raise
             return module, name
-    return _import(module_name, spec), attribute
+    return _import(module_name, spec, workdir, config), attribute
 
 
-def _import(module_name: str, spec: str) -> ModuleType:
+def _import(module_name: str, spec: str, workdir: Path, config: Config) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -116,12 +125,77 @@ def _import(module_name: str, spec: str) -> ModuleType:
                 "Possibly, your HANDLER parameter or packaging (zip/tar) file structure is wrong. "
                 f"{exc} (working directory: {os.getcwd()})"
             ) from exc
+        advice = _missing_package_advice(exc.name or "", workdir, config.install_requirements)
         raise HandlerLoadError(
             f"Importing the module [{module_name}] specified in HANDLER[{spec}] failed: {exc}. "
-            "Add the missing package to requirements.txt."
+            f"{advice}"
         ) from exc
     except Exception as exc:
         raise HandlerLoadError(
             f"Importing the module [{module_name}] specified in HANDLER[{spec}] raised "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _missing_package_advice(missing: str, workdir: Path, installed_at_start: bool) -> str:
+    """What to do about the module ``missing`` that the handler's module imports and that is
+    not installed, from what the project's ``requirements.txt`` lists.
+
+    A module is found in ``requirements.txt`` under its own name or a parent package's,
+    compared as package names are (PEP 503: case, ``-``, ``_`` and ``.`` alike, so that
+    ``google.cloud.storage`` is ``google-cloud-storage``); a package whose name differs from
+    its module's (Pillow's ``PIL``) is not recognised, and the advice says that it may be so."""
+    listed = _requirements(workdir / "requirements.txt")
+    if listed is None:
+        return "Add the missing package to requirements.txt."
+    install = (
+        "pip install -r requirements.txt, or start the runtime with --install-requirements "
+        "(ABEJA_RUNTIME_INSTALL_REQUIREMENTS=on), which installs requirements.txt at every start"
+    )
+    parts = missing.split(".")
+    names = (".".join(parts[:length]) for length in range(len(parts), 0, -1))
+    entry = next((listed[key] for key in map(_package_key, names) if key in listed), None)
+    if entry is None and installed_at_start:
+        return (
+            f"requirements.txt lists no package named {missing}: add the package that provides "
+            "it (its name may differ from the module's, as Pillow provides PIL); "
+            "--install-requirements installs it at the next start."
+        )
+    if entry is None:
+        return (
+            f"requirements.txt lists no package named {missing}: add the package that provides "
+            f"it, and install requirements.txt with {install}. If it is listed under another "
+            "name (as Pillow provides PIL), only the install is missing."
+        )
+    if installed_at_start:
+        return (
+            f"requirements.txt lists {entry}, which was installed at start "
+            f"(--install-requirements), yet no module named {missing} is there: check that "
+            f"{entry} is the package that provides it."
+        )
+    return (
+        f"The package {entry} is listed in requirements.txt but is not installed: install it "
+        f"with {install}."
+    )
+
+
+def _requirements(path: Path) -> dict[str, str] | None:
+    """The packages that a ``requirements.txt`` lists, by :func:`_package_key`, each as
+    written; ``None`` when the project has none. Options (``-r``, ``-e``), paths and URLs are
+    left out: their package's name is not on the line."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    listed: dict[str, str] = {}
+    for line in text.splitlines():
+        found = _REQUIREMENT.match(re.sub(r"(^|\s)#.*", "", line).strip())
+        if found is not None:
+            listed.setdefault(_package_key(found[1]), found[1])
+    return listed
+
+
+def _package_key(name: str) -> str:
+    """A package's name as package names are compared (PEP 503): ``Abeja.Missing-Dependency``
+    and ``abeja_missing_dependency`` are the same."""
+    return re.sub(r"[-_.]+", "-", name).lower()

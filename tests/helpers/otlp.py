@@ -8,11 +8,19 @@ from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from helpers.waiting import wait_until
 
-__all__ = ["ReceivedSpan", "Receiver", "otlp_grpc_receiver", "otlp_http_receiver"]
+__all__ = [
+    "AwayReceiver",
+    "ReceivedSpan",
+    "Receiver",
+    "away_otlp_http_receiver",
+    "otlp_grpc_receiver",
+    "otlp_http_receiver",
+]
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,44 @@ def otlp_http_receiver() -> Iterator[Receiver]:
     with otlp_sink(receiver.take) as endpoint:
         receiver.endpoint = endpoint
         yield receiver
+
+
+class AwayReceiver(Receiver):
+    """An OTLP/HTTP receiver that is away until :meth:`arrive`: its port is bound but not
+    listening, so that a connection to it is refused (as to a collector that is not running),
+    and no other server can take the port meanwhile."""
+
+    def __init__(self) -> None:
+        from benchmarks.otlp_sink import sink_handler
+
+        super().__init__()
+        self._server = ThreadingHTTPServer(
+            ("127.0.0.1", 0), sink_handler(self.take), bind_and_activate=False
+        )
+        self._server.server_bind()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._serving = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def arrive(self) -> None:
+        """Listen on the port, and take exports from now on."""
+        self._server.server_activate()
+        self._serving.start()
+
+    def close(self) -> None:
+        if self._serving.is_alive():
+            self._server.shutdown()
+            self._serving.join(10)
+        self._server.server_close()
+
+
+@contextmanager
+def away_otlp_http_receiver() -> Iterator[AwayReceiver]:
+    """An OTLP/HTTP receiver that refuses connections until its ``arrive()``."""
+    receiver = AwayReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
 
 
 @contextmanager
