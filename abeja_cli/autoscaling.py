@@ -12,23 +12,42 @@ signals.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from abeja_cli.errors import InputError
-
-if TYPE_CHECKING:
-    from abeja_cli.manifests import Deployment
 
 __all__ = [
     "AUTOSCALERS",
     "DEFAULT_PROMETHEUS",
     "QUEUED_METRIC",
+    "Deployment",
     "check_autoscaler",
     "horizontal_pod_autoscaler",
     "knative_annotations",
     "scaled_object",
     "target_concurrency",
 ]
+
+
+class Deployment(Protocol):
+    """What scaling reads of a deployment (``manifests.py``'s): its name, its replicas, the
+    calls a pod serves at once, and where Prometheus answers KEDA."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def max_replicas(self) -> int: ...
+
+    @property
+    def prometheus(self) -> str: ...
+
+    @property
+    def pod_concurrency(self) -> int: ...
+
 
 #: How a Deployment scales: a HorizontalPodAutoscaler on CPU, or KEDA on queued requests.
 AUTOSCALERS: Final = ("hpa", "keda")

@@ -18,7 +18,9 @@ import pytest
 from helpers.servers import RunningServer, ServerFactory
 from helpers.workers import wait_for_ready_workers
 
-from abeja_runtime.front.processes import ProcessState, device_environment
+from abeja_runtime.front.lifecycle import devices_held
+from abeja_runtime.front.members import ProcessState
+from abeja_runtime.front.processes import device_environment
 
 
 def meet(server: RunningServer, round_name: str, workers: int) -> dict[int, str]:
@@ -102,8 +104,7 @@ def test_a_retired_worker_hands_its_device_to_its_replacement(
 def test_the_next_worker_takes_the_device_fewest_others_hold(
     devices: str, held: list[str], expected: str | None
 ) -> None:
-    processes = [_process(device) for device in held]
-    environment = device_environment({"A": "1"}, devices, processes)
+    environment = device_environment({"A": "1"}, devices, list(held))
     assert environment == ({"CUDA_VISIBLE_DEVICES": expected} if expected else {}) | {"A": "1"}
 
 
@@ -112,11 +113,8 @@ def test_ids_are_positions_among_the_devices_the_runtime_was_given() -> None:
     and 1, as CUDA numbers them: its worker of 0 gets GPU 2, not the machine's GPU 0."""
     given = {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert device_environment(given, "0,1", [])["CUDA_VISIBLE_DEVICES"] == "2"
-    assert device_environment(given, "0,1", [_process("2")])["CUDA_VISIBLE_DEVICES"] == "3"
-    assert (
-        device_environment(given, "0,1", [_process("2"), _process("3")])["CUDA_VISIBLE_DEVICES"]
-        == "2"
-    )
+    assert device_environment(given, "0,1", ["2"])["CUDA_VISIBLE_DEVICES"] == "3"
+    assert device_environment(given, "0,1", ["2", "3"])["CUDA_VISIBLE_DEVICES"] == "2"
     assert device_environment(given, "GPU-a", [])["CUDA_VISIBLE_DEVICES"] == "GPU-a"
     assert device_environment(given, "5", [])["CUDA_VISIBLE_DEVICES"] == "5"  # not among them
 
@@ -126,13 +124,13 @@ def test_workers_that_go_do_not_hold_their_device() -> None:
     staying = [_process("0"), _process("1")]
     retiring = _process("0", retiring=True)
     stopping = _process("1", state=ProcessState.STOPPING)
-    assert device_environment({}, "0,1", [*staying, retiring])["CUDA_VISIBLE_DEVICES"] == "0"
-    assert device_environment({}, "0,1", [retiring, stopping])["CUDA_VISIBLE_DEVICES"] == "0"
-    assert device_environment({}, "0,1", [staying[0], stopping])["CUDA_VISIBLE_DEVICES"] == "1"
+    assert devices_held([*staying, retiring]) == ["0", "1"]
+    assert devices_held([retiring, stopping]) == []
+    assert devices_held([staying[0], stopping]) == ["0"]
 
 
 def _process(
     device: str, *, retiring: bool = False, state: ProcessState = ProcessState.READY
 ) -> SimpleNamespace:
-    """What :func:`device_environment` reads of a handler process."""
-    return SimpleNamespace(device=device, retiring=retiring, state=state)
+    """What :func:`devices_held` reads of the pool's record of a handler process."""
+    return SimpleNamespace(process=SimpleNamespace(device=device), retiring=retiring, state=state)

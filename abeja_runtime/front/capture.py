@@ -19,16 +19,30 @@ from __future__ import annotations
 import asyncio
 import mmap
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-if TYPE_CHECKING:
-    from abeja_runtime.front.connection import Connection
-
-__all__ = ["BodyCapture"]
+__all__ = ["BodyCapture", "CapturingConnection"]
 
 #: Where the rest of a connection's bytes go after a capture was given up (never into a buffer
 #: that may already hold another request's body). Anonymous memory: resident only once used.
 _DISCARDED: Final = memoryview(mmap.mmap(-1, 64 * 1024))
+
+
+class CapturingConnection(Protocol):
+    """What a capture tells the connection it reads for (``connection.py``'s ``Connection``):
+    it is the connection's transport's protocol meanwhile."""
+
+    def body_progress(self) -> None:
+        """Bytes of the body arrived."""
+
+    def body_captured(self) -> None:
+        """The body is whole: the connection takes its transport back."""
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+    def pause_writing(self) -> None: ...
+
+    def resume_writing(self) -> None: ...
 
 
 class BodyCapture(asyncio.BufferedProtocol):
@@ -37,7 +51,9 @@ class BodyCapture(asyncio.BufferedProtocol):
 
     __slots__ = ("_connection", "_done", "_into", "_offset", "_over")
 
-    def __init__(self, connection: Connection, into: memoryview, done: Callable[[], None]) -> None:
+    def __init__(
+        self, connection: CapturingConnection, into: memoryview, done: Callable[[], None]
+    ) -> None:
         self._connection = connection
         self._into = into
         self._offset = 0

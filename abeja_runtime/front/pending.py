@@ -1,9 +1,9 @@
 """One call on its way through the front's handler processes (:class:`PendingCall`).
 
 The frame sent, the answer's future, the chunks of a streamed answer, and where it is: in the
-queue (``process`` is ``None``) or sent to a :class:`~abeja_runtime.front.processes.
-HandlerProcess`. Every way into the front makes one (``calls.py``), the pool moves it
-(``pool.py``).
+queue (``member`` is ``None``) or sent to a handler process (the pool's
+:class:`~abeja_runtime.front.members.Member`). Every way into the front makes one
+(``calls.py``), the pool moves it (``scheduler.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 from abeja_runtime.frames import (
     CREDIT_STEP,
@@ -20,12 +20,12 @@ from abeja_runtime.frames import (
     Answer,
     Call,
     Credit,
+    Frame,
     RpcAnswer,
     RpcCall,
 )
 
 if TYPE_CHECKING:
-    from abeja_runtime.front.processes import HandlerProcess
     from abeja_runtime.tracing import CallTrace
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "STREAM_LOST",
     "AnswerFile",
     "Batch",
+    "CallHolder",
     "PendingCall",
     "StreamFailed",
 ]
@@ -106,6 +107,14 @@ class AnswerFile:
             os.close(fd)
 
 
+class CallHolder(Protocol):
+    """What a call sees of the handler process it was sent to (the pool's member)."""
+
+    sent: dict[int, PendingCall]
+
+    def send(self, frame: Frame, fd: int | None = None) -> None: ...
+
+
 class Batch:
     """The calls of a batch (``--max-batch-size``) not answered yet: its process's slot is
     free once none is left."""
@@ -121,7 +130,7 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "chunks", "fd", "frame",
-        "giving_back", "process", "queued_at", "sent_at", "streaming", "trace", "waited",
+        "giving_back", "member", "queued_at", "sent_at", "streaming", "trace", "waited",
         "withdrawn_at",
     )  # fmt: skip
 
@@ -150,7 +159,8 @@ class PendingCall:
         self.withdrawn_at = 0.0
         #: The head of its streamed answer came: its handler returned, its generator runs.
         self.streaming = False
-        self.process: HandlerProcess | None = None
+        #: The handler process it was sent to (``None``: in the queue).
+        self.member: CallHolder | None = None
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
@@ -192,8 +202,8 @@ class PendingCall:
                 taken_bytes += len(item)
             taken += 1
             if taken >= CREDIT_STEP or taken_bytes >= CREDIT_STEP_BYTES:
-                if self.process is not None:
-                    self.process.send(Credit(self.frame.id, taken, taken_bytes))
+                if self.member is not None:
+                    self.member.send(Credit(self.frame.id, taken, taken_bytes))
                 taken = taken_bytes = 0
 
     def finish(self) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import signal
@@ -22,7 +21,6 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Iterable
 from typing import Final, Protocol
 
 from abeja_runtime.config import Config
@@ -37,13 +35,11 @@ from abeja_runtime.frames import (
     read_buffer,
     receive,
 )
-from abeja_runtime.front.pending import PendingCall
 
 __all__ = [
     "DEVICE_VARIABLE",
     "FrameSink",
     "HandlerProcess",
-    "ProcessState",
     "describe_exit",
     "device_environment",
     "pidfd",
@@ -57,30 +53,18 @@ _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 40
 DEVICE_VARIABLE: Final = "CUDA_VISIBLE_DEVICES"
 
 
-class ProcessState(enum.Enum):
-    """Where a handler process is in its life."""
-
-    #: Loading the handler: no call yet.
-    STARTING = "starting"
-    #: Takes calls.
-    READY = "ready"
-    #: Takes no more calls; finishes once those it has are answered (retired, recycled, or
-    #: the front stops).
-    STOPPING = "stopping"
-
-
 class FrameSink(Protocol):
-    """Where a process's frames go (the pool)."""
+    """Where a process's frames go."""
 
-    def received(self, process: HandlerProcess, frame: Frame, fd: int | None) -> None: ...
+    def received(self, frame: Frame, fd: int | None) -> None: ...
 
-    def broken(self, process: HandlerProcess, exc: ProtocolError) -> None: ...
+    def broken(self, exc: ProtocolError) -> None: ...
 
 
 class HandlerProcess:
     """One handler process: its socket, the calls it was sent, its state."""
 
-    def __init__(self, config: Config, environment: dict[str, str], pool: FrameSink) -> None:
+    def __init__(self, config: Config, environment: dict[str, str], sink: FrameSink) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
             self.popen = subprocess.Popen(
@@ -101,7 +85,7 @@ class HandlerProcess:
             _log.info(
                 "worker %s starts with %s=%s (--devices)", self.pid, DEVICE_VARIABLE, self.device
             )
-        self._pool = pool
+        self._sink = sink
         self._sock = ours
         ours.setblocking(False)
         self._decoder = FrameDecoder()
@@ -112,20 +96,6 @@ class HandlerProcess:
         #: What the socket did not take yet.
         self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
         self.loop = asyncio.get_running_loop()
-        self.state = ProcessState.STARTING
-        #: Calls sent and not answered, in the order they were sent.
-        self.sent: dict[int, PendingCall] = {}
-        self.answered = 0
-        #: When its last answer came: its next call was busy from then or from when it was
-        #: sent, whichever is later.
-        self.answered_at = 0.0
-        #: When to look whether calls wait behind a slow one here (see ``HandlerPool``).
-        self.take_back_timer: asyncio.TimerHandle | None = None
-        self.request_limit: int | None = None
-        #: Batches it runs (batch mode: at most ``concurrency``).
-        self.batches = 0
-        self.retiring = False
-        self.replaces: HandlerProcess | None = None
         self.exit_fd = pidfd(self.pid)
         self.loop.add_reader(ours.fileno(), self.read_available)
         self.send(Start(VERSION, config))
@@ -197,7 +167,7 @@ class HandlerProcess:
             except (BlockingIOError, InterruptedError):
                 return
             except ProtocolError as exc:
-                self._pool.broken(self, exc)
+                self._sink.broken(exc)
                 return
             except OSError:
                 data, frames = self._into[:0], []
@@ -205,7 +175,7 @@ class HandlerProcess:
                 self.close_socket()
                 return
             for frame, fd in frames:
-                self._pool.received(self, frame, fd)
+                self._sink.received(frame, fd)
             if len(data) < len(self._into):  # all there was: no read that says "nothing more"
                 return
 
@@ -230,18 +200,13 @@ class HandlerProcess:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
-    def oldest_call_age(self, now: float) -> float | None:
-        for pending in self.sent.values():
-            return now - pending.sent_at
-        return None
-
 
 def device_environment(
-    environment: dict[str, str], devices: str, processes: Iterable[HandlerProcess]
+    environment: dict[str, str], devices: str, held: list[str | None]
 ) -> dict[str, str]:
     """The environment of the next handler process: with ``devices`` (``--devices``, ids
-    separated by commas), the one that the fewest of ``processes`` that stay hold, the first
-    on a tie, as its :data:`DEVICE_VARIABLE`.
+    separated by commas), the one that the fewest of the processes that stay hold (``held``),
+    the first on a tie, as its :data:`DEVICE_VARIABLE`.
 
     Started one after another, processes get the devices round-robin (three on ``0,1``: 0, 1,
     0); a replacement gets the device of the process it replaces, the one left short, because
@@ -259,11 +224,6 @@ def device_environment(
     candidates = [
         seen[int(device)] if device.isdigit() and int(device) < len(seen) else device
         for device in devices.split(",")
-    ]
-    held = [
-        process.device
-        for process in processes
-        if process.state is not ProcessState.STOPPING and not process.retiring
     ]
     device = min(candidates, key=held.count)
     return {**environment, DEVICE_VARIABLE: device}

@@ -36,7 +36,7 @@ HANDLERS = Path(__file__).resolve().parents[1] / "handlers"
 #: KServe's docs (its AlexNet replaced by a numpy stand-in), served by the kserve style tests.
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 KSERVE_CUSTOM = SAMPLES / "kserve_custom"
-START_TIMEOUT = 20.0
+START_TIMEOUT = 60.0  # a loaded 2-core machine imports kserve slowly
 
 
 @dataclass

@@ -1,19 +1,30 @@
-"""Fake handler processes for the scheduler's unit tests: what the pool sees of a process (its
-state, the calls it was sent, its frames), without a process behind it."""
+"""Fakes for the pool's unit tests: handler processes without a process behind them (what the
+pool sees of one: its pid, its frames, its exit), and a clock the test moves."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from typing import Any
 
 from abeja_runtime.config import Config
 from abeja_runtime.frames import VERSION, Answer, Frame, Ready
-from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.members import Member
 from abeja_runtime.front.pool import HandlerPool
-from abeja_runtime.front.processes import ProcessState
 
 _pids = itertools.count(1000)
+
+
+class FakeClock:
+    """The scheduler's clock: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class FakePopen:
@@ -31,22 +42,14 @@ class FakePopen:
 class FakeProcess:
     """Stands for a HandlerProcess: records what the pool sends it."""
 
-    def __init__(self, config: Config, environment: dict[str, str], pool: HandlerPool) -> None:
+    def __init__(self, pool: HandlerPool, sink: Member) -> None:
         self.pool = pool
+        self.sink = sink
         self.pid = next(_pids)
         self.popen = FakePopen()
-        self.state = ProcessState.STARTING
-        self.sent: dict[int, PendingCall] = {}
-        self.frames: list[Frame] = []
-        self.answered = 0
-        self.answered_at = 0.0
-        self.take_back_timer: asyncio.TimerHandle | None = None
-        self.request_limit: int | None = None
-        self.batches = 0
-        self.retiring = False
-        self.replaces: Any = None
+        self.device: str | None = None
         self.exit_fd: int | None = None
-        self.loop = asyncio.get_running_loop()
+        self.frames: list[Frame] = []
         self.closed = False
         self.killed = False
 
@@ -60,40 +63,32 @@ class FakeProcess:
     def kill(self) -> None:
         self.killed = True
 
-    def signal(self, signum: int) -> None:
-        pass
-
     def read_available(self) -> None:
         pass
 
-    def oldest_call_age(self, now: float) -> float | None:
-        for pending in self.sent.values():
-            return now - pending.sent_at
-        return None
-
     # what the test makes it do
     def ready(self) -> None:
-        self.pool.received(self, Ready(VERSION, "abeja", (), ()), None)  # type: ignore[arg-type]
+        self.sink.received(Ready(VERSION, "abeja", (), ()), None)
 
     def answer(self, call_id: int, status: int = 200) -> None:
-        answer = Answer(call_id, status, (), b"ok", False)
-        self.pool.received(self, answer, None)  # type: ignore[arg-type]
+        self.sink.received(Answer(call_id, status, (), b"ok", False), None)
 
     def exit(self, code: int) -> None:
         self.popen.returncode = code
-        self.pool.exited(self)  # type: ignore[arg-type]
+        self.pool.lifecycle.exited(self.sink)
 
 
 class FakePool:
-    """A pool of fake processes, and the processes it made, in order."""
+    """A pool of fake processes on a fake clock, and the processes it made, in order."""
 
     def __init__(self, **settings: Any) -> None:
         self.config = Config(**settings)
         self.made: list[FakeProcess] = []
         self.load_failed: list[str] = []
+        self.clock = FakeClock()
 
-        def factory(config: Config, environment: dict[str, str], pool: HandlerPool) -> Any:
-            process = FakeProcess(config, environment, pool)
+        def factory(config: Config, environment: dict[str, str], sink: Any) -> Any:
+            process = FakeProcess(self.pool, sink)
             self.made.append(process)
             return process
 
@@ -103,6 +98,7 @@ class FakePool:
             lambda: None,
             lambda text, details: self.load_failed.append(text),
             process_factory=factory,
+            clock=self.clock,
         )
         for _ in range(self.config.workers):
-            self.pool._ensure_spawn()
+            self.pool.lifecycle.spawn()

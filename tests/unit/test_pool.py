@@ -12,8 +12,8 @@ import pytest
 
 from abeja_runtime.errors import ServiceBusy, ServiceUnavailable, WorkerCrashed
 from abeja_runtime.frames import Call, Cancel
+from abeja_runtime.front.members import ProcessState
 from abeja_runtime.front.pending import PendingCall
-from abeja_runtime.front.processes import ProcessState
 
 from .fakes import FakePool
 
@@ -37,10 +37,10 @@ def test_a_call_waits_in_the_queue_until_a_process_is_ready() -> None:
         process.ready()
         call = pending(fake)
         fake.pool.submit(call)
-        assert call.process is process and process.frames == [call.frame]
+        assert call.member is process.sink and process.frames == [call.frame]
         process.answer(call.frame.id)
         assert (await call.answer).status == 200
-        assert fake.pool.admitted == 0
+        assert fake.pool.scheduler.admitted == 0
 
     run(scenario)
 
@@ -52,19 +52,18 @@ def test_calls_go_to_the_least_busy_process_and_a_full_pool_refuses() -> None:
         first.ready()
         second.ready()
         calls = [pending(fake) for _ in range(4)]
-        fake.pool.call_seconds = 1.0  # slow calls: no joining a busy process
+        fake.pool.scheduler.call_seconds = 1.0  # slow calls: no joining a busy process
         fake.pool.submit(calls[0])
         fake.pool.submit(calls[1])
-        assert {calls[0].process, calls[1].process} == {first, second}
-        for call in calls[:2]:  # running for a second: nothing is pipelined behind them
-            call.sent_at -= 1.0
+        assert {calls[0].member, calls[1].member} == {first.sink, second.sink}
+        fake.clock.advance(1.0)  # running for a second: nothing is pipelined behind them
         fake.pool.submit(calls[2])
         fake.pool.submit(calls[3])
-        assert calls[2].process is None and calls[3].process is None  # queued
+        assert calls[2].member is None and calls[3].member is None  # queued
         with pytest.raises(ServiceBusy):
             fake.pool.submit(pending(fake))
         first.answer(calls[0].frame.id)
-        assert calls[2].process is first  # the queue's head goes to the freed slot
+        assert calls[2].member is first.sink  # the queue's head goes to the freed slot
 
     run(scenario)
 
@@ -76,19 +75,19 @@ def test_a_crash_fails_the_running_call_and_requeues_the_others_for_the_replacem
         process.ready()
         running, behind = pending(fake), pending(fake)
         fake.pool.submit(running)
-        fake.pool.call_seconds = 0.0  # quick calls: the second joins the busy process
+        fake.pool.scheduler.call_seconds = 0.0  # quick calls: the second joins the busy process
         fake.pool.submit(behind)
-        assert behind.process is process
+        assert behind.member is process.sink
         process.exit(3)
         with pytest.raises(WorkerCrashed):
             await running.answer
-        assert behind.process is None and not behind.answer.done()  # back in the queue
+        assert behind.member is None and not behind.answer.done()  # back in the queue
         # While the replacement loads, new calls are taken and wait with it.
         assert fake.pool.admitting and not fake.pool.serving
         waiting = pending(fake)
         fake.pool.submit(waiting)
         replacement = fake.made[1]
-        assert replacement.state is ProcessState.STARTING
+        assert replacement.sink.state is ProcessState.STARTING
         replacement.ready()
         assert [frame.id for frame in replacement.frames] == [behind.frame.id, waiting.frame.id]
 
@@ -120,7 +119,7 @@ def test_a_withdrawn_call_never_runs_or_is_cancelled_where_it_runs() -> None:
         queued = pending(fake, cleanups)
         fake.pool.submit(queued)  # no process ready: queued
         fake.pool.withdraw(queued)
-        assert cleanups == [queued.frame.id] and fake.pool.admitted == 0
+        assert cleanups == [queued.frame.id] and fake.pool.scheduler.admitted == 0
         process.ready()
         assert process.frames == []  # it never reaches a process
         running = pending(fake, cleanups)
@@ -128,6 +127,6 @@ def test_a_withdrawn_call_never_runs_or_is_cancelled_where_it_runs() -> None:
         fake.pool.withdraw(running)
         assert process.frames[-1] == Cancel(running.frame.id)
         process.answer(running.frame.id, 504)  # the process's answer to a cancelled call
-        assert cleanups == [queued.frame.id, running.frame.id] and fake.pool.admitted == 0
+        assert cleanups == [queued.frame.id, running.frame.id] and fake.pool.scheduler.admitted == 0
 
     run(scenario)
