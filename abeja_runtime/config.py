@@ -59,6 +59,8 @@ MiB: Final = 1024 * 1024
 #: GPU's UUID or the start of one (``GPU-8f2a``), or a MIG device's (``MIG-...``).
 DEVICE_ID: Final = re.compile(r"^(?:\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)$")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+#: The least ``--max-head-size``: below it, ordinary requests would be refused.
+_SMALLEST_HEAD_LIMIT: Final = 1024
 #: How log records are written (``--log-format``); ``auto`` is resolved by each process against
 #: the stream its records go to (:func:`abeja_runtime.logs.configure_logging`).
 LOG_FORMATS: Final = ("auto", "json", "text")
@@ -292,6 +294,18 @@ class Config:
         "longest a body may make no progress; then `408` JSON and the connection is closed "
         "(slowloris)",
     )
+    #: Twice nginx's 32 KiB (4 buffers of 8 KiB), near Envoy's 60 KiB: far above what clients
+    #: send (cookies and tokens included), far below the 1 MiB that aiohttp's own limits (128
+    #: lines of 8 KiB) let each connection hold.
+    max_head_size: int = setting(
+        64 * 1024,
+        kind="bytes",
+        envvar="ABEJA_RUNTIME_MAX_HEAD_SIZE",
+        server_only=True,
+        help="largest request head (its request line and header lines, as sent), else `431` "
+        "JSON and the connection is closed; each line is also limited to 8190 bytes, else "
+        "`400`",
+    )
     log_level: str = setting(
         "info",
         kind="log_level",
@@ -448,6 +462,12 @@ class Config:
                 f"--devices (ABEJA_RUNTIME_DEVICES) must be GPU ids separated by commas, as "
                 f"CUDA_VISIBLE_DEVICES takes them: indices or UUIDs (e.g. 0,1 or GPU-8f2a...), "
                 f"got {self.devices!r}"
+            )
+        if self.max_head_size < _SMALLEST_HEAD_LIMIT:
+            problems.append(
+                f"--max-head-size (ABEJA_RUNTIME_MAX_HEAD_SIZE) must be at least 1KiB, room for "
+                f"a request line and a few headers, got {self.max_head_size} bytes; the default "
+                "is 64KiB"
             )
         if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             problems.append(

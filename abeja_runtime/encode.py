@@ -2,10 +2,11 @@
 
 The rules are ABEJA's (contract Part B 5.1) with the fixes of contract A3: ``content`` is
 normalised into a sequence of *elements*; each element is encoded by one small function chosen by
-its kind, with ABEJA's separators (JSON and text elements are preceded by a newline once
-anything was written, bytes are appended raw). In-memory content is rendered at once, so the
+its kind, with ABEJA's separators (JSON and text elements are lines, each preceded by a newline
+once anything was written; bytes are appended raw). In-memory content is rendered at once, so the
 response gets a ``Content-Length``; generators, iterators and file objects are encoded lazily,
-one element or chunk at a time, and streamed. Sending the bytes is the server's job.
+one element or chunk at a time, and streamed, each line then ending with its own newline (a
+client reading lines has every item as it is sent). Sending the bytes is the server's job.
 """
 
 from __future__ import annotations
@@ -270,7 +271,8 @@ def _warn_protected(name: str) -> None:
 
 
 class _ElementWriter:
-    """Encodes content elements one by one with ABEJA's separator rules."""
+    """Encodes content elements one by one with ABEJA's separator rules: JSON and text elements
+    are lines, bytes, CSV rows and Server-Sent Events are written as they are."""
 
     __slots__ = ("_charset", "_csv", "_csv_buffer", "_dumps", "_mime", "_wrote")
 
@@ -283,21 +285,35 @@ class _ElementWriter:
         self._csv_buffer: io.StringIO | None = None  # made for the first CSV row
 
     def encode(self, element: object) -> bytes:
-        if isinstance(element, _BYTES_LIKE):
-            out = bytes(element)
-        elif self._mime == _EVENT_STREAM:
-            out = self._event(element)
-        elif isinstance(element, str):
-            out = self._separator() + self.text(element)
-        elif self._mime == "text/csv":
-            out = self._csv_row(element)
-        else:
-            try:
-                out = self._separator() + self._dumps(_pairs_to_dict(element)).encode("ascii")
-            except (TypeError, ValueError) as exc:
-                raise HandlerResultError(f"the handler's content cannot be encoded: {exc}") from exc
+        """An element of content held in memory: a line is preceded by a newline once anything
+        was written (``{"a": 1}\\n{"b": 2}``, as ABEJA Platform wrote it)."""
+        out, is_line = self._encoded(element)
+        if is_line and self._wrote:
+            out = b"\n" + out
         self._wrote = self._wrote or bool(out)
         return out
+
+    def encode_streamed(self, element: object) -> bytes:
+        """An item of a streamed answer: a line ends with its newline, so that a client that
+        reads lines (``curl -N``, ``requests.iter_lines()``) has each item as it is sent,
+        rather than once the next one comes."""
+        out, is_line = self._encoded(element)
+        return out + b"\n" if is_line else out
+
+    def _encoded(self, element: object) -> tuple[bytes, bool]:
+        """The element's bytes, and whether it is a line (JSON or text)."""
+        if isinstance(element, _BYTES_LIKE):
+            return bytes(element), False
+        if self._mime == _EVENT_STREAM:
+            return self._event(element), False
+        if isinstance(element, str):
+            return self.text(element), True
+        if self._mime == "text/csv":
+            return self._csv_row(element), False
+        try:
+            return self._dumps(_pairs_to_dict(element)).encode("ascii"), True
+        except (TypeError, ValueError) as exc:
+            raise HandlerResultError(f"the handler's content cannot be encoded: {exc}") from exc
 
     def text(self, value: str) -> bytes:
         try:
@@ -317,9 +333,6 @@ class _ElementWriter:
         except (TypeError, ValueError) as exc:
             raise HandlerResultError(f"the handler's content cannot be encoded: {exc}") from exc
         return f"data: {data}\n\n".encode("ascii")
-
-    def _separator(self) -> bytes:
-        return b"\n" if self._wrote else b""
 
     def _csv_row(self, row: object) -> bytes:
         if not isinstance(row, Mapping):
@@ -390,7 +403,7 @@ def _stream_elements(elements: Iterable[object], writer: _ElementWriter) -> Iter
     iterator = iter(elements)
     try:
         for element in iterator:
-            chunk = writer.encode(element)
+            chunk = writer.encode_streamed(element)
             if chunk:
                 yield chunk
     finally:
@@ -405,7 +418,7 @@ async def _stream_async_elements(
     iterator = aiter(elements)
     try:
         async for element in iterator:
-            chunk = writer.encode(element)
+            chunk = writer.encode_streamed(element)
             if chunk:
                 yield chunk
     finally:

@@ -10,12 +10,14 @@ from __future__ import annotations
 __all__ = [
     "AbejaRuntimeError",
     "BadRequest",
+    "BodyCannotArriveInTime",
     "BodyTimeout",
     "BodyTooSlow",
     "CallCancelled",
     "HandlerLoadError",
     "HandlerResultError",
     "HandlerTimeout",
+    "HeadTooLarge",
     "HttpError",
     "ImageTooLarge",
     "InsufficientStorage",
@@ -121,6 +123,21 @@ class ImageTooLarge(HttpError):
         )
 
 
+class HeadTooLarge(HttpError):
+    """A request head (request line and headers) longer than ``--max-head-size``: refused
+    before the rest of it is parsed, and the connection closed."""
+
+    status = 431
+    ends_connection = True
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"request head larger than {limit} bytes (its request line and headers); send "
+            "fewer or shorter headers, or raise the limit, ABEJA_RUNTIME_MAX_HEAD_SIZE "
+            "(--max-head-size)"
+        )
+
+
 class BodyTimeout(HttpError):
     """The request's body stopped arriving (a client that stalls, or trickles nothing)."""
 
@@ -131,6 +148,22 @@ class BodyTimeout(HttpError):
         super().__init__(
             f"request body made no progress for {seconds:g} s; the limit is "
             "ABEJA_RUNTIME_REQUEST_HEAD_TIMEOUT (--request-head-timeout)"
+        )
+
+
+class BodyCannotArriveInTime(HttpError):
+    """A body of known length that holds one of the front's places arrives so slowly that it
+    could not be whole by the request's deadline even at twice its rate: it is cut then, not at
+    the deadline, so its place goes to a body that can still be answered."""
+
+    status = 408
+    ends_connection = True
+
+    def __init__(self, rate: float, remaining: int, left: float) -> None:
+        super().__init__(
+            f"request body arriving at {rate:.0f} bytes/s cannot be received before the "
+            f"request's deadline ({remaining} bytes still to come, {left:.0f} s left); send it "
+            "faster, or raise ABEJA_RUNTIME_TIMEOUT (--timeout)"
         )
 
 

@@ -125,6 +125,8 @@ def test_a_slow_request_head_gets_408_and_health_stays_fast(make_server: ServerF
     assert b'"request head not received in time"' in answers[0]
     assert read_until_closed(silent) == b""  # closed without an answer: it asked nothing
     silent.close()
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body
+    assert b'abeja_runtime_rejected_heads_total{reason="timeout"} 200.0' in metrics
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(make_server: ServerFactory):
@@ -500,13 +502,53 @@ def test_trickling_bodies_give_their_places_to_an_upload_that_keeps_up(
             if all(answers):
                 break
             time.sleep(0.5)  # pacing the tricklers (what is tested), not a wait for the server
+        # A body of known length is judged by its deadline first: at 2 bytes/s, 200 KiB
+        # could not arrive in 120 s; a chunked one, by the floor.
+        said = b"slower than the 1024 bytes/s" if framing == "chunked" else b"cannot be received"
         for answer in answers:
             assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
-            assert b"slower than the 1024 bytes/s" in answer
+            assert said in answer
         body = os.urandom(size)
         kept_up = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
         assert kept_up.status == 200
         assert base64.b64decode(kept_up.json()["contents"][0]["body"]) == body
+    finally:
+        for sock in tricklers:
+            sock.close()
+
+
+@pytest.mark.parametrize("size_mib", [1, 4], ids=["direct", "aiohttp"])
+def test_bodies_that_cannot_arrive_before_their_deadline_give_their_places_up_early(
+    make_server: ServerFactory, size_mib: int
+):
+    """Five uploads arriving at 1,200 bytes/s, above the 1 KiB/s floor but far too slowly to
+    be whole within the 120 s deadline, held all five places for the whole deadline while a
+    100 KiB upload waited (issue 37 point 5): a body of known length that could not arrive in
+    time even at twice its rate is cut once its rate is known, and the upload is served."""
+    server = make_server("rq_echo", "--timeout", "120")
+    head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {size_mib * 1024 * 1024}\r\n\r\n"
+    tricklers = [connect(server) for _ in range(5)]
+    try:
+        for sock in tricklers:
+            sock.sendall(head.encode())
+        answers: list[bytes] = [b""] * len(tricklers)
+        for _ in range(40):  # the client's pace, 600 bytes each half second, 20 s at most
+            for index, sock in enumerate(tricklers):
+                if answers[index]:
+                    continue
+                if select.select([sock], [], [], 0)[0]:
+                    answers[index] = read_until_closed(sock)
+                else:
+                    sock.sendall(b"x" * 600)
+            if all(answers):
+                break
+            time.sleep(0.5)  # pacing the tricklers (what is tested), not a wait for the server
+        for answer in answers:
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+            assert b"cannot be received before the request's deadline" in answer
+        body = os.urandom(100 * 1024)
+        waited = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
+        assert waited.status == 200
     finally:
         for sock in tricklers:
             sock.close()

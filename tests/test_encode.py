@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 
@@ -56,9 +57,34 @@ def test_generators_are_streamed_lazily_and_closed():
     response = encode_result({"content": produce()})
     chunks = response.body
     assert not isinstance(chunks, bytes)
-    assert next(chunks) == b"a"
+    assert next(chunks) == b"a\n"
     chunks.close()
     assert closed == [True]
+
+
+def test_streamed_lines_end_with_their_newline_and_in_memory_ones_are_separated():
+    """A generator's JSON and text items each end with a newline (issue 37 point 10: a line
+    reader has each as it is sent); a list is written as ABEJA Platform wrote it, lines
+    separated, the last without one; bytes are raw in both."""
+
+    def produce():
+        yield {"item": 0}
+        yield "text"
+        yield b"raw"
+        yield [("a", 1)]
+
+    async def produce_async():
+        for element in produce():
+            yield element
+
+    async def gathered(chunks) -> list[bytes]:
+        return [chunk async for chunk in chunks]
+
+    expected = [b'{"item": 0}\n', b"text\n", b"raw", b'{"a": 1}\n']
+    assert list(encode_result({"content": produce()}).body) == expected
+    assert asyncio.run(gathered(encode_result({"content": produce_async()}).body)) == expected
+    in_memory = encode_result({"content": list(produce())}).body
+    assert in_memory == b'{"item": 0}\ntextraw\n{"a": 1}'
 
 
 def test_http_status_enum_and_none_status():

@@ -41,6 +41,43 @@ def test_each_chunk_reaches_the_client_before_the_next_is_produced(
     assert 0 < record["time_to_first_byte_microsecs"] < record["elapsed_microsecs"]
 
 
+@pytest.mark.parametrize(
+    "handler", ["main:held_items", "main:async_held_items"], ids=["def", "async"]
+)
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_each_json_line_arrives_with_its_newline_before_the_next_item_is_produced(
+    make_server: ServerFactory, tmp_path: Path, handler: str, way: str
+):
+    """Issue 37 point 10: a reader of lines has each item as it is sent. Before, an item's
+    newline went out with the next item (and the last had none): the first line never became
+    whole before the release, and the test failed at its socket's timeout."""
+    server = make_server("cn_stream", "--handler", handler)
+    release = tmp_path / "release"
+    request = get if way == "direct" else chunked_post
+    sock = send_and_leave(server, request(f"/?until={release}", "lines"))
+    try:
+        first = read_until(sock, b'{"item": 0}\n')
+        assert b'{"item": 0}\n' in first and b'"item": 1' not in first
+        release.touch()
+        rest = read_until(sock, b"0\r\n\r\n")  # the chunked body's end
+    finally:
+        sock.close()
+    head, _, chunked = (first + rest).partition(b"\r\n\r\n")
+    assert b"content-type: application/x-ndjson" in head.lower()
+    assert dechunked(chunked) == b'{"item": 0}\n{"item": 1}\n'
+
+
+def dechunked(data: bytes) -> bytes:
+    """The body of a whole chunked answer's ``data`` (what follows its head)."""
+    body = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body
+        body, data = body + data[:size], data[size + 2 :]
+
+
 @pytest.mark.parametrize("way", ["direct", "aiohttp"])
 def test_server_sent_events_arrive_one_by_one(make_server: ServerFactory, tmp_path: Path, way: str):
     server = make_server("cn_stream", "--handler", "main:events")

@@ -127,7 +127,13 @@ class DirectBody:
             self._ready()
             return
         capture = self._capture
-        connection.watch_body(lambda: capture.arriving, self._stalled, lambda: capture.received)
+        connection.watch_body(
+            lambda: capture.arriving,
+            self._stalled,
+            lambda: capture.received,
+            self.size,
+            self._calls.time_left(self._received),
+        )
         self._timer = self._calls.at_deadline(self._received, self._past_deadline)
 
     def _read_whole(self) -> None:

@@ -244,17 +244,23 @@ class HttpServer:
         ``in_place``, when it arrives slower than the minimum rate."""
         left = self.calls.time_left(received)
         if left is None or request.content.is_eof():
-            return await self._read_whole(request, decoder, in_place)
+            return await self._read_whole(request, decoder, in_place, left)
         try:
             async with asyncio.timeout(left):
-                return await self._read_whole(request, decoder, in_place)
+                return await self._read_whole(request, decoder, in_place, left)
         except TimeoutError:
             raise self.calls.body_past_deadline() from None
 
     async def _read_whole(
-        self, request: web.BaseRequest, decoder: BodyDecoder | None, in_place: bool
+        self,
+        request: web.BaseRequest,
+        decoder: BodyDecoder | None,
+        in_place: bool,
+        time_left: float | None,
     ) -> Body:
-        """The body, decoded (``decoder``), counted against the limit as it grows."""
+        """The body, decoded (``decoder``), counted against the limit as it grows; one that
+        holds a place (``in_place``) and could not be whole within ``time_left`` is cut early
+        (``Connection.watch_body``)."""
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
         threshold = self._limits.spool_threshold
@@ -266,6 +272,8 @@ class HttpServer:
                 lambda: not content.is_eof() and content.exception() is None,
                 content.set_exception,
                 (lambda: content.total_bytes) if in_place else None,
+                request.content_length,
+                time_left,
             )
             if request.headers.get("Expect", "").lower() == "100-continue":
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

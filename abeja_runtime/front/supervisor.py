@@ -232,10 +232,14 @@ class _Front:
         control = ControlServer(self._is_ready, metrics.render)
         direct = DirectRequests(calls, http.own_path, config.max_body_size, config.spool_threshold)
         service = web.ServerRunner(
-            make_web_server(http.service, config, direct), handle_signals=False, shutdown_timeout=1
+            make_web_server(http.service, config, metrics, direct),
+            handle_signals=False,
+            shutdown_timeout=1,
         )
         health = web.ServerRunner(
-            make_web_server(control.handle, config), handle_signals=False, shutdown_timeout=1
+            make_web_server(control.handle, config, metrics),
+            handle_signals=False,
+            shutdown_timeout=1,
         )
         await service.setup()
         await health.setup()

@@ -62,3 +62,23 @@ def read_until(sock: socket.socket, marker: bytes) -> bytes:
             break
         data += chunk
     return data
+
+
+def unread_by(server: RunningServer) -> int:
+    """Bytes sent to the server's service port that it has not read yet, over all its
+    connections (``/proc/net/tcp``): those in its sockets, and those still in its clients' (a
+    full window holds them there): 0 once it has read all its clients sent."""
+    unread = 0
+    with open("/proc/net/tcp") as table:
+        next(table)  # the column names
+        for row in table:
+            fields = row.split()
+            local = int(fields[1].rpartition(":")[2], 16)
+            remote = int(fields[2].rpartition(":")[2], 16)
+            to_send, to_read = (int(queue, 16) for queue in fields[4].split(":"))
+            listening = fields[3] == "0A"  # its queue is of connections, not bytes
+            if local == server.port and not listening:
+                unread += to_read
+            elif remote == server.port:
+                unread += to_send
+    return unread

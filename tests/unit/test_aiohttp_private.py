@@ -9,12 +9,14 @@ import asyncio
 import importlib
 import types
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http import RawRequestMessage
 from aiohttp.streams import StreamReader
 
+from abeja_runtime.config import Config
 from abeja_runtime.front.aiohttp_private import (
     PRIVATE_NAMES,
     HandlerInternals,
@@ -23,6 +25,7 @@ from abeja_runtime.front.aiohttp_private import (
     whole_body,
 )
 from abeja_runtime.front.connection import Connection
+from abeja_runtime.metrics import FrontMetrics
 
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -177,7 +180,7 @@ class _Direct:
         return _Call()
 
 
-def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served() -> None:
+def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served(tmp_path: Path) -> None:
     """aiohttp holds reading once its queue is full (32 parsed requests) and releases it from
     its own request loop; requests the direct path takes never reach that loop, so the
     connection releases it (release_queue_hold). Before it did, the 33rd request waited for
@@ -194,6 +197,8 @@ def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served() -> N
             direct=direct,
             parser_options={},
             max_connections=None,
+            max_head_size=Config().max_head_size,
+            metrics=FrontMetrics("test", "main:handler", "abeja", str(tmp_path), lambda: (0, 0)),
             **handler_kwargs(server),
         )
         transport = _Transport()

@@ -36,7 +36,7 @@ CASES = {
     "list_of_bytes": (lambda: [b"AB", b"CD"], None, b"ABCD"),
     "bytesio": (lambda: io.BytesIO(b"l1\nl2\n\x00\xff"), None, b"l1\nl2\n\x00\xff"),
     "stringio_no_doubled_newlines": (lambda: io.StringIO("l1\nl2\n"), None, b"l1\nl2\n"),
-    "generator_mixed": (_generator, None, b'{"a": 1}raw\ntxt'),
+    "generator_mixed": (_generator, None, b'{"a": 1}\nrawtxt\n'),  # streamed lines end
     "int": (lambda: 5, None, b"5"),
     "float": (lambda: 1.5, None, b"1.5"),
     "bool": (lambda: True, None, b"true"),
