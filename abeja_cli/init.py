@@ -62,7 +62,7 @@ abeja model build -h main:handler -t {_image_name(name)}:1
 ```
 
 With Docker, the model's image is built on `{DEFAULT_IMAGE}`, pulled the first time. Where
-that cannot be pulled (no registry access), set `{IMAGE_VARIABLE}` to a Python 3.10+ image you
+that cannot be pulled (no registry access), set `{IMAGE_VARIABLE}` to a Python 3.11+ image you
 have (`docker images` lists them), once, and every command above works as written: in the
 environment (`export {IMAGE_VARIABLE}=my-python:3.11`) or in this folder's `{DOTENV}`
 (`echo {IMAGE_VARIABLE}=my-python:3.11 >> {DOTENV}`). `-i IMAGE` on a command wins over both.

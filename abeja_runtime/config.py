@@ -11,7 +11,7 @@ one variable read further down is another platform's own: the Seldon style reads
 ``INCLUDE_METRICS_IN_CLIENT_RESPONSE`` in the handler process, as seldon-core does.
 
 Importing this module imports no style and nothing of :mod:`abeja_runtime.worker`: ``--style``'s
-choices come from the styles' static table (:data:`abeja_runtime.styles.REGISTERED`).
+choices come from the styles' static table (:data:`abeja_runtime.styles_table.REGISTERED`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,12 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from abeja_runtime.errors import handler_format_message
 from abeja_runtime.pixels import DEFAULT_MAX_IMAGE_PIXELS
 from abeja_runtime.settings import Setting, setting, settings_of
-from abeja_runtime.styles import REGISTERED, module_alone_allowed, style_names
-
-if TYPE_CHECKING:
-    from abeja_runtime.styles import Style
+from abeja_runtime.styles_table import REGISTERED, style_names
 
 __all__ = [
     "DEVICE_ID",
@@ -424,13 +421,6 @@ class Config:
             return self.loop
         return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
-    def options_of(self, style: Style) -> Any:
-        """``style``'s options: as set, else its defaults; None for a style without any."""
-        options = self.style_options.get(style.name)
-        if options is None and style.options is not None:
-            options = style.options()
-        return options
-
     def __post_init__(self) -> None:
         problems = setting_problems(self, keep=True)
         for options in self.style_options.values():
@@ -443,6 +433,8 @@ class Config:
 
     def _problems(self) -> list[str]:
         """What the settings' kinds cannot see alone: how the settings go together."""
+        from abeja_runtime.styles import module_alone_allowed  # (imports the styles)
+
         problems = []
         colons = self.handler.count(":")
         if colons != 1 and not (colons == 0 and module_alone_allowed(self.style)):

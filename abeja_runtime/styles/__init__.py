@@ -9,14 +9,14 @@ This module is that contract, between the styles and the handler process
 (:mod:`abeja_runtime.worker`), and it imports neither.
 
 Each style is a module or package of this folder that defines ``STYLE``, a :class:`Style`, and
-is listed in :data:`REGISTERED` (its name, its module and a few words for ``--help``): adding one
-is that module and one line there. ``--style``'s choices and help come from that table alone, so
-that :mod:`abeja_runtime.config` (and the front, which imports it) loads no style. Its settings
-are its own options dataclass (:mod:`abeja_runtime.settings`), which the command line
-(:mod:`abeja_runtime.options`, the one place besides the handler process that imports every
-style) and the docs take from it. What declares a style stays light; what a style needs to
-serve (numpy, Pillow, onnxruntime, kserve, protobuf) is imported by its :meth:`Style.load`, in
-the handler process.
+is listed in :data:`~abeja_runtime.styles_table.REGISTERED` (its name, its module and a few
+words for ``--help``): adding one is that module and one line there. ``--style``'s choices and
+help come from that table alone, so that :mod:`abeja_runtime.config` (and the front, which
+imports it) loads no style. Its settings are its own options dataclass
+(:mod:`abeja_runtime.settings`), which the command line (:mod:`abeja_runtime.options`, the one
+place besides the handler process that imports every style) and the docs take from it. What
+declares a style stays light; what a style needs to serve (numpy, Pillow, onnxruntime, kserve,
+protobuf) is imported by its :meth:`Style.load`, in the handler process.
 
 * ``abeja``: ``handler(request, context)`` (ABEJA Platform 19.04+), served as it is.
 * ``abeja-v1``: ``handler(iterable, context)`` generators of the 18.10 images.
@@ -36,9 +36,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.styles_table import REGISTERED, Listed, style_names
 
 if TYPE_CHECKING:
     from abeja_runtime.config import Config
@@ -64,28 +65,6 @@ __all__ = [
 ]
 
 
-class Listed(NamedTuple):
-    """A style as :data:`REGISTERED` lists it, without importing it."""
-
-    #: What ``--style`` takes; the ``name`` of its ``STYLE``.
-    name: str
-    #: The module (or package) of this folder that defines ``STYLE``.
-    module: str
-    #: What it serves, a few words for ``--style``'s help.
-    summary: str
-
-
-#: The styles, in the order ``auto`` tries them: the first whose :meth:`Style.detect`
-#: recognises what HANDLER names serves it; ``abeja``, last, takes what no other does. A static
-#: table, so that ``--style``'s choices and help cost no import (a test checks it against the
-#: styles themselves).
-REGISTERED: Final = (
-    Listed("abeja-v1", "abeja_v1", "18.10 generator handlers"),
-    Listed("cortex", "cortex", "pre_inference/post_inference + ONNX model"),
-    Listed("kserve", "kserve", "kserve.Model class"),
-    Listed("seldon", "seldon", "class with predict"),
-    Listed("abeja", "abeja", "handler(request, context)"),
-)
 _MISSING: Final = object()
 
 
@@ -182,6 +161,14 @@ class Style:
         :class:`HandlerLoadError` that says what to name where HANDLER names nothing fit."""
         raise NotImplementedError
 
+    def options_in(self, config: Config) -> Any:
+        """This style's options: as ``config`` sets them, else their defaults; None for a style
+        without any."""
+        options = config.style_options.get(self.name)
+        if options is None and self.options is not None:
+            options = self.options()
+        return options
+
     def load_itself(self, config: Config, options: Any, workdir: Path) -> LoadedHandler | None:
         """A style that starts HANDLER its own way (KServe's ``python model.py``) returns the
         handler; None (the default) has the loader import HANDLER as usual."""
@@ -228,11 +215,6 @@ def _imported(listed: Listed) -> Style:
 def registered() -> tuple[Style, ...]:
     """Every style, imported, in :data:`REGISTERED`'s order."""
     return tuple(_imported(listed) for listed in REGISTERED)
-
-
-def style_names() -> tuple[str, ...]:
-    """What ``--style`` takes: ``auto`` and each style's name (no style is imported)."""
-    return ("auto", *(listed.name for listed in REGISTERED))
 
 
 def style_named(name: str) -> Style:

@@ -46,7 +46,7 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
         sys.path.insert(0, str(workdir))
     if config.style != "auto":
         style = styles.style_named(config.style)
-        handler = style.load_itself(config, config.options_of(style), workdir)
+        handler = style.load_itself(config, style.options_in(config), workdir)
         if handler is not None:
             return handler
     module_name, attribute = _parse_spec(spec, config.style)
@@ -55,7 +55,7 @@ def load_handler(spec: str, workdir: Path, config: Config | None = None) -> Load
         target = styles.Target(spec=spec, module=module, attribute=attribute)
         choice = styles.choose(target, config.style)
         handler = choice.style.load(
-            choice.subject, config, config.options_of(choice.style), workdir
+            choice.subject, config, choice.style.options_in(config), workdir
         )
     _log.info(
         "serving HANDLER[%s] with the %s style (%s)",

@@ -123,7 +123,7 @@ def base_image(docker_client: Any) -> str:
     except ImageNotFound:
         _unavailable(
             f"the base image {BASE_IMAGE} is not present (images are never pulled by the "
-            "tests); set BASE_IMAGE to a local Python 3.10+ image"
+            "tests); set BASE_IMAGE to a local Python 3.11+ image"
         )
     return BASE_IMAGE
 
