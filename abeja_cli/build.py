@@ -2,8 +2,9 @@
 
 The image holds the runtime, the requirements and the project (no mount), runs as a non-root
 user on a read-only root filesystem, and checks its own health; see images/production.Dockerfile.
-It is built on the same cached project image as run-local, so a project tried locally builds
-again in seconds.
+It is built on run-local's cached project image while that holds the project's files as they
+are now, so a project tried locally builds again in seconds; after an edit the project image is
+built again with the files first (see ``ImageBuilder.production_image``).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ class ImageBuilder:
             recipe=images.recipe_digest(self._source.runtime_dockerfile),
         )
         with self._building(key.digest):
-            found = None if no_cache else self._find(key.digest, "runtime")
+            found = None if no_cache else self._find(key.digest, "runtime", key.tag)
             if found is not None:
                 return found, key
             self._phases.start("runtime wheels ready", "building the runtime's wheels")
@@ -137,7 +137,26 @@ class ImageBuilder:
     def project_image(
         self, project: Path, base_image: str, *, no_cache: bool = False, origin: str = ""
     ) -> Image:
-        """The image for ``project``: reused while its cache key matches, else built."""
+        """The image run-local runs ``project`` in: reused while its cache key matches, else
+        built. Its copy of the project may be older than the folder: run-local mounts the folder
+        over it, so code edits need no rebuild."""
+        return self._project_image(
+            project, base_image, no_cache=no_cache, origin=origin, holding_current_files=False
+        )
+
+    def _project_image(
+        self,
+        project: Path,
+        base_image: str,
+        *,
+        no_cache: bool,
+        origin: str,
+        holding_current_files: bool,
+    ) -> Image:
+        """The image for ``project``: reused while its cache key matches (and, with
+        ``holding_current_files``, while it holds the project's files as they are now), else
+        built. When only the files changed, Docker's layer cache keeps the installed
+        requirements and the build copies the project again."""
         runtime, runtime_key = self.runtime_image(base_image, no_cache=no_cache, origin=origin)
         key = ProjectKey(
             runtime=runtime_key,
@@ -146,11 +165,10 @@ class ImageBuilder:
             recipe=images.recipe_digest(self._source.project_dockerfile),
         )
         with self._building(key.digest):
-            found = None if no_cache else self._find(key.digest, "project")
-            if found is not None:
-                self._info(f"using the cached image {key.tag} (pass --no-cache to rebuild it)")
-                return found
-            self._info(f"building the image {key.tag} for {project}")
+            image, why = (None, "") if no_cache else self._cached(key, holding_current_files)
+            if image is not None:
+                return image
+            self._info(f"building the image {key.tag} for {project}{why}")
             self._warn_of_large_files(project)
             requirements = key.requirements != "none"
             self._phases.start(*(_INSTALLED_REQUIREMENTS if requirements else _ADDED_PROJECT))
@@ -162,9 +180,33 @@ class ImageBuilder:
                     no_cache=no_cache,
                     what=f"the image of {project}",
                 )
-        # This project's older images (other requirements, older runtime) are stale now.
+        # This project's other images (other requirements, older runtime, older files) are
+        # stale now.
         self._remove_others(f"{LABEL_PREFIX}.project={key.project}", "project", keep=image)
         return image
+
+    def _cached(self, key: ProjectKey, holding_current_files: bool) -> tuple[Image | None, str]:
+        """The cached project image that will do, saying so; else ``None`` and why the cached
+        one will not (empty when there is none)."""
+        if not holding_current_files:
+            found = self._find(key.digest, "project", key.tag)
+            if found is not None:
+                self._info(
+                    f"using the cached image {key.tag}; the project folder is mounted over its "
+                    "copy of the project, so edits need no rebuild (pass --no-cache to rebuild it)"
+                )
+            return found, ""
+        files = images.project_files_digest(key.project)
+        found = self._find(key.digest, "project", key.tag, files=files)
+        if found is not None:
+            self._info(
+                f"using the cached image {key.tag}: it holds the project's files as they are now "
+                "(pass --no-cache to rebuild it)"
+            )
+            return found, ""
+        if self._find(key.digest, "project", key.tag) is None:
+            return None, ""
+        return None, ": the project's files changed since the cached image was built"
 
     def production_image(
         self,
@@ -176,11 +218,15 @@ class ImageBuilder:
         no_cache: bool = False,
         origin: str = "",
     ) -> Image:
-        """The project image made production-ready (images/production.Dockerfile), as ``tag``.
+        """The project image made production-ready (images/production.Dockerfile), as ``tag``,
+        on a project image that holds the project's files as they are now.
 
         ``env`` holds HANDLER and the model's variables; they are baked in as ``ENV``.
         """
-        base = self.project_image(project, base_image, no_cache=no_cache, origin=origin)
+        # No mount here: the image must hold the project's files as they are now.
+        base = self._project_image(
+            project, base_image, no_cache=no_cache, origin=origin, holding_current_files=True
+        )
         labels = {
             f"{LABEL_PREFIX}.kind": "production",
             # The folder's name, not its path: the image is shipped, the builder's home is not.
@@ -188,16 +234,24 @@ class ImageBuilder:
             f"{LABEL_PREFIX}.runtime-version": self._source.version,
             f"{LABEL_PREFIX}.handler": env.get("HANDLER", ""),
         }
+        # Our production image that the tag names before this build, if it names one.
+        named = self._named(tag)
+        kind = named.labels.get(f"{LABEL_PREFIX}.kind") if named is not None else None
+        replaced = str(named.id) if named is not None and kind == "production" else None
         self._info(f"building the production image {tag}")
         self._phases.start(f"built the production image {tag}", f"building {tag}")
         with images.production_context(self._source, env, labels) as context:
-            return self._build(
+            image = self._build(
                 context,
                 tag=tag,
                 buildargs={"PROJECT_IMAGE": str(base.id)},
                 no_cache=no_cache,
                 what=f"the production image {tag}",
             )
+        if replaced is not None and replaced != image.id and self._remove_replaced(replaced, tag):
+            # The project image it was built on (an older copy of the project) can go now too.
+            self._remove_others(f"{LABEL_PREFIX}.project={project}", "project", keep=base)
+        return image
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -233,19 +287,49 @@ class ImageBuilder:
             f"{project / '.dockerignore'} (a path or pattern a line) to leave them out"
         )
 
+    def _named(self, tag: str) -> Image | None:
+        """The image ``tag`` names, if it names one."""
+        from docker.errors import ImageNotFound
+
+        try:
+            return self._client.images.get(tag)
+        except ImageNotFound:
+            return None
+
+    def _find(self, digest: str, kind: str, tag: str, *, files: str = "") -> Image | None:
+        """Our image of ``kind`` named ``tag``, if it has that cache key and, given ``files``,
+        that :data:`~abeja_cli.images.FILES_LABEL`. An image that lost the name (an older copy
+        of the project) is not looked for: when the files are back to what it holds, building
+        again reuses its layers from Docker's cache."""
+        image = self._named(tag)
+        if image is None:
+            return None
+        wanted = {f"{LABEL_PREFIX}.cache-key": digest, f"{LABEL_PREFIX}.kind": kind}
+        if files:
+            wanted[images.FILES_LABEL] = files
+        labels = image.labels
+        return image if all(labels.get(name) == value for name, value in wanted.items()) else None
+
+    def _remove_replaced(self, replaced: str, tag: str) -> bool:
+        """Remove the production image ``tag`` named before this build, saying so, unless
+        another name or a container still has it (each edit of the project makes a new one,
+        with its own copy of the project). Whether it was removed."""
+        from docker.errors import APIError
+
+        try:
+            if self._client.images.get(replaced).tags:
+                return False
+            self._client.images.remove(replaced, noprune=False)
+        except APIError:  # a container uses it, or it was removed meanwhile
+            return False
+        self._info(
+            f"removed the image {tag} named before this build ({replaced[7:19]}): nothing else "
+            "named or used it"
+        )
+        return True
+
     # Listings go through the low-level API: the high-level one inspects each image again, and
     # fails on one that another command (another terminal, a parallel test) removed meanwhile.
-
-    def _find(self, digest: str, kind: str) -> Image | None:
-        """Our image of ``kind`` with that cache key (a production image inherits the key of
-        the project image it is built on: it is not a project image)."""
-        from docker.errors import NotFound
-
-        filters = {"label": [f"{LABEL_PREFIX}.cache-key={digest}", f"{LABEL_PREFIX}.kind={kind}"]}
-        for found in self._client.api.images(filters=filters, quiet=True):
-            with contextlib.suppress(NotFound):
-                return self._client.images.get(found)
-        return None
 
     def _remove_others(self, label: str, kind: str, *, keep: Image) -> None:
         """Remove our images with ``label`` of this kind except ``keep``, if nothing uses them."""

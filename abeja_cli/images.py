@@ -11,7 +11,10 @@ Two images are built, both from the Dockerfiles in ``images/``:
 
 The project image is reused while its labels (base image, project path, requirements hash,
 runtime version, recipe) match, so an unchanged project starts without building. The project
-folder is also mounted over ``/srv/app`` at run time, so code edits need no rebuild.
+folder is also mounted over ``/srv/app`` at run time, so code edits need no rebuild. The copy
+of the project in the image is labelled with the digest of its files
+(:func:`project_files_digest`): the production image, which has no mount, is built only on a
+project image that holds the project's files as they are now.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -36,6 +40,7 @@ from abeja_cli.errors import BuildError, EngineUnavailable
 from abeja_cli.requirements import requirements_text
 
 __all__ = [
+    "FILES_LABEL",
     "LABEL_PREFIX",
     "ProjectKey",
     "RuntimeKey",
@@ -46,12 +51,15 @@ __all__ = [
     "largest_files",
     "production_context",
     "project_context",
+    "project_files_digest",
     "requirements_digest",
     "runtime_context",
     "runtime_wheels",
 ]
 
 LABEL_PREFIX: Final = "org.abeja-runtime"
+#: A project image's label: the digest of the project's files it holds (project_files_digest).
+FILES_LABEL: Final = f"{LABEL_PREFIX}.files-sha256"
 #: Folders never sent to Docker: VCS data, caches, virtual environments.
 EXCLUDED_DIRS: Final = frozenset(
     {
@@ -77,6 +85,8 @@ _SPOOL: Final = 64 << 20
 #: between branches without rebuilding.
 _WHEEL_SETS: Final = 4
 _CACHE_ENV: Final = "ABEJA_RUNTIME_CACHE"
+#: Files are read (and hashed) this much at a time.
+_CHUNK: Final = 1 << 20
 
 
 def _sha256(data: bytes) -> str:
@@ -396,6 +406,73 @@ def largest_files(project: Path, count: int) -> tuple[int, list[tuple[Path, int]
     return sum(size for _, size in sizes), sizes[:count]
 
 
+class _FilesDigest:
+    """SHA-256 of a project's files as its image gets them: each file's path, kind, permissions
+    and size, and its content or a link's target. Times and owners are left out: a time changes
+    without the code, and ``COPY`` makes root the owner whoever it was."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+
+    def add(self, member: tarfile.TarInfo) -> None:
+        """A member's header; a regular file's content follows through :meth:`reading`."""
+        fields = (member.name, member.type.decode(), f"{member.mode:o}", member.linkname)
+        header = "\0".join((*fields, str(member.size))) + "\0"
+        self._sha.update(header.encode("utf-8", "surrogateescape"))
+
+    def reading(self, file: IO[bytes]) -> _HashedReader:
+        """``file``, hashed as it is read."""
+        return _HashedReader(file, self._sha.update)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class _HashedReader:
+    """A file whose bytes go into a digest as they are read (by ``tarfile``, or to hash it)."""
+
+    def __init__(self, file: IO[bytes], hash_bytes: Callable[[bytes], None]) -> None:
+        self._file = file
+        self._hash_bytes = hash_bytes
+
+    def read(self, size: int = -1, /) -> bytes:
+        data = self._file.read(size)
+        self._hash_bytes(data)
+        return data
+
+
+def _project_members(project: Path) -> Iterator[tuple[tarfile.TarInfo, Path]]:
+    """The project's files (:func:`project_files`) as the tar members of its build context,
+    ``project/<path>``: regular files and symbolic links; sockets and pipes are skipped."""
+    for path in project_files(project):
+        status = path.lstat()
+        member = tarfile.TarInfo(f"project/{path.relative_to(project).as_posix()}")
+        member.mode = stat.S_IMODE(status.st_mode)
+        member.mtime = int(status.st_mtime)
+        if stat.S_ISLNK(status.st_mode):
+            member.type = tarfile.SYMTYPE
+            member.linkname = os.readlink(path)
+        elif stat.S_ISREG(status.st_mode):
+            member.size = status.st_size
+        else:
+            continue
+        yield member, path
+
+
+def project_files_digest(project: Path) -> str:
+    """The digest of the project's files as its image gets them (``.dockerignore`` honoured):
+    equal to the :data:`FILES_LABEL` of an image that holds the project as it is now."""
+    digest = _FilesDigest()
+    for member, path in _project_members(project):
+        digest.add(member)
+        if member.isreg():
+            with path.open("rb") as file:
+                content, remaining = digest.reading(file), member.size
+                while remaining > 0 and (chunk := content.read(min(remaining, _CHUNK))):
+                    remaining -= len(chunk)
+    return digest.hexdigest()
+
+
 def project_context(
     source: RuntimeSource, project: Path, labels: Mapping[str, str] | None = None
 ) -> IO[bytes]:
@@ -403,15 +480,25 @@ def project_context(
 
     The requirements (``requirements.txt``, or a Pipfile's packages) are also stored on their
     own (empty when there are none) so that the pip layer is cached independently of code
-    changes.
+    changes. The Dockerfile adds ``labels`` and :data:`FILES_LABEL`, the digest of the files
+    as they were read into this context.
     """
     buffer = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - returned open
-    dockerfile = source.project_dockerfile.read_bytes() + label_instruction(labels or {})
+    digest = _FilesDigest()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        _add_bytes(tar, "Dockerfile", dockerfile)
         _add_bytes(tar, "abeja-build/requirements.txt", requirements_text(project))
         tar.add(project, arcname="project", recursive=False)
-        for path in project_files(project):
-            tar.add(path, arcname=f"project/{path.relative_to(project).as_posix()}")
+        for member, path in _project_members(project):
+            digest.add(member)
+            if member.isreg():
+                with path.open("rb") as file:
+                    tar.addfile(member, digest.reading(file))
+            else:
+                tar.addfile(member)
+        # Last, as it labels the digest of the files just added (the order does not matter
+        # to Docker).
+        labelled = {**(labels or {}), FILES_LABEL: digest.hexdigest()}
+        dockerfile = source.project_dockerfile.read_bytes() + label_instruction(labelled)
+        _add_bytes(tar, "Dockerfile", dockerfile)
     buffer.seek(0)
     return buffer

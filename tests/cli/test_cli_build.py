@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import secrets
 import shlex
 import subprocess
+import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from docker.errors import NotFound
-from helpers.cli import REPO, Result, http_request, run_abeja
+from helpers.cli import REPO, Result, http_request, ours, run_abeja
 from helpers.waiting import wait_until
 
+from abeja_cli import images
 from abeja_runtime.launch import free_ports
 
 TIMEOUT = 60.0
@@ -171,6 +175,200 @@ def test_the_image_reports_healthy_to_docker(
         return status if status in ("healthy", "unhealthy") else None
 
     assert wait_until(health_status, TIMEOUT, "Docker's health status") == "healthy"
+
+
+@pytest.fixture
+def built_images(
+    docker_client: Any, docker_tmp_projects: Callable[[str], Path]
+) -> Iterator[list[str]]:
+    """The image ids of the production images a test built, and its containers, are removed
+    after it: before the project images they are built on, which ``docker_tmp_projects``
+    removes."""
+    built: list[str] = []
+    yield built
+    for image in built:
+        for container in docker_client.containers.list(all=True, filters={"ancestor": image}):
+            container.remove(force=True)
+        with contextlib.suppress(NotFound):
+            docker_client.images.remove(image, force=True)
+
+
+def files_in_image(docker_client: Any, image: str) -> dict[str, str]:
+    """Every regular file under /srv/app in ``image`` (bytecode left out), by its path there."""
+    script = (
+        "import json, pathlib\n"
+        "app = pathlib.Path('/srv/app')\n"
+        "print(json.dumps({p.relative_to(app).as_posix(): p.read_text() for p in app.rglob('*')"
+        " if p.is_file() and '__pycache__' not in p.parts}))"
+    )
+    container = docker_client.containers.run(image, ["python", "-c", script], detach=True)
+    try:
+        code = container.wait(timeout=TIMEOUT)["StatusCode"]
+        output = container.logs(stdout=True, stderr=False).decode()
+        errors = container.logs(stdout=False, stderr=True).decode()
+    finally:
+        container.remove(force=True)
+    assert code == 0, errors
+    found: dict[str, str] = json.loads(output)
+    return found
+
+
+def files_in_folder(project: Path) -> dict[str, str]:
+    """What ``files_in_image`` shows of an image holding this project as it is now: its files,
+    and the requirements.txt every project image has (empty when the project has none)."""
+    files = {p.relative_to(project).as_posix(): p for p in project.rglob("*") if p.is_file()}
+    return {"requirements.txt": "", **{name: path.read_text() for name, path in files.items()}}
+
+
+@pytest.mark.docker
+def test_build_after_run_local_holds_the_project_as_it_is_now(
+    docker_tmp_projects: Callable[[str], Path],
+    built_images: list[str],
+    docker_client: Any,
+    base_image: str,
+) -> None:
+    """run-local caches a project image (the project is mounted over its copy when it runs);
+    build must not ship that copy once the folder has changed: edited, added and removed
+    files are in the image it builds next, and an unchanged project reuses the cached one."""
+    cwd = docker_tmp_projects("tax")
+    (cwd / "old.py").write_text("GONE = True\n")
+    tag = f"abeja-test/fresh:{secrets.token_hex(4)}"
+    run_local = ("model", "run-local", "-i", base_image, "--engine", "docker",
+                 "-h", "main:handler", "--input", "request.json")  # fmt: skip
+    build_command = ("model", "build", "-i", base_image, "-h", "main:handler", "-t", tag)
+
+    def build() -> tuple[Result, str]:
+        result = run_abeja(*build_command, cwd=cwd)
+        assert result.returncode == 0, str(result)
+        image = str(docker_client.images.get(tag).id)
+        built_images.append(image)
+        return result, image
+
+    first = run_abeja(*run_local, cwd=cwd)
+    assert first.returncode == 0, str(first)
+    _, before = build()
+    assert files_in_image(docker_client, before) == files_in_folder(cwd)
+
+    main = cwd / "main.py"
+    main.write_text(main.read_text().replace("* 1.08", "* 1.10"))
+    (cwd / "added.py").write_text("ADDED = True\n")
+    (cwd / "old.py").unlink()
+    edited = run_abeja(*run_local, cwd=cwd)  # the fast path: the folder is mounted, no rebuild
+    assert edited.returncode == 0, str(edited)
+    assert json.loads(edited.stdout) == {"total": pytest.approx(110.0)}
+    assert "[info] using the cached image" in edited.stderr, str(edited)
+    assert "[info] building the image" not in edited.stderr, str(edited)
+
+    rebuilt, after = build()
+    assert after != before
+    assert files_in_image(docker_client, after) == files_in_folder(cwd)
+    assert "the project's files changed since the cached image was built" in rebuilt.stderr
+    # The image the tag named before, and the older project image under it, are gone.
+    assert f"removed the image {tag} named before this build ({before[7:19]})" in rebuilt.stderr
+    with pytest.raises(NotFound):
+        docker_client.images.get(before)
+    assert len(ours(docker_client, cwd, "images")) == 1
+
+    unchanged, again = build()
+    assert again == after
+    assert "[info] using the cached image" in unchanged.stderr, str(unchanged)
+    assert "holds the project's files as they are now" in unchanged.stderr, str(unchanged)
+
+
+@pytest.mark.docker
+def test_build_after_a_revert_reuses_the_image_that_holds_those_files(
+    docker_tmp_projects: Callable[[str], Path],
+    built_images: list[str],
+    docker_client: Any,
+    base_image: str,
+) -> None:
+    """A production image kept under another name keeps the project image it is built on; when
+    the project's files are back to what that one holds, build lands on it again through
+    Docker's layer cache (the same image, named again), and run-local runs in it."""
+    cwd = docker_tmp_projects("tax")
+    repository, version = "abeja-test/revert", secrets.token_hex(4)
+    build_command = ("model", "build", "-i", base_image, "-h", "main:handler",
+                     "-t", f"{repository}:{version}")  # fmt: skip
+
+    def build() -> tuple[Result, str]:
+        result = run_abeja(*build_command, cwd=cwd)
+        assert result.returncode == 0, str(result)
+        image = str(docker_client.images.get(f"{repository}:{version}").id)
+        built_images.append(image)
+        return result, image
+
+    _, first = build()
+    docker_client.images.get(first).tag(repository, f"{version}-kept")
+    main = cwd / "main.py"
+    original = main.read_text()
+    main.write_text(original.replace("* 1.08", "* 1.10"))
+    edited, second = build()
+    assert second != first
+    assert "removed the image" not in edited.stderr, str(edited)  # it has another name
+
+    main.write_text(original)
+    reverted, third = build()
+    assert "the project's files changed since the cached image was built" in reverted.stderr
+    assert third == first, str(reverted)
+    assert files_in_image(docker_client, third) == files_in_folder(cwd)
+    assert f"removed the image {repository}:{version} named before this build" in reverted.stderr
+    (project_image,) = ours(docker_client, cwd, "images")
+    assert any(tag.startswith("abeja-local/tax-") for tag in project_image.tags)
+
+    run_local = run_abeja("model", "run-local", "-i", base_image, "--engine", "docker",
+                          "-h", "main:handler", "--input", "request.json", cwd=cwd)  # fmt: skip
+    assert run_local.returncode == 0, str(run_local)
+    assert "[info] using the cached image" in run_local.stderr, str(run_local)
+    assert json.loads(run_local.stdout) == {"total": pytest.approx(108.0)}
+
+
+def test_project_files_digest_follows_what_goes_into_the_image(tmp_path: Path) -> None:
+    """The digest a project image is labelled with changes with every change of the files the
+    image gets, and with nothing else."""
+    project = tmp_path / "proj"
+    for name in ("main.py", "pkg/model.py", "data/big.bin", ".git/HEAD", "__pycache__/m.pyc"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(name)
+    (project / ".dockerignore").write_text("data\n")
+    digest = images.project_files_digest(project)
+
+    # Not in the image, or not kept by it: left out of the digest.
+    (project / "data" / "big.bin").write_text("other weights")
+    (project / ".git" / "HEAD").write_text("another commit")
+    (project / "__pycache__" / "new.pyc").write_text("")
+    os.utime(project / "main.py", (0, 0))
+    assert images.project_files_digest(project) == digest
+
+    changes: list[Callable[[], object]] = [
+        lambda: (project / "main.py").write_text("edited"),
+        lambda: (project / "pkg" / "added.py").write_text(""),
+        lambda: (project / "pkg" / "added.py").rename(project / "pkg" / "renamed.py"),
+        lambda: (project / "pkg" / "renamed.py").unlink(),
+        lambda: (project / "main.py").chmod(0o755),
+        lambda: (project / "link.py").symlink_to("main.py"),
+        lambda: [(project / "link.py").unlink(), (project / "link.py").symlink_to("pkg/model.py")],
+        lambda: (project / ".dockerignore").write_text("data\n*.txt\n"),
+    ]
+    for number, change in enumerate(changes):
+        change()
+        changed = images.project_files_digest(project)
+        assert changed != digest, f"change {number} left the digest as it was"
+        digest = changed
+
+
+def test_project_context_labels_the_digest_of_the_files_it_holds(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "main.py").write_text("def handler(request, context): ...\n")
+    source = images.find_runtime_source()
+    with images.project_context(source, project) as context, tarfile.open(fileobj=context) as tar:
+        extracted = tar.extractfile("Dockerfile")
+        assert extracted is not None
+        dockerfile = extracted.read().decode()
+        held = tar.extractfile("project/main.py")
+        assert held is not None and held.read() == (project / "main.py").read_bytes()
+    label = f'"{images.FILES_LABEL}"="{images.project_files_digest(project)}"'
+    assert label in dockerfile.splitlines()[-1]
 
 
 def test_build_help_names_the_run_command(project: Callable[[str], Path]) -> None:
