@@ -12,7 +12,6 @@ its parser. No other module names them; they are reached through this one:
   is aiohttp's own ``__slots__`` descriptor under a second name, so ``self.aio_messages`` costs
   exactly what ``self._messages`` costs: the direct path reads them for every request (about
   24k a second), and a property or a function call there would be a layer per read.
-* :func:`server_loop` and :func:`handler_kwargs`: what ``web.Server`` makes its connections with.
 * :func:`whole_body`: a small body that came whole, without ``read_nowait``'s bookkeeping.
 * :data:`PRIVATE_NAMES`: all of the above, by aiohttp class or module.
   ``tests/unit/test_aiohttp_private.py`` checks them against the installed aiohttp, so that an
@@ -38,8 +37,6 @@ from aiohttp.streams import StreamReader
 __all__ = [
     "PRIVATE_NAMES",
     "HandlerInternals",
-    "handler_kwargs",
-    "server_loop",
     "whole_body",
 ]
 
@@ -47,7 +44,6 @@ __all__ = [
 #: instances, or a method) or a module (a module-level name).
 PRIVATE_NAMES: Final[Mapping[str, tuple[str, ...]]] = {
     "aiohttp.base_protocol.BaseProtocol": (
-        "_loop",
         "_parser",
         "_reading_paused",
         "_buffer_paused",
@@ -58,16 +54,12 @@ PRIVATE_NAMES: Final[Mapping[str, tuple[str, ...]]] = {
         "_waiter",
         "_current_request",
         "_force_close",
-        "_manager",
-        "_read_bufsize",
         "_msg_queue_resume_size",
-        "_keepalive_timeout",
         "_next_keepalive_close_time",
         "_keepalive_handle",
         "_process_keepalive",
         "_resume_reading_if_drained",
     ),
-    "aiohttp.web_server.Server": ("_loop", "_kwargs"),
     "aiohttp.streams.StreamReader": ("_buffer",),
     # Not underscored, but no documented API either: new in 3.14 with the queue's limit.
     "aiohttp.http.HttpRequestParser": ("message_consumed",),
@@ -110,10 +102,32 @@ class HandlerInternals(web_protocol.RequestHandler):
     the direct path serves instead.
     """
 
-    __slots__ = ()
+    __slots__ = ("_keepalive_seconds", "_read_size", "_server", "event_loop")
 
-    #: The event loop (``BaseProtocol._loop``): the connection's timers and futures.
-    aio_loop: asyncio.AbstractEventLoop = _slot(_Base, "_loop")
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        keepalive_timeout: float = 3630.0,
+        read_bufsize: int = 2**18,
+        **kwargs: Any,
+    ) -> None:
+        """As aiohttp's, keeping what the direct path needs of its arguments itself (not
+        through aiohttp's private copies): the event loop (the connection's timers and
+        futures), the keep-alive period, the read buffer's size and the server."""
+        super().__init__(
+            manager,
+            loop=loop,
+            keepalive_timeout=keepalive_timeout,
+            read_bufsize=read_bufsize,
+            **kwargs,
+        )
+        self.event_loop = loop
+        self._keepalive_seconds = keepalive_timeout
+        self._read_size = read_bufsize
+        self._server = manager
+
     #: Parsed requests not handled yet, oldest first (``RequestHandler._messages``): each a
     #: ``(RawRequestMessage or a parse error, StreamReader)``. aiohttp's ``data_received``
     #: appends to it; the direct path takes from its head (:meth:`pop_message`).
@@ -151,9 +165,7 @@ class HandlerInternals(web_protocol.RequestHandler):
         parser = self._parser
         if parser is not None:
             parser.message_consumed()
-        manager = self._manager
-        if manager is not None:
-            manager.requests_count += 1
+        self._server.requests_count += 1
 
     def release_queue_hold(self) -> None:
         """Once the queue has drained to aiohttp's low-water mark (``_msg_queue_resume_size``,
@@ -168,7 +180,7 @@ class HandlerInternals(web_protocol.RequestHandler):
     async def wait_as_idle(self) -> None:
         """Wait as aiohttp's request loop waits for a request (on :attr:`aio_waiter`): until
         ``data_received`` queues one aiohttp is to serve, or ``force_close`` cancels the wait."""
-        self._waiter = self._loop.create_future()
+        self._waiter = self.event_loop.create_future()
         try:
             await self._waiter
         finally:
@@ -179,9 +191,9 @@ class HandlerInternals(web_protocol.RequestHandler):
         after each of its own: the idle connection is closed ``keepalive_timeout`` from now
         (the timer is ``_keepalive_handle``, the deadline ``_next_keepalive_close_time``, read
         by ``_process_keepalive``, which re-arms itself when fired early)."""
-        timeout = self._keepalive_timeout
+        timeout = self._keepalive_seconds
         if timeout > 0:
-            loop = self._loop
+            loop = self.event_loop
             self._next_keepalive_close_time = loop.time() + timeout
             if self._keepalive_handle is None:
                 self._keepalive_handle = loop.call_at(
@@ -209,31 +221,16 @@ class HandlerInternals(web_protocol.RequestHandler):
         llhttp cannot be told to skip."""
         self._parser = HttpRequestParser(
             self,
-            self._loop,
-            self._read_bufsize,
+            self.event_loop,
+            self._read_size,
             payload_exception=web_protocol.RequestPayloadError,
             max_msg_queue_size=web_protocol.MAX_MSG_QUEUE_SIZE,
             **options,
         )
 
     def open_connections(self) -> int:
-        """How many connections the server has open, this one included (0 once it closed)."""
-        manager = self._manager
-        return 0 if manager is None else len(manager.connections)
-
-
-def server_loop(server: web.Server) -> asyncio.AbstractEventLoop:
-    """The loop ``web.Server`` gives its connections (``Server._loop``), for a subclass that
-    makes its own connections (its ``__call__``, the transport's protocol factory)."""
-    loop: asyncio.AbstractEventLoop = server._loop
-    return loop
-
-
-def handler_kwargs(server: web.Server) -> dict[str, Any]:
-    """The keyword arguments ``web.Server`` passes to each connection it makes
-    (``Server._kwargs``: those it was made with, but its request handler and factory)."""
-    kwargs: dict[str, Any] = server._kwargs
-    return kwargs
+        """How many connections the server has open, this one included once it is made."""
+        return len(self._server.connections)
 
 
 def whole_body(payload: StreamReader) -> bytes:

@@ -62,7 +62,7 @@ from abeja_runtime.errors import (
     HeadTooLarge,
     HttpError,
 )
-from abeja_runtime.front.aiohttp_private import HandlerInternals, handler_kwargs, server_loop
+from abeja_runtime.front.aiohttp_private import HandlerInternals
 from abeja_runtime.front.body_gate import BODIES_AHEAD
 from abeja_runtime.front.capture import BodyCapture
 from abeja_runtime.front.pending import AnswerFile
@@ -206,7 +206,7 @@ class Connection(HandlerInternals):
         await super().start()
 
     def data_received(self, data: bytes) -> None:
-        self._last_data = self.aio_loop.time()
+        self._last_data = self.event_loop.time()
         if len(data) > self._head_room and self._awaiting_head() and not self._ends_head(data):
             # Rare: a head past its limit, or one whose end is in a later read.
             rest = self._parse_head_room(data)
@@ -458,7 +458,7 @@ class Connection(HandlerInternals):
 
     def body_progress(self) -> None:
         """Bytes of a captured body arrived (the stall watch looks at when)."""
-        self._last_data = self.aio_loop.time()
+        self._last_data = self.event_loop.time()
 
     def body_captured(self) -> None:
         """The captured body is whole: the connection reads again, with a fresh parser (the
@@ -488,7 +488,7 @@ class Connection(HandlerInternals):
         ``data_received`` sets) rather than being reset for every packet, and at the body
         watched now (a timer armed for an earlier body serves the next one).
         """
-        now = self.aio_loop.time()
+        now = self.event_loop.time()
         self._last_data = now
         deadline = None if time_left is None else now + time_left
         at_start = received() if received else 0
@@ -497,7 +497,7 @@ class Connection(HandlerInternals):
             first = self._head_timeout
             if received is not None and expected is not None and deadline is not None:
                 first = min(first, _RATE_JUDGED_AFTER)
-            self._body_timer = self.aio_loop.call_later(first, self._check_body)
+            self._body_timer = self.event_loop.call_later(first, self._check_body)
 
     def _check_body(self) -> None:
         self._body_timer = None
@@ -507,7 +507,7 @@ class Connection(HandlerInternals):
         if not watched.arriving():
             self._watched = None
             return
-        now = self.aio_loop.time()
+        now = self.event_loop.time()
         idle = now - self._last_data
         if idle >= self._head_timeout:
             self._watched = None
@@ -522,13 +522,13 @@ class Connection(HandlerInternals):
         next_look = max(0.0, self._head_timeout - watched_for) or 1.0
         if watched.expected is not None and watched.deadline is not None:
             next_look = _RATE_JUDGED_AFTER
-        self._body_timer = self.aio_loop.call_later(
+        self._body_timer = self.event_loop.call_later(
             min(self._head_timeout - idle, next_look), self._check_body
         )
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self.aio_loop.call_later(self._head_timeout, self._head_timed_out)
+            self._head_timer = self.event_loop.call_later(self._head_timeout, self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -586,7 +586,7 @@ class _RefusedHead(asyncio.Protocol):
         self._connection = connection
         self._transport = transport
         self._left = _REFUSED_HEAD_READ
-        self._closing = connection.aio_loop.call_later(_REFUSED_HEAD_WAIT, transport.close)
+        self._closing = connection.event_loop.call_later(_REFUSED_HEAD_WAIT, transport.close)
         transport.write_eof()  # once the answer is sent
 
     def data_received(self, data: bytes) -> None:
@@ -679,9 +679,19 @@ class _Server(web.Server):
         max_connections: int | None,
         max_head_size: int,
         metrics: FrontMetrics,
+        handler_cancellation: bool,
         **kwargs: Any,
     ) -> None:
-        super().__init__(handler, request_factory=self._request, **kwargs)
+        super().__init__(
+            handler,
+            request_factory=self._request,
+            handler_cancellation=handler_cancellation,
+            **kwargs,
+        )
+        #: What each connection is made with (``web.Server`` keeps them too, as private names):
+        #: the loop, and the options that are the connections' (not the server's own).
+        self._event_loop = asyncio.get_running_loop()
+        self._connection_kwargs = kwargs
         self._head_timeout = head_timeout
         self._direct = direct
         self._max_connections = max_connections
@@ -706,19 +716,19 @@ class _Server(web.Server):
         (:meth:`Connection.aiohttp_serves`)."""
         assert isinstance(protocol, Connection)
         protocol.aiohttp_serves()
-        return web.BaseRequest(message, payload, protocol, writer, task, server_loop(self))
+        return web.BaseRequest(message, payload, protocol, writer, task, self._event_loop)
 
     def __call__(self) -> Connection:
         return Connection(
             self,
-            loop=server_loop(self),
+            loop=self._event_loop,
             head_timeout=self._head_timeout,
             direct=self._direct,
             parser_options=self._parser_options,
             max_connections=self._max_connections,
             max_head_size=self._max_head_size,
             metrics=self._metrics,
-            **handler_kwargs(self),
+            **self._connection_kwargs,
         )
 
 

@@ -20,8 +20,6 @@ from abeja_runtime.config import Config
 from abeja_runtime.front.aiohttp_private import (
     PRIVATE_NAMES,
     HandlerInternals,
-    handler_kwargs,
-    server_loop,
     whole_body,
 )
 from abeja_runtime.front.connection import Connection
@@ -96,7 +94,7 @@ def test_the_facades_attributes_are_aiohttps_slots_as_fast_as_the_private_names(
 def test_a_replaced_parser_queues_requests_as_aiohttps_own() -> None:
     async def scenario() -> tuple[list[str], int, bool]:
         server = web.Server(_not_found)
-        handler = HandlerInternals(server, loop=server_loop(server), **handler_kwargs(server))
+        handler = HandlerInternals(server, loop=asyncio.get_running_loop())
         handler.replace_parser({"max_line_size": 100})
         handler.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\n")
         handler.data_received(b"Host: x\r\nContent-Length: 2\r\n\r\n{}")
@@ -113,7 +111,7 @@ def test_whole_body_is_the_body_however_it_arrived() -> None:
 
     async def scenario() -> tuple[bytes, bytes]:
         server = web.Server(_not_found)
-        handler = HandlerInternals(server, loop=server_loop(server), **handler_kwargs(server))
+        handler = HandlerInternals(server, loop=asyncio.get_running_loop())
         handler.replace_parser({})
         head = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n"
         for piece in (head + b"abc", b"def", b"ghi"):
@@ -192,14 +190,13 @@ def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served(tmp_pa
         direct = _Direct()
         connection = Connection(
             server,
-            loop=server_loop(server),
+            loop=asyncio.get_running_loop(),
             head_timeout=30,
             direct=direct,
             parser_options={},
             max_connections=None,
             max_head_size=Config().max_head_size,
             metrics=FrontMetrics("test", "main:handler", "abeja", str(tmp_path), lambda: (0, 0)),
-            **handler_kwargs(server),
         )
         transport = _Transport()
         connection.connection_made(transport)
