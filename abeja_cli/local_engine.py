@@ -3,8 +3,9 @@
 For a fast edit-run loop and for machines without Docker. The model runs with this Python, or,
 when the project has a ``requirements.txt`` or ``Pipfile``, in a virtual environment with them
 installed (``venvs.py``), with the project folder as its working directory, listening on
-127.0.0.1 only. It sees the machine's GPUs; ``--gpus`` narrows them to those a container would
-get (:attr:`~abeja_cli.gpus.GpuRequest.visible_devices`).
+127.0.0.1 only. It sees the machine's GPUs, whatever they are; ``--gpus`` gives it the ids a
+container would get (:attr:`~abeja_cli.gpus.GpuRequest.visible_devices`), and says which of
+them the machine has.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from abeja_cli.console import Console
 from abeja_cli.engine import BatchSpec, RunSpec, Server
 from abeja_cli.environment import local_environment
 from abeja_cli.errors import EngineUnavailable, InputError, ServerError
-from abeja_cli.gpus import GpuRequest
+from abeja_cli.gpus import GpuRequest, MachineGpus, machine_gpus
 from abeja_cli.server_log import LogSink, pump_lines, start_daemon
 from abeja_cli.venvs import project_python
 from abeja_runtime.launch import RuntimeProcess, free_port, runtime_command
@@ -100,19 +101,33 @@ class LocalServer(Server):
             runtime.kill()
 
 
-def _shown_gpus(gpus: GpuRequest, env: Mapping[str, str]) -> str:
-    """What the model is shown of ``--gpus``, in one line; :class:`InputError` when the
-    model's variables choose GPUs too (in a container, they would choose among those of
-    ``--gpus``, numbered from 0: the local engine cannot show that)."""
+def _given_gpus(gpus: GpuRequest, env: Mapping[str, str], machine: MachineGpus) -> tuple[str, bool]:
+    """What the model gets of ``--gpus`` on this machine, in one line, and whether that is
+    all it asked for (else the line is a warning); :class:`InputError` when the model's
+    variables choose GPUs too (in a container, they would choose among those of ``--gpus``,
+    numbered from 0: the local engine cannot show that)."""
     visible = gpus.visible_devices
     if visible is None:
-        return f"--gpus {gpus.text}: the model sees every GPU of this machine"
+        said = f"--gpus {gpus.text}: the model sees every GPU of this machine"
+        if machine.uuids:
+            return f"{said}, which has {machine.described()}", True
+        return f"{said}, but it has {machine.described()}, so the model runs without one", False
     if _CUDA in env:
         raise InputError(
             f"--gpus {gpus.text} and {_CUDA}={env[_CUDA]} (-e or --env-file) both choose the "
             f"model's GPUs; with the local engine give one of them"
         )
-    return f"--gpus {gpus.text}: the model is shown GPUs {visible}, through {_CUDA}={visible}"
+    given = f"--gpus {gpus.text}: the model is given {_CUDA}={visible}"
+    if not machine.uuids:
+        return f"{given}, but this machine has {machine.described()}, so it runs without one", False
+    missing = [device for device in visible.split(",") if not machine.has(device)]
+    if missing:
+        return (
+            f"{given}, but this machine has {machine.described()} and no {','.join(missing)}, "
+            "so the model gets fewer GPUs than asked",
+            False,
+        )
+    return f"{given}, and this machine has {machine.described()}", True
 
 
 def _model_env(spec: RunSpec) -> Mapping[str, str]:
@@ -149,7 +164,8 @@ class LocalEngine:
     def prepare(self, spec: RunSpec) -> None:
         self._console.info(f"using the local engine : {sys.executable}")
         if spec.gpus is not None:
-            self._console.info(_shown_gpus(spec.gpus, spec.env))
+            line, enough = _given_gpus(spec.gpus, spec.env, machine_gpus())
+            (self._console.info if enough else self._console.warning)(line)
         if importlib.util.find_spec("abeja_runtime") is None:
             raise EngineUnavailable(
                 f"the abeja-runtime package is not installed in {sys.executable}; install it "

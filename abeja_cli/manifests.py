@@ -47,6 +47,9 @@ _SERVICE_PORT: Final = Config.port
 _HEALTH_PORT: Final = Config.healthcheck_port
 #: The runtime's settings that the manifests set, from its own declarations.
 _PASSED_ON: Final = ("workers", "concurrency", "timeout", "grace_period", "drain_delay")
+#: The runtime's batching settings, set only when batching is on (a batch size above 1); a
+#: pod then serves up to a batch per handler slot.
+_BATCHING: Final = ("max_batch_size", "max_batch_wait")
 _DEVICES: Final = str(setting_named("devices").envvar)
 _USER: Final = 10001
 #: The runtime kills stragglers this long after its grace period (supervisor._KILL_MARGIN).
@@ -71,6 +74,8 @@ class Deployment:
     timeout: float = Config.timeout
     grace_period: float = Config.grace_period
     drain_delay: float = Config.drain_delay
+    max_batch_size: int = Config.max_batch_size
+    max_batch_wait: float = Config.max_batch_wait
     replicas: int = 2
     max_replicas: int = 10
     cpu: str = "1"
@@ -92,7 +97,7 @@ class Deployment:
                     f"--secret {secret!r} is not a Kubernetes Secret name; use lower-case "
                     "letters, digits, '-' and '.'"
                 )
-        for name in _PASSED_ON:  # every target sizes something by them
+        for name in (*_PASSED_ON, *_BATCHING):  # every target sizes something by them
             self.effective(name)
         if not 1 <= self.replicas <= self.max_replicas:
             raise InputError(
@@ -101,8 +106,10 @@ class Deployment:
 
     @property
     def pod_concurrency(self) -> int:
-        """Requests one pod serves at once: what Knative and KServe call containerConcurrency."""
-        return int(self.effective("workers") * self.effective("concurrency"))
+        """Requests one pod serves at once: what Knative and KServe call containerConcurrency
+        (a batch per handler slot)."""
+        slots = self.effective("workers") * self.effective("concurrency")
+        return int(slots * self.effective("max_batch_size"))
 
     def effective(self, name: str) -> float:
         """The runtime's setting ``name`` (one of those passed on) as the runtime will read it:
@@ -133,9 +140,11 @@ class Deployment:
 
     @property
     def runtime_env(self) -> dict[str, str]:
-        """The runtime's own settings, then the user's variables (which win). Several workers
-        share the pod's GPUs, one each, round-robin (``--devices``)."""
-        ours = {str(setting_named(name).envvar): f"{getattr(self, name):g}" for name in _PASSED_ON}
+        """The runtime's own settings (its batching ones when batching is on), then the user's
+        variables (which win). Several workers share the pod's GPUs, one each, round-robin
+        (``--devices``)."""
+        passed = (*_PASSED_ON, *_BATCHING) if self.effective("max_batch_size") > 1 else _PASSED_ON
+        ours = {str(setting_named(name).envvar): f"{getattr(self, name):g}" for name in passed}
         if self.gpus and self.effective("workers") > 1:
             ours[_DEVICES] = ",".join(str(index) for index in range(self.gpus))
         return {**ours, **self.env}
@@ -407,7 +416,9 @@ def manifests(**params: Any) -> None:
 
 
 # The runtime's own settings, as it declares them (flags only here, before --replicas).
-manifests.params[6:6] = [click_option(setting_named(name), envvar=False) for name in _PASSED_ON]
+manifests.params[6:6] = [
+    click_option(setting_named(name), envvar=False) for name in (*_PASSED_ON, *_BATCHING)
+]
 
 
 def _plain_dumper() -> type[Any]:
@@ -446,7 +457,7 @@ def _manifests(params: dict[str, Any]) -> int:
         gpus=params["gpus"],
         autoscaler=autoscaler,
         prometheus=params["prometheus"] or DEFAULT_PROMETHEUS,
-        **{name: params[name] for name in _PASSED_ON},
+        **{name: params[name] for name in (*_PASSED_ON, *_BATCHING)},
     )
     deployment.check()
     text = yaml.dump_all(render(target, deployment), Dumper=_plain_dumper(), sort_keys=False)

@@ -44,6 +44,7 @@ __all__ = ["run_batch"]
     "inherit_env",
     "timeout",
     "max_body_size",
+    "max_batch_size",
     "verbose",
 )
 @click.argument("inputs", nargs=-1, type=click.Path(exists=True, path_type=Path))

@@ -17,7 +17,7 @@ from abeja_cli.console import Console
 from abeja_cli.engine import Engine, Server
 from abeja_cli.errors import InputError, ServerError
 from abeja_cli.init import README_CURL
-from abeja_cli.project_request import project_request
+from abeja_cli.project_request import ProjectRequest, project_request
 from abeja_cli.readiness import wait_ready
 from abeja_cli.reload import ChangeWatcher, StandIn, unavailable_body
 from abeja_cli.server_log import LogSink, last_error
@@ -50,6 +50,12 @@ _TICK: Final = 0.3
     help="Port on 127.0.0.1 to serve on (default: a free one).",
 )
 @click.option(
+    "--try-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port on 127.0.0.1 of the try-it page (default: a free one).",
+)
+@click.option(
     "--reload",
     is_flag=True,
     help="Restart the model server when a .py file of the project changes.",
@@ -78,6 +84,19 @@ def _check_port(port: int, engine: str | None, console: Console) -> None:
     raise InputError(f"port {port} on 127.0.0.1 is already in use; choose another with -p")
 
 
+def _check_try_port(try_port: int, port: int | None) -> None:
+    """The try-it page's port is free and not the model's."""
+    if try_port == port:
+        raise InputError(
+            f"--try-port {try_port} is the model's port too (-p); give the try-it page another"
+        )
+    if not _port_free(try_port):
+        raise InputError(
+            f"port {try_port} on 127.0.0.1 is already in use; choose another for the try-it "
+            "page with --try-port"
+        )
+
+
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As the runtime binds: a port whose last connections are in TIME_WAIT (the previous
@@ -95,6 +114,9 @@ def _run(params: dict[str, Any], console: Console) -> int:
     port = params["port"]
     if port is not None:
         _check_port(port, options.engine, console)
+    try_port = params["try_port"]
+    if try_port is not None:
+        _check_try_port(try_port, port)
     sink = LogSink(console)
     with (
         terminate_as_interrupt(),
@@ -104,7 +126,7 @@ def _run(params: dict[str, Any], console: Console) -> int:
         # file or press Ctrl+C at once.
         watchers = _Watchers(options.project) if params["reload"] else None
         request = project_request(options.project)
-        page = TryPage(server.url, request, project=options.project, log=sink)
+        page = _try_page(server.url, request, options.project, sink, try_port)
         page.start()
         try:
             with _stop_signals() as stop:
@@ -116,6 +138,26 @@ def _run(params: dict[str, Any], console: Console) -> int:
         server.stop()
     console.info("the model server was stopped and removed")
     return 0
+
+
+def _try_page(
+    model_url: str,
+    request: ProjectRequest,
+    project: Path,
+    sink: LogSink,
+    try_port: int | None,
+) -> TryPage:
+    """The try-it page, on a free port or on ``--try-port``, which was free when checked
+    before the model started but may have been taken since."""
+    if try_port is None:
+        return TryPage(model_url, request, project=project, log=sink)
+    try:
+        return TryPage(model_url, request, project=project, log=sink, port=try_port)
+    except OSError as exc:
+        raise InputError(
+            f"the try-it page cannot listen on port {try_port} of 127.0.0.1 ({exc.strerror}); "
+            "choose another with --try-port"
+        ) from None
 
 
 def _banner(options: ModelOptions, engine: Engine, server: Server, page: str) -> None:

@@ -28,10 +28,11 @@ from abeja_cli.errors import CliError, EngineUnavailable, InputError
 from abeja_cli.gpus import GpuRequest, GpuRequestType
 from abeja_cli.readiness import wait_ready
 from abeja_cli.server_log import LogSink
-from abeja_runtime.options import passing_option, setting_named
+from abeja_runtime.options import passing_option, setting_named, variable_text
 
 __all__ = [
     "DEVICE_TYPES",
+    "PASSED_SETTINGS",
     "STOP_SIGNALS",
     "ModelCommand",
     "ModelOptions",
@@ -45,6 +46,15 @@ __all__ = [
 ]
 
 DEVICE_TYPES: Final = ("x86_cpu", "x86_gpu", "jetson_tx2", "raspberry3")
+#: The runtime's settings that the model commands take as options of their own and pass on
+#: as the runtime's variables (a command that names its options takes those it names).
+PASSED_SETTINGS: Final = (
+    "timeout",
+    "max_body_size",
+    "max_batch_size",
+    "max_batch_wait",
+    "cancel_raises",
+)
 
 
 @dataclass(frozen=True)
@@ -84,12 +94,10 @@ class ModelOptions:
             env_file=Path(env_file) if env_file is not None else None,
             organization_id=params["organization_id"],
         )
-        # The runtime limits a user meets first, as options; -e still works for every other one.
-        for name in ("timeout", "max_body_size"):
+        # The runtime settings a user meets first, as options; -e still works for every other.
+        for name in PASSED_SETTINGS:
             if params.get(name) is not None:
-                value = params[name]
-                text = f"{value:g}" if isinstance(value, float) else str(value)
-                env[str(setting_named(name).envvar)] = text
+                env[str(setting_named(name).envvar)] = variable_text(params[name])
         if params["v1"]:
             # abeja-sdk's --v1 ran the 18.10 runtime; ours serves that handler style itself.
             env.setdefault(str(setting_named("style").envvar), "abeja-v1")
@@ -202,7 +210,7 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         show_default=f"{IMAGE_VARIABLE} in ./{DOTENV}, else {DEFAULT_IMAGE}",
         envvar=IMAGE_VARIABLE,
         show_envvar=True,
-        help="Base image with Python 3.10+ that the model's image is built on (Docker engine); "
+        help="Base image with Python 3.11+ that the model's image is built on (Docker engine); "
         f"set it once with {IMAGE_VARIABLE}, in the environment or in the project's {DOTENV}.",
     ),
     "device_type": click.option(
@@ -274,9 +282,8 @@ _MODEL_OPTIONS: Final[dict[str, Callable[[Callable[..., Any]], Callable[..., Any
         "PATH, HOME, locale, TMPDIR, the Python environment and -e/--env-file reach it, as in "
         "a container).",
     ),
-    # The runtime limits a user meets first, as the runtime declares them.
-    "timeout": passing_option(setting_named("timeout")),
-    "max_body_size": passing_option(setting_named("max_body_size")),
+    # The runtime settings a user meets first, as the runtime declares them.
+    **{name: passing_option(setting_named(name)) for name in PASSED_SETTINGS},
     "verbose": click.option(
         "-v",
         "--verbose",

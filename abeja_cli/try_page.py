@@ -54,7 +54,8 @@ class TryPage:
     """The page's server, on 127.0.0.1, in a daemon thread; ``url`` once started.
 
     ``request`` is what the page opens on (its files are read from ``project``); ``log``, the
-    server's log, gives each answer its log lines.
+    server's log, gives each answer its log lines; ``port`` is the page's (0: a free one; an
+    ``OSError`` when it cannot be bound).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class TryPage:
         *,
         project: Path | None = None,
         log: LogSink | None = None,
+        port: int = 0,
     ) -> None:
         request = request or ProjectRequest()
         page = (
@@ -84,11 +86,11 @@ class TryPage:
                 "log": log,
             },
         )
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self._server.daemon_threads = True
-        port = int(self._server.server_address[1])
-        handler.page_port = port
-        self.url = f"http://127.0.0.1:{port}/"
+        bound = int(self._server.server_address[1])
+        handler.page_port = bound
+        self.url = f"http://127.0.0.1:{bound}/"
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="try-page", daemon=True
         )
@@ -210,9 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         """A streamed answer, each piece passed on as it arrives; its end is the end of the
         connection. ``X-Abeja-Try-Elapsed-Ms`` is then the time to its head."""
         self.close_connection = True
-        self.send_response(answer.status)
-        for name, value in headers.items():
-            self.send_header(name, value)
+        self._head(answer.status, headers)
         self.send_header("Cache-Control", "no-store")
         # Else the browser holds the first bytes back to sniff what they are.
         self.send_header("X-Content-Type-Options", "nosniff")
@@ -222,11 +222,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(piece)
             self.wfile.flush()
 
-    def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        """A whole answer, with its length."""
-        self.send_response(status)
+    def _head(self, status: int, headers: Mapping[str, str]) -> None:
+        """The status line and ``headers``, with this server's ``Server`` and ``Date`` only
+        where ``headers`` have none: a model's answer passed on keeps its own, and no header
+        comes twice."""
+        self.send_response_only(status)
+        given = {name.lower() for name in headers}
+        if "server" not in given:
+            self.send_header("Server", self.version_string())
+        if "date" not in given:
+            self.send_header("Date", self.date_time_string())
         for name, value in headers.items():
             self.send_header(name, value)
+
+    def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """A whole answer, with its length."""
+        self._head(status, headers)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()

@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from abeja_runtime.config import Config, parse_context
+from abeja_runtime.config import Config, parse_bool, parse_context
 from abeja_runtime.settings import Setting, settings_of
 from abeja_runtime.styles import Style, registered
 
@@ -30,6 +30,7 @@ __all__ = [
     "setting_named",
     "split_options",
     "style_settings",
+    "variable_text",
 ]
 
 #: logrus level names used by ABEJA Platform, mapped onto ours.
@@ -68,6 +69,24 @@ class _LogLevel(click.Choice):  # type: ignore[type-arg,unused-ignore]
         return _LEVEL_ALIASES.get(level, level)
 
 
+class _Switch(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """On or off, in the words its variable takes (on/off, true/false, yes/no, 1/0)."""
+
+    name = "switch"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool:
+        if isinstance(value, bool):
+            return value
+        try:
+            return parse_bool(str(value))
+        except ValueError:
+            self.fail(
+                f"{value!r} is not on or off; give on or off (or true/false, yes/no, 1/0)",
+                param,
+                ctx,
+            )
+
+
 class _JsonObject(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     name = "json"
 
@@ -96,6 +115,7 @@ _CLICK_TYPES: Final[Mapping[str, Callable[[Setting], Any]]] = {
     "choice": lambda setting: click.Choice(setting.choices, case_sensitive=False),
     "log_level": lambda setting: _LogLevel(setting.choices),
     "json_object": lambda setting: _JsonObject(setting.envvar or setting.flag),
+    "switch": lambda setting: _Switch(),
     "paths": lambda setting: click.Path(dir_okay=False),
 }
 
@@ -137,22 +157,33 @@ def _plain(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
+def _value_form(setting: Setting) -> dict[str, Any]:
+    """How the option of ``setting`` takes its value: a switch as ``--NAME on|off``, in the
+    words of its variable, or ``--NAME`` alone for on; every other kind as its click type."""
+    if setting.kind == "switch":
+        return {
+            "type": _click_type(setting),
+            "is_flag": False,
+            "flag_value": True,
+            "metavar": "[on|off]",
+        }
+    # Paths: the flag repeated, the variable split at os.pathsep by click.Path.
+    return {"type": _click_type(setting), "multiple": setting.kind == "paths"}
+
+
 def click_option(setting: Setting, *, envvar: bool = True) -> click.Option:
     """The click option of ``setting`` (without its variable where ``envvar`` is false)."""
-    switch = setting.kind == "switch"
-    flag = f"{setting.flag}/--no-{setting.flag[2:]}" if switch else setting.flag
     default: Any = setting.default
     if setting.kind == "json_object":
         default = default or "{}"
-    elif setting.kind == "bytes":
-        default = _format_bytes(default)  # shown as it may be written; _ByteSize reads it
+    elif setting.kind in ("bytes", "switch"):
+        default = _shown_default(setting)  # shown as it may be written; its type reads it
     shown = setting.default_text
     return click.Option(
-        [flag, setting.name],
+        [setting.flag, setting.name],
         envvar=setting.envvar if envvar else None,
         show_envvar=envvar and setting.envvar is not None,
-        type=None if switch else _click_type(setting),
-        multiple=setting.kind == "paths",  # the variable split at os.pathsep by click.Path
+        **_value_form(setting),
         default=default,
         show_default=True if shown is None else shown.replace("`", ""),
         help=_plain(setting.help),
@@ -161,17 +192,26 @@ def click_option(setting: Setting, *, envvar: bool = True) -> click.Option:
 
 def passing_option(setting: Setting) -> Callable[[_F], _F]:
     """A decorator adding, to another command (``abeja model run-local``), the option that
-    passes ``setting`` on as its variable: unset unless given, so that a value given with
-    ``-e`` stays."""
+    passes ``setting`` on as its variable (:func:`variable_text`): unset unless given, so that
+    a value given with ``-e`` stays."""
     shown = _shown_default(setting).replace("`", "")
     return click.option(
         setting.flag,
         setting.name,
-        type=_click_type(setting),
-        multiple=setting.kind == "paths",
+        **_value_form(setting),
         default=None,
         help=f"{_plain(setting.help)} Sets {setting.envvar}.  [default: {shown}]",
     )
+
+
+def variable_text(value: Any) -> str:
+    """A value of a :func:`passing_option` as its variable takes it: a switch ``on`` or
+    ``off``, a float without a trailing ``.0``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def core_settings() -> tuple[Setting, ...]:

@@ -31,7 +31,7 @@ KINDS: Final = frozenset(
         "choice",  # one of ``choices``
         "log_level",  # a level, logrus names accepted
         "json_object",  # a JSON object
-        "switch",  # on or off: --NAME / --no-NAME
+        "switch",  # on or off: --NAME on|off (alone: on), as its variable takes it
         "paths",  # files: the flag repeated; the variable's paths separated by os.pathsep
     }
 )
@@ -44,8 +44,7 @@ class Setting:
 
     #: The field's name (the click parameter's name too); set by :func:`settings_of`.
     name: str
-    #: ``--max-queue``; for a switch, ``--NAME/--no-NAME`` is made of it. Declared empty, it
-    #: is the field's name with dashes.
+    #: ``--max-queue``. Declared empty, it is the field's name with dashes.
     flag: str
     #: The environment variable, or None for a flag only.
     envvar: str | None

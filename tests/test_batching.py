@@ -10,10 +10,13 @@ where a wait matters (``--max-batch-wait``), the test tells it by what was answe
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from helpers.raw_http import get, printed, records_of, send_and_leave
 from helpers.servers import HANDLERS, Response, RunningServer, runtime_env
 from helpers.waiting import wait_until
 
+from abeja_runtime.config import Config
 from abeja_runtime.launch import runtime_command
 
 BATCHED = {"def": "main:handler", "async": "main:async_handler"}
@@ -323,3 +327,63 @@ def test_a_batch_run_calls_a_batched_handler_with_batches_of_one(tmp_path: Path,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["batch"] == [""]
+
+
+# -- the README's example ---------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example(tmp_path: Path) -> tuple[Path, list[str], list[str]]:
+    """The README's batching example: a folder with its ``main.py``, the command its first
+    line gives, and its curl command line."""
+    pytest.importorskip("numpy")
+    section = README.read_text("utf-8").split("### Batching requests", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    curl = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    folder = tmp_path / "readme"
+    folder.mkdir()
+    (folder / "main.py").write_text(code)
+    command = code.splitlines()[0].removeprefix("# main.py:")
+    return folder, shlex.split(command), shlex.split(curl)
+
+
+def test_the_readme_example_answers_as_written(make_server: ServerFactory, tmp_path: Path):
+    """Its command serves the handler batched, and its curl line, sent to the port that the
+    command serves on, gets the model's answer."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    folder, command, curl = readme_example(tmp_path)
+    assert command[0] == "abeja-runtime" and "--port" not in command, command
+    (url,) = [arg for arg in curl if arg.startswith("localhost:")]
+    assert urllib.parse.urlsplit(f"http://{url}").port == Config.port, curl
+    server = make_server(folder, *command[1:])  # on a free port, which the curl line is given
+    sent = [f"localhost:{server.port}" if arg == url else arg for arg in curl]
+    done = subprocess.run(sent, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    (y,) = json.loads(done.stdout).values()
+    assert len(y) == 3, done.stdout
+
+
+def test_a_handler_written_for_batches_but_served_unbatched_is_told_so(
+    make_server: ServerFactory, tmp_path: Path
+):
+    """Served one request a call, the README's handler goes over that request's keys and
+    fails on the first (``'str' object has no attribute 'read'``); the error in the log says
+    that it is not served batched, and how to serve it so."""
+    folder, _, _ = readme_example(tmp_path)
+    server = make_server(folder, "--handler", "main:handler")
+    answer = server.post_json({"x": [1, 2, 3, 4]})
+    assert (answer.status, answer.json()) == (500, {"status": "unexpected error occurred"})
+    record = server.wait_for_record(
+        lambda r: r.get("message", "").startswith("unexpected error occurred in the handler")
+    )
+    assert record["message"] == (
+        "unexpected error occurred in the handler main:handler; the handler went over the keys "
+        "of its request, as a handler written for batches goes over its list of requests, but "
+        "it is served one request a call, not batched (--max-batch-size is 1 and it is not "
+        "declared @abeja_runtime.batched): if it takes a list of requests, serve it with "
+        "--max-batch-size N above 1 (ABEJA_RUNTIME_MAX_BATCH_SIZE) or declare it with "
+        "@abeja_runtime.batched()"
+    )
+    assert "'str' object has no attribute 'read'" in json.dumps(record)

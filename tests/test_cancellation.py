@@ -94,18 +94,19 @@ def test_a_def_handler_sees_request_cancelled_when_its_client_leaves(
 
 
 @pytest.mark.parametrize(
-    ("concurrency", "steps"),
-    [("1", "1"), ("2", "1200")],
+    ("concurrency", "steps", "switch"),
+    [("1", "1", ("--cancel-raises",)), ("2", "1200", ("--cancel-raises", "on"))],
     ids=["main thread, in one long sleep", "handler threads, between short sleeps"],
 )
 def test_cancel_raises_interrupts_a_def_handler_whose_client_left(
-    make_server: ServerFactory, concurrency: str, steps: str
+    make_server: ServerFactory, concurrency: str, steps: str, switch: tuple[str, ...]
 ):
-    """``--cancel-raises``: ``CallCancelled`` is raised in the handler (its ``finally`` runs):
-    on the main thread even inside a ``time.sleep``, on a handler thread at its next Python
-    line; and the worker serves the next call."""
+    """``--cancel-raises`` (alone, or ``on`` as its variable takes it): ``CallCancelled`` is
+    raised in the handler (its ``finally`` runs): on the main thread even inside a
+    ``time.sleep``, on a handler thread at its next Python line; and the worker serves the
+    next call."""
     server = make_server(
-        "cn_stream", "--handler", "main:sleeper", "--cancel-raises", "--concurrency", concurrency
+        "cn_stream", "--handler", "main:sleeper", *switch, "--concurrency", concurrency
     )
     sock = send_and_leave(server, get(f"/?tag=s&steps={steps}", "interrupted"))
     wait_until(lambda: events(server, "watching", "s"), 10, "the call to start")

@@ -81,6 +81,8 @@ DOCUMENTED = [
     ("--grace-period", "ABEJA_RUNTIME_GRACE_PERIOD", "30"),
     ("--log-level", "LOG_LEVEL", "info"),
     ("--loop", "ABEJA_RUNTIME_LOOP", "auto"),
+    ("--cancel-raises", "ABEJA_RUNTIME_CANCEL_RAISES", "off"),
+    ("--install-requirements", "ABEJA_RUNTIME_INSTALL_REQUIREMENTS", "off"),
     ("--parameters", "PREDICTIVE_UNIT_PARAMETERS", None),
     ("--model-metadata", "MODEL_METADATA", None),
     ("--predictive-unit-id", "PREDICTIVE_UNIT_ID", None),
@@ -146,6 +148,9 @@ BAD_VALUES = [
     ("--log-level", "LOG_LEVEL", "loud", "loud"),
     ("--handler", "HANDLER", "main:handler:extra", "main:handler:extra"),
     ("--context", "CONTEXT", "{broken", "CONTEXT"),
+    ("--devices", "ABEJA_RUNTIME_DEVICES", "abc", "must be GPU ids separated by commas"),
+    ("--devices", "ABEJA_RUNTIME_DEVICES", "0,,1", "must be GPU ids separated by commas"),
+    ("--cancel-raises", "ABEJA_RUNTIME_CANCEL_RAISES", "maybe", "'maybe' is not on or off"),
 ]
 
 

@@ -28,7 +28,7 @@ from abeja_runtime.pixels import is_image_bomb
 from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.tracing import Tracing
 from abeja_runtime.worker.decode import decode_request
-from abeja_runtime.worker.request import Request
+from abeja_runtime.worker.request import Request, was_iterated
 
 __all__ = [
     "RUNTIME_VERSION_HEADER",
@@ -98,7 +98,7 @@ class HandlerCalls:
         try:
             return self._encode(self.handler.func(request, self.context()))
         except Exception as exc:
-            return self.error_reply(exc)
+            return self.error_reply(exc, note=self._batching_note(request))
 
     async def answer_async(self, request: Request) -> EncodedResponse:
         """The same for an ``async def`` handler."""
@@ -107,7 +107,22 @@ class HandlerCalls:
         try:
             return self._encode(await self.handler.func(request, self.context()))
         except Exception as exc:
-            return self.error_reply(exc)
+            return self.error_reply(exc, note=self._batching_note(request))
+
+    def _batching_note(self, request: Request) -> str:
+        """For the log of a failed call of an ABEJA-style handler served one request a call
+        that went over its request's keys, as a handler written for batches goes over its list
+        (``for r in requests``: each ``r`` a key, and ``json.load(r)`` fails with ``'str'
+        object has no attribute 'read'``): how it is served, and how to serve it batches."""
+        if self.handler.style != "abeja" or not was_iterated(request):
+            return ""
+        return (
+            "; the handler went over the keys of its request, as a handler written for batches "
+            "goes over its list of requests, but it is served one request a call, not batched "
+            "(--max-batch-size is 1 and it is not declared @abeja_runtime.batched): if it "
+            "takes a list of requests, serve it with --max-batch-size N above 1 "
+            "(ABEJA_RUNTIME_MAX_BATCH_SIZE) or declare it with @abeja_runtime.batched()"
+        )
 
     def answer_batch(self, requests: list[Request]) -> list[EncodedResponse]:
         """Call a batched ``def`` handler once for ``requests`` (``handler(requests,
@@ -153,23 +168,25 @@ class HandlerCalls:
                 replies.append(self.error_reply(exc))
         return replies
 
-    def error_reply(self, exc: Exception) -> EncodedResponse:
+    def error_reply(self, exc: Exception, *, note: str = "") -> EncodedResponse:
         """The handler side's error → response ladder: what the client is told, and what is
-        logged."""
+        logged (``note`` appended to the logged message)."""
         if is_image_bomb(exc):
             exc = ImageTooLarge(self._max_image_pixels)
         if isinstance(exc, HttpError):
             return status_reply(exc.status, exc.message, exc.headers.items())
         if isinstance(exc, HandlerResultError):
             _log.error(
-                "the return value of the handler %s breaks the contract: %s",
+                "the return value of the handler %s breaks the contract: %s%s",
                 self.handler.name,
                 exc,
+                note,
             )
         else:
             _log.error(
-                "unexpected error occurred in the handler %s",
+                "unexpected error occurred in the handler %s%s",
                 self.handler.name,
+                note,
                 exc_info=user_exc_info(exc),
             )
         return UNEXPECTED_ERROR

@@ -23,7 +23,7 @@ from abeja_runtime.spool import Scratch
 if TYPE_CHECKING:
     from abeja_runtime.worker.cancellation import Cancellations
 
-__all__ = ["REQUEST_KEYS", "Content", "HttpHeaders", "Request"]
+__all__ = ["REQUEST_KEYS", "Content", "HttpHeaders", "Request", "was_iterated"]
 
 REQUEST_KEYS: Final = ("http_method", "content_type", "headers", "http_headers", "contents")
 _CONTENT_KEYS: Final = ("content_type", "metadata", "body", "file_name", "form_name")
@@ -152,6 +152,7 @@ class Request(Mapping[str, Any]):
 
     __slots__ = (
         "_cancellation",
+        "_iterated",
         "_raw_headers",
         "_scratch",
         "_values",
@@ -187,6 +188,7 @@ class Request(Mapping[str, Any]):
         self.request_id = request_id
         self._scratch = scratch
         self._cancellation: tuple[Cancellations, int] | None = None
+        self._iterated = False
 
     def watch_cancellation(self, cancellations: Cancellations, call_id: int) -> None:
         """Where :attr:`cancelled` looks (the worker's call ``call_id``)."""
@@ -224,6 +226,7 @@ class Request(Mapping[str, Any]):
         self._values["http_headers"] = HttpHeaders(pairs)
 
     def __iter__(self) -> Iterator[str]:
+        self._iterated = True
         return iter(REQUEST_KEYS)
 
     def __len__(self) -> int:
@@ -263,3 +266,9 @@ class Request(Mapping[str, Any]):
             f"content_type={self._values['content_type']!r} "
             f"contents={len(self._values['contents'])}>"
         )
+
+
+def was_iterated(request: Request) -> bool:
+    """Whether code went over ``request``'s keys (``for item in request``, ``dict(request)``):
+    what a handler written for a list of requests does with the one request it is handed."""
+    return request._iterated

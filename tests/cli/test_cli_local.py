@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import (
+    CHATTY_RUN,
     CLI_TIMEOUT,
     HELD_WHEEL,
     SAMPLES,
@@ -26,6 +27,7 @@ from helpers.cli import (
     HeldIndex,
     Result,
     assert_flipped,
+    chatty_run,
     cli_env,
 )
 
@@ -405,32 +407,120 @@ def test_a_local_run_has_no_drain_delay_unless_given(abeja: Abeja, project: Proj
         }
 
 
+def machine_with_gpus(tmp_path: Path, uuids: list[str] | None) -> dict[str, str]:
+    """The CLI's environment on a machine whose ``nvidia-smi`` lists ``uuids`` (a stand-in
+    that answers as the real one does to ``--query-gpu=uuid --format=csv,noheader``), or that
+    has no ``nvidia-smi`` at all (None): the GPUs of the machine running the test are not the
+    test's to choose."""
+    folders = [
+        folder
+        for folder in os.environ.get("PATH", "").split(os.pathsep)
+        if folder and not (Path(folder) / "nvidia-smi").exists()
+    ]
+    if uuids is not None:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        stand_in = bin_dir / "nvidia-smi"
+        stand_in.write_text("#!/bin/sh\n" + "".join(f"echo {uuid}\n" for uuid in uuids))
+        stand_in.chmod(0o755)
+        folders.insert(0, str(bin_dir))
+    env = {name: value for name, value in cli_env().items() if name != "CUDA_VISIBLE_DEVICES"}
+    return {**env, "PATH": os.pathsep.join(folders)}
+
+
+TWO_GPUS = ["GPU-5e1f0c2a-0000-0000-0000-000000000000", "GPU-8f2a77b1-0000-0000-0000-000000000000"]
+
+
 @pytest.mark.parametrize(
-    ("args", "expected", "said"),
+    ("args", "machine", "expected", "said"),
     [
         (
             ["--gpus", "2"],
+            TWO_GPUS,
             "0,1",
-            "--gpus 2: the model is shown GPUs 0,1, through CUDA_VISIBLE_DEVICES=0,1",
+            "[info] --gpus 2: the model is given CUDA_VISIBLE_DEVICES=0,1, and this machine has "
+            "GPUs 0,1",
         ),
-        (["--gpus", "device=3,GPU-5e1f"], "3,GPU-5e1f", "the model is shown GPUs 3,GPU-5e1f"),
-        (["--gpus", '"device=1"'], "1", "the model is shown GPUs 1,"),  # Docker's quotes
-        (["--gpus", "count=3"], "0,1,2", "the model is shown GPUs 0,1,2,"),
-        (["--gpus", "all"], None, "--gpus all: the model sees every GPU of this machine"),
+        (
+            ["--gpus", "2"],
+            None,
+            "0,1",
+            "[warning] --gpus 2: the model is given CUDA_VISIBLE_DEVICES=0,1, but this machine "
+            "has no NVIDIA GPU (there is no nvidia-smi on PATH), so it runs without one",
+        ),
+        (
+            ["--gpus", "2"],
+            [],
+            "0,1",
+            "[warning] --gpus 2: the model is given CUDA_VISIBLE_DEVICES=0,1, but this machine "
+            "has no NVIDIA GPU (nvidia-smi lists none), so it runs without one",
+        ),
+        (
+            ["--gpus", "device=3,GPU-5e1f"],
+            TWO_GPUS,
+            "3,GPU-5e1f",
+            "[warning] --gpus device=3,GPU-5e1f: the model is given CUDA_VISIBLE_DEVICES="
+            "3,GPU-5e1f, but this machine has GPUs 0,1 and no 3, so the model gets fewer GPUs "
+            "than asked",
+        ),
+        (  # Docker's quotes
+            ["--gpus", '"device=1"'],
+            TWO_GPUS,
+            "1",
+            "[info] --gpus device=1: the model is given CUDA_VISIBLE_DEVICES=1, and this "
+            "machine has GPUs 0,1",
+        ),
+        (
+            ["--gpus", "count=3"],
+            TWO_GPUS,
+            "0,1,2",
+            "[warning] --gpus count=3: the model is given CUDA_VISIBLE_DEVICES=0,1,2, but this "
+            "machine has GPUs 0,1 and no 2, so the model gets fewer GPUs than asked",
+        ),
+        (
+            ["--gpus", "all"],
+            TWO_GPUS,
+            None,
+            "[info] --gpus all: the model sees every GPU of this machine, which has GPUs 0,1",
+        ),
+        (
+            ["--gpus", "all"],
+            None,
+            None,
+            "[warning] --gpus all: the model sees every GPU of this machine, but it has no "
+            "NVIDIA GPU (there is no nvidia-smi on PATH), so the model runs without one",
+        ),
     ],
-    ids=["count", "devices", "quoted", "count=", "all"],
+    ids=[
+        "count",
+        "count, no GPU",
+        "count, none listed",
+        "devices, one missing",
+        "quoted",
+        "count=, one missing",
+        "all",
+        "all, no GPU",
+    ],
 )
-def test_gpus_with_the_local_engine_are_what_a_container_would_see(
-    abeja: Abeja, project: Project, args: list[str], expected: str | None, said: str
+def test_gpus_with_the_local_engine_are_the_ids_a_container_would_get_of_the_machines_gpus(
+    abeja: Abeja,
+    project: Project,
+    tmp_path: Path,
+    args: list[str],
+    machine: list[str] | None,
+    expected: str | None,
+    said: str,
 ) -> None:
-    """The local engine's model sees the machine's GPUs: --gpus shows it those Docker would
-    give the container (a count: the first N), through CUDA_VISIBLE_DEVICES."""
+    """The local engine's model runs on this machine: --gpus gives it, through
+    CUDA_VISIBLE_DEVICES, the ids Docker would give the container (a count: the first N),
+    and they name the machine's own GPUs; what the machine has is said, and a machine with
+    fewer GPUs than asked, or none, gets a warning instead of a claim."""
     cwd = project("responder")
     (cwd / "names.json").write_text('["CUDA_VISIBLE_DEVICES"]')
-    env = {name: value for name, value in cli_env().items() if name != "CUDA_VISIBLE_DEVICES"}
+    env = machine_with_gpus(tmp_path, machine)
     result = run_local(abeja, cwd, "-h", "main:variables", "--input", "names.json", *args, env=env)
     assert variables(result) == {"CUDA_VISIBLE_DEVICES": expected}
-    assert said in result.stderr, result
+    assert said in result.stderr.splitlines(), result
 
 
 def test_gpus_and_cuda_visible_devices_together_are_refused_by_the_local_engine(
@@ -454,6 +544,35 @@ def test_runtime_limits_as_options(abeja: Abeja, project: Project) -> None:
                      "--input", "request.json", "--timeout", "5",
                      "--max-body-size", "1MiB")  # fmt: skip
     assert {"ABEJA_RUNTIME_TIMEOUT", "ABEJA_RUNTIME_MAX_BODY_SIZE"} <= set(seen.text.split()), seen
+
+
+@pytest.mark.parametrize(
+    ("cancel_raises", "given"),
+    [
+        (["--cancel-raises", "on"], "on"),
+        (["--cancel-raises"], "on"),
+        (["--cancel-raises", "off"], "off"),
+    ],
+    ids=["on", "alone", "off"],
+)
+def test_batching_and_cancel_raises_as_options(
+    abeja: Abeja, project: Project, cancel_raises: list[str], given: str
+) -> None:
+    """--max-batch-size and --max-batch-wait serve a batched handler lists of requests, as
+    the runtime's own flags do, and --cancel-raises takes on or off as the runtime's does
+    (alone: on); each reaches the model as the runtime's variable."""
+    cwd = project("responder")
+    names = [
+        "ABEJA_RUNTIME_MAX_BATCH_SIZE",
+        "ABEJA_RUNTIME_MAX_BATCH_WAIT",
+        "ABEJA_RUNTIME_CANCEL_RAISES",
+    ]
+    (cwd / "names.json").write_text(json.dumps(names))
+    result = run_local(
+        abeja, cwd, "-h", "main:batched_variables", "-q", "--input", "names.json",
+        *cancel_raises, "--max-batch-size", "8", "--max-batch-wait", "0.005",
+    )  # fmt: skip
+    assert variables(result) == dict(zip(names, ["8", "0.005", given], strict=True))
 
 
 @pytest.mark.parametrize(
@@ -737,3 +856,13 @@ def test_a_streamed_answer_is_printed_as_it_arrives(
     assert cli.process.wait(60) == 0, cli.output()
     cli.wait_for(r"^second$", stream="stdout")
     assert cli.stdout[-2:] == ["first", "second"]
+
+
+def test_the_log_comes_in_the_order_it_was_written(abeja: Abeja, project: Project) -> None:
+    """The handler's lines, printed and written on stderr, in its order; its request's access
+    record after them and before the server's stop (the front keeps records for a moment, to
+    write them in batches, and run-local stops the server as soon as the answer came)."""
+    result = run_local(abeja, project("responder"), "-h", "main:chatty", "--input", "request.json")
+    assert result.returncode == 0, str(result)
+    assert chatty_run(result.stderr) == CHATTY_RUN, str(result)
+    assert result.text == "done"

@@ -294,6 +294,41 @@ def test_runtime_variables_given_with_e_size_the_service_as_they_size_the_runtim
 
 
 @pytest.mark.parametrize(
+    ("args", "batching", "pod_concurrency"),
+    [
+        ([], {}, 2),
+        (
+            ["--max-batch-size", "8", "--max-batch-wait", "0.005"],
+            {"ABEJA_RUNTIME_MAX_BATCH_SIZE": "8", "ABEJA_RUNTIME_MAX_BATCH_WAIT": "0.005"},
+            16,
+        ),
+        (
+            ["-e", "ABEJA_RUNTIME_MAX_BATCH_SIZE=4"],
+            {"ABEJA_RUNTIME_MAX_BATCH_SIZE": "4", "ABEJA_RUNTIME_MAX_BATCH_WAIT": "0.01"},
+            8,
+        ),
+    ],
+    ids=["off", "options", "-e"],
+)
+def test_batching_is_passed_on_and_a_pod_takes_a_batch_per_handler_slot(
+    tmp_path: Path, args: list[str], batching: dict[str, str], pod_concurrency: int
+) -> None:
+    """--max-batch-size (or its variable with -e) turns batching on in the container, with
+    --max-batch-wait; each of the pod's handler slots then runs a batch at once, so Knative
+    lets that many requests in. Off, the container's env has neither."""
+    result, (service,) = manifests(
+        "--image", "m:1", "--target", "knative", "--workers", "2", *args, cwd=tmp_path
+    )  # fmt: skip
+    assert result.returncode == 0, str(result)
+    validate(service)
+    template = service["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert {name: value for name, value in env.items() if "BATCH" in name} == batching
+    assert template["spec"]["containerConcurrency"] == pod_concurrency
+
+
+@pytest.mark.parametrize(
     ("workers", "concurrency", "target"),
     [(1, 1, 1), (2, 1, 1), (2, 2, 3), (4, 3, 8), (10, 1, 7)],
 )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.cli import CliProcess, Result, http_request
+from helpers.cli import REPO, CliProcess, Result, http_request
 from helpers.waiting import wait_until
 
 Start = Callable[..., CliProcess]
@@ -193,3 +195,20 @@ def test_the_server_has_no_drain_delay_unless_given(
     assert (status, json.loads(body)) == (200, {"ABEJA_RUNTIME_DRAIN_DELAY": "0"})
     cli.send(signal.SIGINT)
     assert cli.wait(60) == 0, cli.output()
+
+
+def test_the_readmes_batching_example_serves_batches_as_written(
+    start_abeja: Start, tmp_path: Path
+) -> None:
+    """The README's batched handler, served by its run-local-server line (--max-batch-size),
+    gets lists of requests and answers each."""
+    pytest.importorskip("numpy")
+    section = (REPO / "README.md").read_text("utf-8").split("### Batching requests", 1)[1]
+    (tmp_path / "main.py").write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    (line,) = re.findall(r"`abeja model run-local-server ([^`]*)`", section.split("\n## ")[0])
+    cli = start_abeja("model", "run-local-server", "--engine", "local", *shlex.split(line),
+                      cwd=tmp_path)  # fmt: skip
+    status, body = http_request(cli.endpoint(), b'{"x": [1, 2, 3, 4]}')
+    assert status == 200, (body, cli.output())
+    (y,) = json.loads(body).values()
+    assert len(y) == 3, body

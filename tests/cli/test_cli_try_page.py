@@ -9,7 +9,9 @@ import http.client
 import io
 import json
 import shutil
+import socket
 import subprocess
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -452,3 +454,96 @@ def test_a_streamed_answer_shows_as_it_arrives(
     WebDriverWait(browser, WAIT).until(lambda d: "second" in shown(d))
     assert shown(browser) == "first\nsecond"
     WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "send").is_enabled())
+
+
+# -- --try-port, and the answers' headers over HTTP -------------------------------------------
+
+
+def head_counts(answer: http.client.HTTPResponse) -> dict[str, int]:
+    """How many times ``Date`` and ``Server`` came in an answer's head."""
+    return {name: len(answer.msg.get_all(name) or []) for name in ("Date", "Server")}
+
+
+def test_the_page_listens_on_try_port_and_sends_each_header_once(
+    start_abeja: Start, tmp_path: Path
+) -> None:
+    """``--try-port`` is where the page listens; its own answers, and the model's answers it
+    passes on (whole or streamed), carry one ``Date`` and one ``Server`` each, the model's
+    where they are the model's."""
+    from abeja_runtime.launch import free_port
+
+    try_port = free_port()
+    folder = Path(shutil.copytree(PROJECTS / "responder", tmp_path / "responder"))
+    release = tmp_path / "release"
+    cli = start_abeja(
+        "model", "run-local-server", "--engine", "local", "-h", "main:held_stream",
+        "-e", f"RELEASE={release}", "--try-port", str(try_port), cwd=folder,
+    )  # fmt: skip
+    cli.wait_for(rf" Try it :   http://127\.0\.0\.1:{try_port}/ ", stream="stdout")
+    endpoint = urllib.parse.urlsplit(cli.endpoint())
+    model = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=WAIT)
+    page = http.client.HTTPConnection("127.0.0.1", try_port, timeout=WAIT)
+    try:
+        page.request("GET", "/")
+        own = page.getresponse()
+        own.read()
+        assert (own.status, head_counts(own)) == (200, {"Date": 1, "Server": 1})
+
+        release.touch()  # the streamed answer goes to its end at once
+        model.request("POST", "/", b"{}", {"Content-Type": "application/json"})
+        direct = model.getresponse()
+        assert direct.read() == b"first\nsecond\n"
+        page.request("POST", "/model/", b"{}", {"Content-Type": "application/json"})
+        passed = page.getresponse()
+        assert passed.read() == b"first\nsecond\n"
+        assert head_counts(passed) == {"Date": 1, "Server": 1}, passed.getheaders()
+        assert passed.getheader("Server") == direct.getheader("Server")
+    finally:
+        page.close()
+        model.close()
+
+
+def test_a_whole_answer_passed_on_sends_each_header_once(
+    start_abeja: Start, tmp_path: Path
+) -> None:
+    url = page_of(start_abeja, copy("tax", tmp_path))
+    port = urllib.parse.urlsplit(url).port
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+    try:
+        body = b'{"total_without_tax": 100}'
+        connection.request("POST", "/model/", body, {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (200, b'{"total": 108.0}')
+    finally:
+        connection.close()
+    assert head_counts(answer) == {"Date": 1, "Server": 1}, answer.getheaders()
+
+
+@pytest.mark.parametrize("taken", ["by another program", "by the model (-p)"])
+def test_a_try_port_that_is_taken_is_refused_before_anything_starts(
+    abeja: Callable[..., Result], tmp_path: Path, taken: str
+) -> None:
+    folder = copy("tax", tmp_path)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        if taken == "by another program":
+            args = ["--try-port", str(port)]
+            said = (
+                f"[error] port {port} on 127.0.0.1 is already in use; choose another for the "
+                "try-it page with --try-port"
+            )
+        else:
+            holder.close()
+            args = ["-p", str(port), "--try-port", str(port)]
+            said = (
+                f"[error] --try-port {port} is the model's port too (-p); give the try-it page "
+                "another"
+            )
+        result = abeja(
+            "model", "run-local-server", "--engine", "local", "-h", "main:handler", *args,
+            cwd=folder,
+        )  # fmt: skip
+    assert result.returncode == 2, str(result)
+    assert result.error_lines() == [said], str(result)

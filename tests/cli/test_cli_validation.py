@@ -119,7 +119,9 @@ def test_click_usage_errors_exit_2(abeja: Callable[..., Result], tmp_path: Path)
 
 
 @pytest.mark.parametrize("command", ["run-local", "run-local-server"])
-@pytest.mark.parametrize("gpus", ["0", "two", "device=", "device=0;1", "count=0", "driver=x"])
+@pytest.mark.parametrize(
+    "gpus", ["0", "two", "device=", "device=0;1", "device=abc", "device=0,", "count=0", "driver=x"]
+)
 def test_a_bad_gpu_request_is_a_usage_error(
     abeja: Callable[..., Result], project: Callable[[str], Path], command: str, gpus: str
 ) -> None:

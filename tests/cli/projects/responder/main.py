@@ -63,6 +63,11 @@ def variables(request, context):
     }
 
 
+def batched_variables(requests, context):
+    """``variables`` as a batched handler: a list of requests in, an answer for each out."""
+    return [variables(request, context) for request in requests]
+
+
 def dumps(request, context):
     """JSON Lines (a list) under application/json: not one JSON document."""
     return {"content_type": "application/json", "content": [{"a": 1}, {"b": 2}]}
@@ -93,3 +98,12 @@ def held_stream(request, context):
         yield b"second\n"
 
     return {"content_type": "text/plain", "content": lines()}
+
+
+def chatty(request, context):
+    """Lines in turns through ``print`` (a log record, on the runtime's stdout) and straight
+    on stderr (as a library or a subprocess writes), then the answer ``done``."""
+    for number in range(1, 201):
+        print(f"printed {number}")
+        os.write(2, f"on stderr {number}\n".encode())
+    return {"content_type": "text/plain", "content": "done"}
