@@ -36,6 +36,11 @@ __all__ = ["DockerEngine", "DockerServer", "connect_docker", "docker_host"]
 #: Seconds a stopping container gets to finish in-flight requests before it is killed.
 _GRACE: Final = 10
 _PROJECT_MOUNT: Final = "/srv/app"
+#: A server's command runs under this, its stderr going where its stdout goes: Docker reads the
+#: two apart, so a line written on stderr (a library's warning, a subprocess's output) came out
+#: of order with the runtime's log on stdout. Every project image has /bin/sh: its Dockerfile
+#: runs shell commands.
+_ONE_OUTPUT: Final = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh"]
 _BATCH_INPUTS: Final = "/srv/batch/in"
 _BATCH_OUTPUT: Final = "/srv/batch/out"
 #: Folders of a project image that a batch's input or output must not be mounted over.
@@ -248,11 +253,17 @@ class DockerEngine:
         command: list[str] | None = None,
         mounts: Sequence[Mount] = (),
     ) -> Container:
-        """The container of a server (``command`` None: the image's, with the service port
-        published) or of a one-shot ``command`` (no port)."""
+        """The container of a server (``command`` None: the image's, with its stderr on its
+        stdout and the service port published) or of a one-shot ``command`` (no port)."""
         from docker.types import Mount
 
         assert self._image is not None
+        server = command is None
+        entrypoint = None
+        if server:
+            image_config = self._image.attrs["Config"]
+            entrypoint = _ONE_OUTPUT
+            command = [*(image_config.get("Entrypoint") or []), *(image_config.get("Cmd") or [])]
         env = dict(spec.env)
         options = _device_options(spec)
         # A Mount, not a volumes entry: a project path with ':' in it stays one path.
@@ -273,12 +284,13 @@ class DockerEngine:
         host = ("127.0.0.1", spec.host_port) if spec.host_port else ("127.0.0.1",)
         return self.client.containers.create(
             str(self._image.id),
+            entrypoint=entrypoint,
             command=command,
             name=name,
             detach=True,
             environment=env,
             working_dir=_PROJECT_MOUNT,
-            ports={f"{SERVICE_PORT}/tcp": host} if command is None else None,
+            ports={f"{SERVICE_PORT}/tcp": host} if server else None,
             mounts=[project, *mounts],
             labels=labels,
             user=user,

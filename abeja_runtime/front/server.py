@@ -81,9 +81,6 @@ HEALTH_PATH: Final = "/health_check"
 #: Liveness for kubelets: 200 while the front answers at all (readiness is HEALTH_PATH).
 LIVENESS_PATH: Final = "/livez"
 METRICS_PATH: Final = "/metrics"
-#: The access records of this many seconds are written at once: a write per loop iteration
-#: cost 2.5 µs per small request (8 % of the front's work). They are written at shutdown too.
-_ACCESS_LOG_EVERY: Final = 0.05
 _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
 _UNAVAILABLE: Final = status_reply(503, "service unavailable")
 _JSON: Final = (("Content-Type", "application/json"),)

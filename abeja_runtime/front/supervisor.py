@@ -368,6 +368,9 @@ class _Front:
             self._draining = True
             if self._calls is not None:
                 self._calls.draining = True  # readiness 503; every answer closes its connection
+                # The access records of the answers given so far (written in batches) come
+                # before the lines of the stop: run-local stops it as soon as its answer came.
+                self._calls.accounting.flush()
             # A Ctrl+C is someone at a terminal; a front never ready had no balancer sending.
             if signum == signal.SIGTERM and self._pool.ever_ready:
                 self._delay = self._config.drain_delay

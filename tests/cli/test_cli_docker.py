@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import (
+    CHATTY_RUN,
     CLI_TIMEOUT,
     HELD_WHEEL,
     LABEL,
@@ -24,6 +25,7 @@ from helpers.cli import (
     HeldIndex,
     Result,
     assert_flipped,
+    chatty_run,
     cli_env,
     http_request,
     ours,
@@ -645,3 +647,14 @@ def test_a_streamed_answer_arrives_chunk_by_chunk_from_the_container(
             assert chunk, data
             data += chunk
     release.unlink()
+
+
+def test_the_log_comes_in_the_order_it_was_written(
+    run: Callable[..., Result], docker_projects: Projects
+) -> None:
+    """As with the local engine (its test of this name), and the handler's lines on stderr
+    among its prints: Docker reads a container's stdout and its stderr apart."""
+    result = run(docker_projects("responder"), "-h", "main:chatty", "--input", "request.json")
+    assert result.returncode == 0, str(result)
+    assert chatty_run(result.stderr) == CHATTY_RUN, str(result)
+    assert result.text == "done"

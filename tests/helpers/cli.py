@@ -309,3 +309,21 @@ def readme_run_local(project: Path) -> list[str]:
         if line.startswith("abeja model run-local ")
     )
     return shlex.split(line)[1:]
+
+
+#: What run-local with ``-h main:chatty`` of the responder project shows on stderr (each line
+#: up to its first " ("), in the order it must: the request sent, the handler's lines as it
+#: wrote them, the request's access record, the server's stop, the line before the answer.
+CHATTY_RUN = [
+    "[info] sending request to model: POST / request.json",
+    *[f"{way} {number}" for number in range(1, 201) for way in ("printed", "on stderr")],
+    "access: POST / 200",
+    "signal SIGTERM received; shutting down gracefully",
+    "[info] finish requesting to model: 200 OK",
+]
+
+
+def chatty_run(stderr: str) -> list[str]:
+    """The lines of :data:`CHATTY_RUN` that a run's stderr shows, in its order."""
+    shown = [line.split(" (")[0] for line in stderr.splitlines()]
+    return [line for line in shown if line in CHATTY_RUN]
