@@ -165,7 +165,7 @@ def test_a_streamed_answer_is_sent_whole(make_server, platform_api):
     headers, body = put.parts()["body"]
 
     assert headers["content-type"] == "text/plain"
-    assert body == sync.body == b"line 0\nline 1\nline 2"
+    assert body == sync.body == b"line 0\nline 1\nline 2\n"  # each streamed line ends
 
 
 def test_a_failing_handler_sends_abejas_failure_document(make_server, platform_api):
