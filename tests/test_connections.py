@@ -461,6 +461,27 @@ def _status_of(sock: socket.socket) -> bytes:
     return head[9:12]
 
 
+def trickle(tricklers: list[socket.socket], head: str, piece: bytes, rounds: int) -> list[bytes]:
+    """Each of ``tricklers`` sends ``head``, then ``piece`` each half second (the clients'
+    pace, what is tested: not a wait for the server) until its answer comes, for ``rounds``
+    rounds at most: the answers (empty where none came)."""
+    for sock in tricklers:
+        sock.sendall(head.encode())
+    answers: list[bytes] = [b""] * len(tricklers)
+    for _ in range(rounds):
+        for index, sock in enumerate(tricklers):
+            if answers[index]:
+                continue
+            if select.select([sock], [], [], 0)[0]:
+                answers[index] = read_until_closed(sock)
+            else:
+                sock.sendall(piece)
+        if all(answers):
+            break
+        time.sleep(0.5)
+    return answers
+
+
 def _served(connection: http.client.HTTPConnection) -> bool:
     try:
         connection.request("GET", "/")
@@ -487,21 +508,8 @@ def test_trickling_bodies_give_their_places_to_an_upload_that_keeps_up(
         head = f"POST /?m=read_chunks HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
     tricklers = [connect(server) for _ in range(5)]
     try:
-        for sock in tricklers:
-            sock.sendall(head.encode())
-        answers: list[bytes] = [b""] * len(tricklers)
-        for _ in range(20):  # the client's pace, a byte each half second, 10 s at most
-            for index, sock in enumerate(tricklers):
-                if answers[index]:
-                    continue
-                readable, _, _ = select.select([sock], [], [], 0)
-                if readable:
-                    answers[index] = read_until_closed(sock)
-                else:
-                    sock.sendall(b"1\r\nx\r\n" if framing == "chunked" else b"x")
-            if all(answers):
-                break
-            time.sleep(0.5)  # pacing the tricklers (what is tested), not a wait for the server
+        # The client's pace, a byte each half second, 10 s at most.
+        answers = trickle(tricklers, head, b"1\r\nx\r\n" if framing == "chunked" else b"x", 20)
         # A body of known length is judged by its deadline first: at 2 bytes/s, 200 KiB
         # could not arrive in 120 s; a chunked one, by the floor.
         said = b"slower than the 1024 bytes/s" if framing == "chunked" else b"cannot be received"
@@ -529,20 +537,8 @@ def test_bodies_that_cannot_arrive_before_their_deadline_give_their_places_up_ea
     head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {size_mib * 1024 * 1024}\r\n\r\n"
     tricklers = [connect(server) for _ in range(5)]
     try:
-        for sock in tricklers:
-            sock.sendall(head.encode())
-        answers: list[bytes] = [b""] * len(tricklers)
-        for _ in range(40):  # the client's pace, 600 bytes each half second, 20 s at most
-            for index, sock in enumerate(tricklers):
-                if answers[index]:
-                    continue
-                if select.select([sock], [], [], 0)[0]:
-                    answers[index] = read_until_closed(sock)
-                else:
-                    sock.sendall(b"x" * 600)
-            if all(answers):
-                break
-            time.sleep(0.5)  # pacing the tricklers (what is tested), not a wait for the server
+        # The client's pace, 600 bytes each half second, 20 s at most.
+        answers = trickle(tricklers, head, b"x" * 600, 40)
         for answer in answers:
             assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
             assert b"cannot be received before the request's deadline" in answer
