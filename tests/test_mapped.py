@@ -6,12 +6,14 @@ from __future__ import annotations
 import io
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from abeja_runtime.mapped import BodyBuffers, SharedBodies
 
 BODY = b'{"a": 1}\nsecond line\nthird'
+MIB = 1024 * 1024
 
 
 def opened(buffers: BodyBuffers, chunks: list[bytes]) -> io.RawIOBase:
@@ -77,3 +79,64 @@ def _is_open(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def read_only_mappings(fd: int) -> int:
+    """How many read-only mappings (a handler process's) of ``fd``'s file this process has, as
+    the system lists them; the front's side maps its buffers read-write."""
+    status = os.fstat(fd)
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}"
+    count = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        _, perms, _, mapped_device, inode, *_ = line.split()
+        if perms == "r--s" and mapped_device == device and int(inode) == status.st_ino:
+            count += 1
+    return count
+
+
+needs_proc_maps = pytest.mark.skipif(
+    not Path("/proc/self/maps").exists(), reason="reads the mappings in /proc/self/maps"
+)
+
+
+@needs_proc_maps
+def test_a_buffer_the_front_keeps_stays_mapped_for_its_next_body() -> None:
+    """The reason to keep it: its next body is read from pages already mapped."""
+    buffers, shared = BodyBuffers(), SharedBodies()
+    fd = buffers.fill([b"a" * 100], 100)
+    shared.open(os.dup(fd), 100).close()
+    assert read_only_mappings(fd) == 1
+    buffers.release(fd)
+    again = buffers.fill([b"b" * 100], 100)
+    assert again == fd  # the front's next body in the same buffer
+    with shared.open(os.dup(again), 100) as body:
+        assert body.read() == b"b" * 100
+    assert read_only_mappings(fd) == 1  # the same mapping, not another
+
+
+@needs_proc_maps
+def test_a_buffer_the_front_does_not_keep_is_unmapped_with_its_body() -> None:
+    """A buffer above the 32 MiB of free buffers the front keeps is closed there once its call
+    is over: kept mapped here, it would hold its memory until the process exits."""
+    buffers, shared = BodyBuffers(), SharedBodies()
+    size = 33 * MIB
+    fd, _ = buffers.take(size)  # its pages are not touched: no memory is used
+    body = shared.open(os.dup(fd), size)
+    assert read_only_mappings(fd) == 1
+    body.close()
+    assert read_only_mappings(fd) == 0
+    buffers.release(fd)
+    assert not _is_open(fd)  # the front does not keep it either
+
+
+@needs_proc_maps
+def test_the_mappings_kept_are_bounded_by_their_bytes() -> None:
+    """64 MiB of mappings at most, twice the front's free buffers, however many buffers: the
+    least recently used beyond are unmapped (the front holds forty of 2 MiB here)."""
+    buffers, shared = BodyBuffers(), SharedBodies()
+    many = [buffers.take(2 * MIB)[0] for _ in range(40)]
+    for fd in many:
+        shared.open(os.dup(fd), 2 * MIB).close()
+    assert [read_only_mappings(fd) for fd in many] == [0] * 8 + [1] * 32
+    for fd in many:
+        buffers.release(fd)

@@ -21,21 +21,34 @@ before it reads its message with ``context.read()``; a message up to the inline 
 place back at once, a bigger one keeps it until its answer is sent. A call waiting for a place
 leaves its message in its client: HTTP/2 flow control lets 64 KiB of it come, no more, as long
 as BDP probing does not widen the window (it is turned off: it grew the windows of waiting
-calls until they were read anyway, 1.2-1.35 GB). The front then holds at most, besides its base
-(50-80 MiB), two copies of each message a place holds (grpcio's and ``bytes`` while it is read,
-``bytes`` and the shared buffer while it is copied, the answer's ``bytes`` and grpcio's copy
-while it is sent) and 64 KiB per waiting call: with one process (1 + 4 places), 0.55-0.63 GB for
-the twenty calls; ``tests/test_grpc_memory.py`` checks ``base + places x 3 x size``. A small
-message's answer takes no place: a big answer to a small message is not bounded here, as on the
-HTTP port.
+calls until they were read anyway, 1.2-1.35 GB). grpcio holds about 80 KiB of such a call
+(measured: a thousand calls waiting, 83 MiB).
+
+A message being read costs three copies at once: grpcio's buffers, the ``bytearray`` it joins
+them in and the ``bytes`` made of that (measured: 150 MiB for 50 MiB). The places alone let
+every place's message be read at once, and the calls of one client come on one connection
+(grpcio's channels in a process share one per address): the twenty calls' five messages with a
+place came interleaved and were read together, to a peak of 0.54-0.66 GB, 1,010 MiB on another
+machine. So a connection's messages are read one at a time (:class:`_ConnectionTurns`), the
+next once the last is in its buffer; the others wait with their place, unread. Connections are
+not made to wait for each other: a client that stalls holds up its own calls only. The front
+then holds at most, besides its base (50-80 MiB), two copies of each message a place holds (the
+shared buffer and ``bytes`` while it is copied there, the answer's ``bytes`` and grpcio's copy
+while it is sent), three of each message being read (one per connection) and 80 KiB per
+waiting call: with one process (1 + 4 places) and one connection, 0.42-0.56 GB for the twenty
+calls; ``tests/test_grpc_memory.py`` checks ``base + places x 2 x size + 3 x size``. The largest
+message is ``--max-body-size``. A small message's answer takes no place: a big answer to a
+small message is not bounded here, as on the HTTP port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import grpc
@@ -82,12 +95,37 @@ def _status_of(exc: HttpError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class _ConnectionTurns:
+    """Each connection's messages received one at a time (see the module): the others of the
+    connection wait their turn, unread in their client."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, asyncio.Lock] = {}
+        self._calls: collections.Counter[str] = collections.Counter()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, connection: str) -> AsyncIterator[None]:
+        """Held while a message of ``connection`` (its peer address) is received."""
+        turn = self._turns.get(connection)
+        if turn is None:
+            turn = self._turns[connection] = asyncio.Lock()
+        self._calls[connection] += 1
+        try:
+            async with turn:
+                yield
+        finally:
+            self._calls[connection] -= 1
+            if not self._calls[connection]:
+                del self._calls[connection], self._turns[connection]
+
+
 class RpcServer:
     """The front's gRPC server over the handler pool."""
 
     def __init__(self, config: Config, calls: CallService, methods: tuple[str, ...]) -> None:
         assert config.grpc_port is not None
         self._calls = calls
+        self._receiving = _ConnectionTurns()
         self._trim: asyncio.TimerHandle | None = None
         self._server = grpc.aio.server(
             options=[
@@ -176,8 +214,8 @@ class RpcServer:
         grpcio receives and sends a message in pieces from the heap, which the front keeps
         (it keeps freed memory for its next requests: ``supervisor._keep_freed_memory``):
         before the body places bounded what grpcio reads, twenty 50 MiB Seldon calls left the
-        front 650-850 MiB larger for good; bounded, up to its peak of 0.55-0.63 GB (see the
-        module). ``malloc_trim`` returns the free pages, a second after the last big call."""
+        front 650-850 MiB larger for good; bounded, up to its peak (see the module).
+        ``malloc_trim`` returns the free pages, a second after the last big call."""
         if self._trim is not None:
             self._trim.cancel()
         self._trim = self._calls.loop.call_later(_TRIM_AFTER, _trim_heap)
@@ -190,16 +228,20 @@ class RpcServer:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> tuple[PendingCall, int]:
         """The call of the message, read once it has a body's place (its size is not known
-        before: see the module), and the message's size. Waiting for the place counts as
-        waiting in the queue: ``RESOURCE_EXHAUSTED`` when the queue could not take the call,
-        ``DEADLINE_EXCEEDED`` at the deadline; a client that leaves meanwhile (or whose own
-        deadline passes) cancels the wait. Up to the inline limit the message travels in the
-        frame and the place is given back at once; above it, in a shared buffer, and the place
-        is kept until the call's answer is sent or the call ends otherwise."""
+        before: see the module) and its connection's turn, and the message's size. Waiting for
+        the place counts as waiting in the queue: ``RESOURCE_EXHAUSTED`` when the queue could
+        not take the call, ``DEADLINE_EXCEEDED`` at the deadline; a client that leaves
+        meanwhile (or whose own deadline passes) cancels the wait. Up to the inline limit the
+        message travels in the frame and the place is given back at once; above it, in a
+        shared buffer, and the place is kept until the call's answer is sent or the call ends
+        otherwise."""
         calls = self._calls
         await calls.enter_gate()
         try:
-            payload = await context.read()
+            # The next message of the connection is read once this one is in its buffer: no
+            # await comes between the read and the copy below.
+            async with self._receiving.turn(context.peer()):
+                payload = await context.read()
         except BaseException:  # too big, or the client left
             calls.gate.leave()
             raise
