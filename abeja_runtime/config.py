@@ -195,8 +195,8 @@ class Config:
         server_only=True,
         help="seconds a streamed answer may go without progress once it has begun (no chunk "
         "from the handler and nothing taken by the client; `--timeout` bounds its first chunk); "
-        "then it alone is cut short, its connection closed and its generator closed; `0`: no "
-        "limit",
+        "then it alone is cut short, its connection closed and its generator closed (an answer "
+        "above 1 MiB, written as the client takes it, likewise); `0`: no limit",
     )
     stream_timeout: float = setting(
         0.0,
