@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from helpers.raw_http import records_of, unread_by
-from helpers.servers import RunningServer, ServerFactory
+from helpers.servers import RunningServer, ServerFactory, front_memory_mib
 from helpers.waiting import wait_until
 
 LIMIT = 64 * 1024
@@ -198,21 +198,13 @@ def test_a_head_past_the_limit_is_a_431_that_ends_its_connection(
     assert rejected_heads(echo, "too_large") == counted + 1
 
 
-def front_rss_mib(server: RunningServer) -> float:
-    with open(f"/proc/{server.process.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_many_partial_heads_do_not_fill_the_front(make_server: ServerFactory):
     """100 clients hold heads just short of the limit, 100 more send 1 MB heads (125 lines of
     8.1 KB, within aiohttp's own limits) and wait: once the front has read all they sent, it
     holds no more than the limit of each (measured: it grew by 210 MiB before, by 26 MiB now).
     The long heads are answered 431, the short ones wait for their end."""
     server = make_server("rq_echo")
-    at_rest = front_rss_mib(server)
+    at_rest = front_memory_mib(server)
     line = b"X-Pad: " + b"p" * 8091 + b"\r\n"
     long_head = b"GET / HTTP/1.1\r\nHost: x\r\n" + line * 125
     short_head = long_head[: LIMIT - 1024]
@@ -224,7 +216,7 @@ def test_many_partial_heads_do_not_fill_the_front(make_server: ServerFactory):
         for sock in long:
             sock.sendall(long_head)
         wait_until(lambda: unread_by(server) == 0, 30, "the front to read all that was sent")
-        grown = front_rss_mib(server) - at_rest
+        grown = front_memory_mib(server) - at_rest
         assert grown < 64, f"the front grew by {grown:.0f} MiB"
         for sock in long:
             status, _, _ = read_answer(sock)

@@ -22,19 +22,10 @@ from pathlib import Path
 import pytest
 from helpers.metrics import scrape, total
 from helpers.raw_http import events, get, read_until, records_of, send_and_leave
-from helpers.servers import RunningServer, ServerFactory
+from helpers.servers import RunningServer, ServerFactory, front_memory_mib
 from helpers.waiting import wait_until
 
 MiB = 1024 * 1024
-
-
-def memory_mib(server: RunningServer, field: str) -> float:
-    """The front's ``VmRSS`` or ``VmHWM`` (its peak), in MiB, from ``/proc``."""
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    for line in status.splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no {field} in /proc/{server.process.pid}/status")
 
 
 def worker_pids(server: RunningServer) -> set[int]:
@@ -164,8 +155,8 @@ def test_abandoned_streams_of_big_chunks_leave_nothing_in_the_front(make_server:
     window ahead (before: 1,212 MiB at the peak and 1,084 MiB after they left, 2,108 MiB after
     a second round)."""
     server = make_server("cn_stream", "--handler", "main:async_blocks", "--concurrency", "4")
-    at_rest = memory_mib(server, "VmRSS")
-    peak_before = memory_mib(server, "VmHWM")
+    at_rest = front_memory_mib(server, "VmRSS")
+    peak_before = front_memory_mib(server, "VmHWM")
     for round_ in range(2):
         tags = [f"big{round_}{index}" for index in range(4)]
         socks = []
@@ -198,9 +189,9 @@ def test_abandoned_streams_of_big_chunks_leave_nothing_in_the_front(make_server:
     samples = scrape(server)
     left = total(samples, "abeja_runtime_abandoned_requests_total", stage="answering")
     assert left == total(samples, "abeja_runtime_requests_total", code="499") == 8
-    peak = memory_mib(server, "VmHWM")
+    peak = front_memory_mib(server, "VmHWM")
     assert peak < max(peak_before, at_rest) + 64, (at_rest, peak_before, peak)
-    assert memory_mib(server, "VmRSS") < at_rest + 32
+    assert front_memory_mib(server, "VmRSS") < at_rest + 32
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.raw_http import chunked_post, events, get, read_until, records_of, send_and_leave
-from helpers.servers import RunningServer, ServerFactory
+from helpers.servers import ServerFactory, front_memory_mib
 from helpers.waiting import wait_until
 
 
@@ -116,21 +116,13 @@ def test_a_stream_silent_past_the_idle_limit_is_cut_short(
     assert said["log_level"] == "warning" and "(request silent)" in said["message"]
 
 
-def front_rss_mib(server: RunningServer) -> float:
-    with open(f"/proc/{server.process.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.parametrize("way", ["direct", "aiohttp"])
 def test_slow_readers_of_big_answers_do_not_fill_the_front(make_server: ServerFactory, way: str):
     """Four clients that do not read a 64 MiB answer each: the front holds a piece of each,
     not all of it (before: it read each answer whole, 4 x 64 MiB; measured with 200 MiB
     answers, 39 -> 839 MiB, now 41 MiB). Then each client reads its answer, byte-exact."""
     server = make_server("cn_stream", "--handler", "main:big", "--concurrency", "4")
-    at_rest = front_rss_mib(server)
+    at_rest = front_memory_mib(server)
     request = get if way == "direct" else chunked_post
     socks = []
     try:
@@ -141,7 +133,7 @@ def test_slow_readers_of_big_answers_do_not_fill_the_front(make_server: ServerFa
         for index, sock in enumerate(socks):  # every answer made, and its head on its way
             wait_until(lambda i=index: events(server, "answered", f"big{i}"), 20, "the answer")
             assert sock.recv(64, socket.MSG_PEEK).startswith(b"HTTP/1.1 200 ")
-        assert front_rss_mib(server) < at_rest + 64  # less than one answer's worth
+        assert front_memory_mib(server) < at_rest + 64  # less than one answer's worth
         expected = bytes(range(251)) * (64 * 1024 * 1024 // 251 + 1)
         for sock in socks:
             data = read_until(sock, b"\r\n\r\n")

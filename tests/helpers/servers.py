@@ -224,3 +224,12 @@ def call_all(server: RunningServer, paths: list[str], timeout: float = 15.0) -> 
 
     with ThreadPoolExecutor(len(paths)) as pool:
         return list(pool.map(lambda path: server.request("GET", path, timeout=timeout), paths))
+
+
+def front_memory_mib(server: RunningServer, field: str = "VmRSS") -> float:
+    """The front's ``VmRSS`` (or ``VmHWM``, its peak) in MiB, read from ``/proc``."""
+    with open(f"/proc/{server.process.pid}/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} in /proc/{server.process.pid}/status")
