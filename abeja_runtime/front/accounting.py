@@ -6,7 +6,7 @@ gRPC), opens a :class:`CallEntry` and ends it, on every path it can take (``fina
 status is counted once, before the answer's first byte leaves (so that a client never holds an
 answer a scrape does not count); a call that ends without one, because its client left before
 it was answered (or an error escaped), is counted as ``499`` (nginx's "client closed request"),
-by the stage it reached. Before, such calls left no access record and no metric at all.
+by the stage it reached.
 
 A streamed answer (or a big one written from its file) is counted when it ends
 (:meth:`CallEntry.streaming`), so that its duration covers the whole of it, with the time to its
@@ -140,7 +140,9 @@ class Accounting:
 
 
 class CallEntry:
-    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over."""
+    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over
+    (one without ``accounting`` counts nothing: an async request's job, whose ``202`` was
+    counted)."""
 
     __slots__ = (
         "_accounting", "bytes_sent", "first_byte", "left_at", "method", "path", "received",
@@ -149,7 +151,7 @@ class CallEntry:
 
     def __init__(
         self,
-        accounting: Accounting,
+        accounting: Accounting | None,
         method: str,
         path: str,
         received: float,

@@ -9,29 +9,24 @@ header holding a line break, which would split the answer, or another control ch
 not sent: the answer becomes the runtime's own ``500`` (:data:`~abeja_runtime.encode.
 UNEXPECTED_ERROR`), and the log says why (:func:`unsendable`).
 
-Three ways to write one:
+Two ways to write one here (aiohttp's path writes its whole answers in ``web_responder.py``):
 
 * A whole answer on the direct path (:func:`send_whole`): its head built here (the checked part
   cached, :func:`checked_head`) and written with its body in one
   :meth:`~abeja_runtime.front.connection.Connection.send_direct`, from the answer's callback.
   It is the hot path (nearly every call): no await, no task, nothing made per request but
   the head's bytes.
-* A whole answer on aiohttp's path (:func:`send_reply`, :func:`refuse`): an aiohttp
-  ``web.Response``, checked by the same rules first; there the answer may come before the
-  request's body was read, so a small rest of it is read and dropped (the connection then
-  serves on) or, for a refused body, the connection is closed.
 * A streamed answer, or a big one written from its file a piece at a time
   (:func:`write_stream`, on both paths): one loop over an :class:`AnswerSink`, the transport
-  of either path (:class:`ResponseSink` for aiohttp's, :class:`ConnectionSink` for the direct
-  path's), with the call service's handling of its ends: a client that left abandons the call,
-  a stream cut short after its head (its generator failed, its process died, it went silent)
-  ends the connection without the body's end, the only signal left.
+  of either path (``web_responder.ResponseSink`` for aiohttp's, :class:`ConnectionSink` for
+  the direct path's): a client that left withdraws the call, a stream cut short after its
+  head (its generator failed, its process died, it went silent) ends the connection without
+  the body's end, the only signal left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import functools
 import http
@@ -40,7 +35,6 @@ import re
 import time
 from typing import TYPE_CHECKING, Final, Protocol
 
-from aiohttp import web, web_protocol
 from aiohttp.http import SERVER_SOFTWARE, StreamWriter
 
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
@@ -50,23 +44,18 @@ from abeja_runtime.front.stream_limits import StreamIdle, StreamLimits, StreamTo
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
-    from abeja_runtime.front.accounting import CallEntry
-    from abeja_runtime.front.calls import CallService
+    from abeja_runtime.front.call import FrontCall
     from abeja_runtime.front.connection import Connection
-    from abeja_runtime.front.pending import PendingCall
 
 __all__ = [
     "EMPTY_BODY_STATUSES",
     "AnswerSink",
     "ConnectionSink",
-    "ResponseSink",
+    "Headers",
     "answer_head",
     "checked_head",
-    "refuse",
-    "send_reply",
     "send_whole",
     "unsendable",
-    "web_response",
     "write_stream",
 ]
 
@@ -80,11 +69,6 @@ EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
 #: and values, and line breaks: header injection).
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
-#: After an answer given before the body was read (a 413, a 400), how much more of the body is
-#: read and thrown away, and for how long: enough for a client still sending to see its answer
-#: (and, for a small rest, to keep the connection), far from a whole refused body.
-_REFUSED_BODY_READ: Final = 1024 * 1024
-_REFUSED_BODY_WAIT: Final = 1.0
 
 
 # -- the head -------------------------------------------------------------------------------
@@ -115,7 +99,7 @@ def answer_head(
 def checked_head(status: int, headers: Headers) -> str:
     """The status line and the handler's headers, checked (``ValueError`` for a line break or
     another control character, or text that cannot be encoded): a handler answers with the
-    same few sets of headers, so each is written and scanned once (0.8 µs a request)."""
+    same few sets of headers, so each is written and scanned once."""
     lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
     lines += [f"{name}: {value}\r\n" for name, value in headers]
     given = "".join(lines)
@@ -133,15 +117,6 @@ def unsendable(exc: ValueError) -> EncodedResponse:
     line saying so)."""
     _log.error("the handler's answer cannot be sent: %s", exc)
     return UNEXPECTED_ERROR
-
-
-def _sendable(reply: EncodedResponse) -> EncodedResponse:
-    """``reply``, or the ``500`` sent instead when its head is refused."""
-    try:
-        checked_head(reply.status, reply.headers)
-    except ValueError as exc:
-        return unsendable(exc)
-    return reply
 
 
 @functools.lru_cache(maxsize=2)
@@ -162,10 +137,9 @@ def _reason(status: int) -> str:
 
 def send_whole(
     connection: Connection,
-    entry: CallEntry,
+    call: FrontCall,
     status: int,
     headers: Headers,
-    request_id: str,
     body: bytes,
     *,
     close: bool,
@@ -173,6 +147,7 @@ def send_whole(
     """Write a whole answer on the direct path: counted (its status as sent), then its head and
     body in one write. The caller ends the call and the connection's turn, whatever this
     raised."""
+    request_id = call.entry.request_id
     try:
         head = answer_head(status, headers, request_id, len(body), close=close)
     except ValueError as exc:  # a header that would split the answer, or not encode
@@ -182,77 +157,8 @@ def send_whole(
         head = answer_head(status, reply.headers, request_id, len(body), close=close)
     if status in EMPTY_BODY_STATUSES:
         body = b""
-    entry.count(status)
+    call.entry.count(status)
     connection.send_direct(head, body)
-
-
-def web_response(reply: EncodedResponse) -> web.Response:
-    """An in-memory reply as an aiohttp response."""
-    assert isinstance(reply.body, bytes), "streamed replies are written by write_stream"
-    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
-def _tagged(reply: EncodedResponse, entry: CallEntry) -> web.Response:
-    """The sendable ``reply`` with the request id, counted."""
-    reply = _sendable(reply)
-    entry.count(reply.status)
-    tag = (REQUEST_ID_HEADER, entry.request_id)
-    return web_response(EncodedResponse(reply.status, (*reply.headers, tag), reply.body))
-
-
-async def send_reply(
-    request: web.BaseRequest, entry: CallEntry, reply: EncodedResponse, *, draining: bool
-) -> web.StreamResponse:
-    """Write a whole answer on aiohttp's path; while the front drains, the connection ends with
-    it (no next request would be admitted)."""
-    response = _tagged(reply, entry)
-    if draining:
-        response.force_close()
-    with contextlib.suppress(ConnectionError):
-        await response.prepare(request)
-        await response.write_eof()
-        if not draining and not request.content.is_eof():
-            # An answer before the body was read (a 405, a 503): take in a small rest so
-            # that the connection can serve the next request.
-            await _discard_rest(request)
-    return response
-
-
-async def refuse(
-    request: web.BaseRequest, entry: CallEntry, reply: EncodedResponse
-) -> web.StreamResponse:
-    """Answer now and stop taking in a body we refused (413, 408, 507).
-
-    The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for at
-    most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer rather
-    than a reset; then the connection is closed.
-    """
-    response = _tagged(reply, entry)
-    response.force_close()
-    with contextlib.suppress(ConnectionError):
-        await response.prepare(request)
-        await response.write_eof()
-        if request.content.exception() is None:  # a stalled body: nothing more to read
-            await _discard_rest(request)
-    request.protocol.force_close()
-    return response
-
-
-async def _discard_rest(request: web.BaseRequest) -> None:
-    """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
-    ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
-    # The client may stop, reset, or send a broken chunk: all mean "done" here.
-    with contextlib.suppress(
-        asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
-    ):
-        await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
-
-
-async def _discard(request: web.BaseRequest, limit: int) -> None:
-    """Read and drop up to ``limit`` bytes of the request's body."""
-    taken = 0
-    while taken < limit and (chunk := await request.content.readany()):
-        taken += len(chunk)
 
 
 # -- streamed answers, and those written from their file ------------------------------------
@@ -278,28 +184,23 @@ class AnswerSink(Protocol):
         so that the client sees it was cut."""
 
 
-async def write_stream(
-    sink: AnswerSink,
-    calls: CallService,
-    pending: PendingCall,
-    entry: CallEntry,
-    status: int,
-    headers: Headers,
-) -> bool:
+async def write_stream(sink: AnswerSink, call: FrontCall, status: int, headers: Headers) -> bool:
     """Write an answer without a body in memory: streamed (chunked, each chunk written as the
     handler process sends it), or big and written from its file (with its length), a piece at
     a time as the client takes it: a slow reader holds a piece of it in the front, not all of
     it. Whether it went out whole (else the connection must end); the file is closed however
     it ends. Cut short at its limits (:mod:`~abeja_runtime.front.stream_limits`).
-    ``CancelledError`` (the client left) abandons the call and is raised on."""
+    ``CancelledError`` (the client left) withdraws the call and is raised on."""
+    pending, entry, service = call.ticket, call.entry, call.service
+    assert pending is not None
     file = pending.answer_file
     try:
         checked_head(status, headers)
     except ValueError as exc:
-        return await _write_unsendable(sink, calls, pending, entry, exc)
+        return await _write_unsendable(sink, call, exc)
     entry.streaming(status)
     limits = StreamLimits(
-        calls.loop, calls.stream_idle, calls.stream_timeout if file is None else None
+        service.loop, service.stream_idle, service.stream_timeout if file is None else None
     )
     sent = 0
     try:
@@ -313,17 +214,17 @@ async def write_stream(
                 limits.progress()  # the client took it
     except ConnectionError:  # the client left
         entry.stream_ended(StreamEnd.CLIENT_LEFT, sent)
-        calls.abandon(pending, entry)
+        call.client_left()
         return False
     except RuntimeError as exc:
         # Headers are out: the only honest signal left is to cut the body short.
         entry.stream_ended(_cut_short(exc), sent)
-        calls.stream_cut(pending, exc)
+        call.cut(exc)
         sink.cut()
         return False
     except BaseException:  # the client left (cancelled), or a failure of the transport's
         entry.stream_ended(StreamEnd.CLIENT_LEFT, sent)
-        calls.abandon(pending, entry)  # own: the stream is withdrawn, its worker's slot freed
+        call.client_left()  # own: the stream is withdrawn, its worker's slot freed
         raise
     finally:
         if file is not None:
@@ -347,16 +248,16 @@ def _cut_short(exc: RuntimeError) -> StreamEnd:
     return StreamEnd.FAILED
 
 
-async def _write_unsendable(
-    sink: AnswerSink, calls: CallService, pending: PendingCall, entry: CallEntry, exc: ValueError
-) -> bool:
+async def _write_unsendable(sink: AnswerSink, call: FrontCall, exc: ValueError) -> bool:
     """The ``500`` instead of a streamed or file-written answer whose head is refused: nobody
     reads its body (a stream is withdrawn from its process, a file closed)."""
     reply = unsendable(exc)
+    pending, entry = call.ticket, call.entry
+    assert pending is not None
     if pending.answer_file is not None:
         pending.answer_file.close()
     if pending.chunks is not None:
-        calls.stream_cut(pending, exc)
+        call.cut(exc)
     entry.count(reply.status)
     body = reply.body
     assert isinstance(body, bytes)
@@ -367,48 +268,6 @@ async def _write_unsendable(
     except ConnectionError:
         return False
     return True
-
-
-class ResponseSink:
-    """:class:`AnswerSink` on aiohttp's path: an aiohttp ``web.StreamResponse`` (aiohttp adds
-    ``Date``, ``Server`` and the framing as :func:`answer_head` does); :attr:`response` is the
-    handler's return value."""
-
-    __slots__ = ("_draining", "_request", "response")
-
-    def __init__(self, request: web.BaseRequest, *, draining: bool) -> None:
-        self._request = request
-        #: The front drains: the connection ends with the answer.
-        self._draining = draining
-        self.response: web.StreamResponse | None = None
-
-    async def start(
-        self, status: int, headers: Headers, request_id: str, length: int | None
-    ) -> None:
-        response = web.StreamResponse(
-            status=status, headers=(*headers, (REQUEST_ID_HEADER, request_id))
-        )
-        self.response = response
-        if self._draining:
-            response.force_close()
-        if length is None:
-            response.enable_chunked_encoding()
-        else:
-            response.content_length = length
-        await response.prepare(self._request)
-
-    async def write(self, chunk: bytes) -> None:
-        assert self.response is not None
-        await self.response.write(chunk)
-
-    async def end(self) -> None:
-        assert self.response is not None
-        await self.response.write_eof()
-
-    def cut(self) -> None:
-        transport = self._request.transport
-        if transport is not None:
-            transport.close()
 
 
 class ConnectionSink:

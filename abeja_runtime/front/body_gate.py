@@ -1,24 +1,12 @@
-"""How many request bodies the front holds at once.
+"""How many request bodies the front holds at once (:class:`BodyGate`).
 
-Without a bound the front read every body it was sent as soon as it came, and held each one
-(in a buffer of shared memory, or a spool file) until its call was over, and only then asked
-whether the queue had room: a burst of a thousand 1 MiB uploads to one handler process was read
-whole, a gigabyte, to answer most of it ``503``. Now a body waits, unread, in the socket (and
-the client's send buffer) until a place is free, as ABEJA's Go proxy left it until it forwarded
-the request; a request the queue cannot take is refused before its body is read.
-
-A process has its slots (``--concurrency``) plus :data:`BODIES_AHEAD` places: the bodies of the
-calls it runs, and of the next ones, read while it runs those. Only bodies above the inline
-limit take a place: small bodies travel in the frame, and a request without a body never waits
-here. A place is taken before the body is read and given back when its call is over (answered,
-failed or withdrawn) or its reading failed.
-
-Measured with one process on one core, sixteen clients sending 1 MiB each (``python -m
-benchmarks --workloads binary_1mib``), against a bare aiohttp app: with 17 places 1.06x its
-rate and 1.68x its memory (RSS: each body counted in both processes, the front's buffer mapped
-in the handler process); with 5, 1.04-1.07x and 1.38-1.39x; with 3, 1.03x, but a p99 latency
-of 1.30x. Before the bodies waiting for a place were left in the socket, fewer places cost a
-fifth of the rate: each waiting body filled the parser's buffers, and was read through them.
+A body above the inline limit waits, unread, in its socket until a place is free, as ABEJA's Go
+proxy left it until it forwarded the request; a request the queue cannot take is refused before
+its body is read. A process has its slots (``--concurrency``) plus :data:`BODIES_AHEAD` places:
+the bodies of the calls it runs, and of the next ones, read while it runs those (more places
+cost memory, fewer cost rate and p99: ``benchmarks --workloads binary_1mib``). A place is taken
+before the body is read and given back when its call is over or its reading failed; small
+bodies travel in the frame and never wait here.
 """
 
 from __future__ import annotations

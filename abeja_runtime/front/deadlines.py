@@ -1,18 +1,12 @@
-"""Calls' deadlines on a few timers rather than one per call.
+"""Calls' deadlines on a few timers rather than one per call (:class:`Deadlines`).
 
-A timer per call (``loop.call_later`` when it is submitted, ``cancel`` when it is answered) cost
-the front 3 µs of its 34 per small request, a tenth of its rate (measured: the default
-``--timeout`` against ``--timeout 0``, which arms none). Calls are gathered by deadline into
-slots of :data:`RESOLUTION` seconds instead: a call joins the set of the slot its deadline falls
-in, and one timer per slot expires the calls still in it; an answered call leaves its slot's
-set (a ``discard``, so that the answer and the call's body are not kept until the slot's time).
-At 20,000 calls a second the front arms 100 timers a second instead of 20,000, and a call is
-expired within :data:`RESOLUTION` after its deadline, never before it.
-
-A slot whose calls were all answered is dropped, and its timer cancelled, when the next slot is
-made: each new slot looks at the :data:`_PURGED` oldest ones (those still waited for go to the
-back). Without it every slot of the last ``--timeout`` seconds was kept with its timer, 6,000 at
-the default 60 s (0.8 MiB more of the front after a 5-second run at 1,400 calls a second).
+A timer per call is a tenth of the front's work on small requests. Calls are gathered by
+deadline into slots of :data:`RESOLUTION` seconds instead: a call joins the set of the slot its
+deadline falls in, one timer per slot expires the calls still in it, and an answered call leaves
+its slot's set (a ``discard``, so that its answer and body are not kept until the slot's time).
+A call is expired within :data:`RESOLUTION` after its deadline, never before it. A slot whose
+calls were all answered is dropped, and its timer cancelled, when a later slot is made (each
+new slot looks at the :data:`_PURGED` oldest ones; those still waited for go to the back).
 """
 
 from __future__ import annotations

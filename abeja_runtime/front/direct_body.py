@@ -29,41 +29,42 @@ from abeja_runtime.front.capture import BodyCapture
 from abeja_runtime.front.connection import Connection
 
 if TYPE_CHECKING:
-    from abeja_runtime.front.calls import Body, CallService
+    from abeja_runtime.front.body import Body
+    from abeja_runtime.front.service import CallService
 
 __all__ = ["DirectBody"]
 
 
 class DirectBody:
-    """Reads one request's body for the direct path; ``ready()`` once it is whole in the
-    buffer :attr:`fd`, or ``failed(error)`` (the request is then answered with ``error``)."""
+    """Reads one request's body for the direct path; ``ready(body)`` once it is whole in its
+    buffer (the call then owns it), or ``failed(error)`` (the request is then answered with
+    ``error``)."""
 
     __slots__ = (
         "_body",
-        "_calls",
         "_capture",
         "_connection",
         "_failed",
         "_payload",
         "_ready",
         "_received",
+        "_service",
         "_timer",
         "_turn",
-        "fd",
         "size",
     )
 
     def __init__(
         self,
-        calls: CallService,
+        service: CallService,
         connection: Connection,
         payload: StreamReader,
         size: int,
         received: float,
-        ready: Callable[[], None],
+        ready: Callable[[Body], None],
         failed: Callable[[HttpError], None],
     ) -> None:
-        self._calls = calls
+        self._service = service
         self._connection = connection
         self._payload = payload
         self.size = size
@@ -74,8 +75,6 @@ class DirectBody:
         self._timer: asyncio.TimerHandle | None = None
         self._capture: BodyCapture | None = None
         self._body: Body | None = None
-        #: The buffer holding the body, once it has one.
-        self.fd: int | None = None
 
     @property
     def reading(self) -> bool:
@@ -84,7 +83,7 @@ class DirectBody:
 
     def start(self) -> None:
         """Take a place now, or wait in line for one, the body left in the connection."""
-        gate = self._calls.gate
+        gate = self._service.bodies.gate
         if gate.try_enter():
             self._read()
             return
@@ -108,11 +107,11 @@ class DirectBody:
         connection = self._connection
         payload = self._payload
         if not payload.is_eof() and not connection.can_capture():  # the connection is ending
-            self._calls.gate.leave()
+            self._service.bodies.gate.leave()
             self._failed(ServiceUnavailable())
             return
         try:
-            self._body, mapped = self._calls.held_body(self.size)
+            self._body, mapped = self._service.bodies.held(self.size)
         except OSError as exc:  # its place is given back already
             self._failed(
                 ServiceUnavailable(
@@ -121,25 +120,27 @@ class DirectBody:
                 )
             )
             return
-        self.fd = self._body.fd
         self._capture = connection.capture_body(payload, mapped, self.size, self._read_whole)
         if self._capture is None:  # it had arrived whole
-            self._ready()
+            self._hand_over()
             return
         capture = self._capture
+        left = self._service.bodies.time_left(self._received)
         connection.watch_body(
-            lambda: capture.arriving,
-            self._stalled,
-            lambda: capture.received,
-            self.size,
-            self._calls.time_left(self._received),
+            lambda: capture.arriving, self._stalled, lambda: capture.received, self.size, left
         )
-        self._timer = self._calls.at_deadline(self._received, self._past_deadline)
+        if left is not None:
+            self._timer = self._service.loop.call_later(left, self._past_deadline)
 
     def _read_whole(self) -> None:
         self._stop_timer()
         self._capture = None
-        self._ready()
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        body, self._body = self._body, None
+        assert body is not None
+        self._ready(body)
 
     def _stalled(self, exc: BaseException) -> None:
         """No byte for ``--request-head-timeout``: ``408`` (the connection closes)."""
@@ -151,7 +152,7 @@ class DirectBody:
         """Still arriving at the request's deadline: ``408`` (the connection closes), and
         the place goes to a body that may yet be answered in time."""
         self._timer = None
-        self._stop_reading(self._calls.body_past_deadline())
+        self._stop_reading(self._service.bodies.past_deadline())
 
     def _stop_reading(self, exc: HttpError) -> None:
         assert self._capture is not None
@@ -164,7 +165,7 @@ class DirectBody:
         """The client left: nothing is read, nothing held."""
         self._stop_timer()
         if self._turn is not None:
-            self._calls.gate.give_up(self._turn)
+            self._service.bodies.gate.give_up(self._turn)
             self._turn = None
         if self._capture is not None:
             self._capture.give_up()
@@ -172,7 +173,7 @@ class DirectBody:
         self.release()
 
     def release(self) -> None:
-        """Give the place and the buffer back (once); the call's cleanup when it is over."""
+        """Give the place and the buffer back (once), if the call does not own them yet."""
         body, self._body = self._body, None
         if body is not None:
             body.close()

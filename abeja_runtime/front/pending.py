@@ -1,18 +1,17 @@
-"""One call on its way through the front's handler processes (:class:`PendingCall`).
+"""What the pool holds of a call (:class:`PendingCall`, the call's ticket).
 
 The frame sent, the answer's future, the chunks of a streamed answer, and where it is: in the
 queue (``member`` is ``None``) or sent to a handler process (the pool's
-:class:`~abeja_runtime.front.members.Member`). Every way into the front makes one
-(``calls.py``), the pool moves it (``scheduler.py``).
+:class:`~abeja_runtime.front.members.Member`). A call (``call.py``) makes its ticket when it is
+submitted; the pool moves it (``scheduler.py``) and settles it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from abeja_runtime.frames import (
     CREDIT_STEP,
@@ -24,12 +23,12 @@ from abeja_runtime.frames import (
     RpcAnswer,
     RpcCall,
 )
+from abeja_runtime.front.answer_file import AnswerFile
 
 if TYPE_CHECKING:
     from abeja_runtime.tracing import CallTrace
 
 __all__ = [
-    "ANSWER_FILE_ABOVE",
     "STREAM_FAILED",
     "STREAM_LOST",
     "AnswerFile",
@@ -38,13 +37,6 @@ __all__ = [
     "PendingCall",
     "StreamFailed",
 ]
-
-#: An answer's body above this many bytes is written to the client from the handler process's
-#: memfd, a piece at a time as the client takes it, rather than read whole into the front: four
-#: clients that never read a 200 MiB answer took the front from 39 to 839 MiB.
-ANSWER_FILE_ABOVE: Final = 1024 * 1024
-#: The size of the pieces it is written in.
-_PIECE: Final = 256 * 1024
 
 #: Put in a streamed answer's chunks where it was cut short: its generator raised, or its
 #: process exited.
@@ -63,48 +55,6 @@ class StreamFailed(RuntimeError):
             else "the handler's streamed content failed"
         )
         self.lost = lost
-
-
-class AnswerFile:
-    """A big answer's body, left in the memfd the handler process wrote it to (see
-    :data:`ANSWER_FILE_ABOVE`), or a streamed answer's chunk above the frames' inline limit."""
-
-    __slots__ = ("_fd", "size")
-
-    #: How many are open in this process: each holds a descriptor, which the connection cap
-    #: counts (``connection.py``).
-    held: ClassVar[int] = 0
-
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
-        self.size = os.fstat(fd).st_size
-        AnswerFile.held += 1
-
-    def pieces(self) -> Iterator[bytes]:
-        """The body in pieces, read as they are asked for (``pread``: no mapping that a
-        transport could still hold when the file is closed)."""
-        offset = 0
-        while offset < self.size and self._fd is not None:
-            piece = os.pread(self._fd, min(_PIECE, self.size - offset), offset)
-            if not piece:
-                return
-            offset += len(piece)
-            yield piece
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """:meth:`pieces` for the writers of streamed answers, which also write these."""
-        for piece in self.pieces():
-            yield piece
-
-    def read(self) -> bytes:
-        """The whole body (an async request's result, sent in one request)."""
-        return b"".join(self.pieces())
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            AnswerFile.held -= 1
-            os.close(fd)
 
 
 class CallHolder(Protocol):

@@ -30,14 +30,10 @@ from abeja_runtime.frames import (
     RpcAnswer,
     read_fd,
 )
+from abeja_runtime.front.answer_file import ANSWER_FILE_ABOVE, AnswerFile
 from abeja_runtime.front.lifecycle import Lifecycle, ProcessFactory
 from abeja_runtime.front.members import Member
-from abeja_runtime.front.pending import (
-    ANSWER_FILE_ABOVE,
-    STREAM_FAILED,
-    AnswerFile,
-    PendingCall,
-)
+from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
 from abeja_runtime.front.processes import HandlerProcess
 from abeja_runtime.front.scheduler import Scheduler
 from abeja_runtime.front.watch import Watch

@@ -46,8 +46,7 @@ PIPELINE: Final = 16
 _PIPELINE_WHILE_YOUNGER: Final = 0.05
 #: Calls are quick while a process is busy for less than this per call, on average
 #: (:attr:`Scheduler.call_seconds`). Quick calls go to a process that is already serving
-#: rather than wake an idle one: waking a process costs more than the call, and on two cores
-#: small JSON requests ran 10 % faster (2 workers; p99 1.3 → 0.8 ms).
+#: rather than wake an idle one: waking a process costs more than the call.
 _QUICK_CALL: Final = 0.0002
 #: ... but only while that process's oldest call is younger than this: a call that turns out
 #: slow holds up what joined it in its first milliseconds only.

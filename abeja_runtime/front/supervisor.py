@@ -10,10 +10,9 @@ answers ``503``; a handler that cannot be loaded at the very first start stops t
 SIGTERM: readiness says 503 at once, but for ``--drain-delay`` seconds the front goes on
 answering whatever arrives, on connections open before the signal (idle keep-alive ones too)
 and on new ones, each answer with ``Connection: close``, and gRPC goes on serving. A balancer
-learns of the stop only from readiness, a few seconds later (haproxy's default checks: 6 s);
-a port that stopped accepting at once failed the requests it sent meanwhile (measured with
-``benchmarks/drain.py``, three replicas restarted in place behind haproxy: 48 of 11,416
-failed, none with the delay). Then the service port stops accepting; requests on connections
+learns of the stop only from readiness, a few seconds later (haproxy's default checks: 6 s),
+and a port that stopped accepting at once would fail what it sends meanwhile
+(``benchmarks/drain.py``). Then the service port stops accepting; requests on connections
 still open are served, each answer with ``Connection: close``; once none is left (or the
 grace period has passed) the handler processes are told to finish, and the front exits.
 SIGINT (a Ctrl+C) skips the delay, as does a front that was never ready (no balancer sends to
@@ -46,8 +45,8 @@ from abeja_runtime.settings import settings_of
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from abeja_runtime.front.calls import CallService
     from abeja_runtime.front.rpc import RpcServer
+    from abeja_runtime.front.service import CallService
 
 __all__ = ["run"]
 
@@ -121,11 +120,9 @@ def _keep_freed_memory() -> None:
     """Have glibc's malloc keep the memory the front frees for its next requests.
 
     By default it gives a large block back to the system as soon as it is freed (and maps
-    blocks of 128 KiB and more on their own): every request body of a MiB was then paid again
-    in page faults, 180 per request, 40 % of the front's work for such a request (measured:
-    680 -> 400 µs of CPU per 1 MiB request). The front's memory then stays at its busiest
-    size, as a server's should; the handler processes are left as they are. Elsewhere than
-    glibc this does nothing.
+    blocks of 128 KiB and more on their own): every big request body would be paid again in
+    page faults. The front's memory then stays at its busiest size, as a server's should; the
+    handler processes are left as they are. Elsewhere than glibc this does nothing.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -198,7 +195,7 @@ class _Front:
         self._stopping: asyncio.Future[None] | None = None
         self._killed = False
         self._rpc: RpcServer | None = None
-        self._calls: CallService | None = None
+        self._service: CallService | None = None
         self._service_site: web.BaseSite | None = None
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_starting: asyncio.Task[None] | None = None
@@ -215,10 +212,10 @@ class _Front:
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
-        from abeja_runtime.front.calls import CallService
         from abeja_runtime.front.connection import make_web_server
         from abeja_runtime.front.direct import DirectRequests
         from abeja_runtime.front.server import ControlServer, HttpServer
+        from abeja_runtime.front.service import CallService
         from abeja_runtime.metrics import FrontMetrics
 
         metrics = FrontMetrics(
@@ -227,10 +224,12 @@ class _Front:
         pool.metrics = metrics
         if config.max_batch_size > 1:
             metrics.batching()  # its metrics at 0 from the first scrape
-        calls = self._calls = CallService(config, pool, metrics)
-        http = HttpServer(config, pool, metrics, calls)
+        call_service = self._service = CallService(config, pool, metrics)
+        http = HttpServer(config, pool, metrics, call_service)
         control = ControlServer(self._is_ready, metrics.render)
-        direct = DirectRequests(calls, http.own_path, config.max_body_size, config.spool_threshold)
+        direct = DirectRequests(
+            call_service, http.own_path, config.max_body_size, config.spool_threshold
+        )
         service = web.ServerRunner(
             make_web_server(http.service, config, metrics, direct),
             handle_signals=False,
@@ -256,14 +255,14 @@ class _Front:
             pool.close()
             await service.cleanup()
             await health.cleanup()
-            calls.close()  # the access records kept, the spans buffered
+            call_service.close()  # the access records kept, the spans buffered
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
         return self._exit_code
 
     def _gauges(self) -> tuple[int, int]:
         """Requests in flight and calls queued, for a scrape."""
-        in_flight = self._calls.accounting.in_flight if self._calls is not None else 0
+        in_flight = self._service.accounting.in_flight if self._service is not None else 0
         return in_flight, self._pool.queued
 
     def _is_ready(self) -> bool:
@@ -297,9 +296,9 @@ class _Front:
             return
         from abeja_runtime.front.rpc import RpcServer  # grpcio only when a gRPC port is asked for
 
-        assert self._calls is not None
+        assert self._service is not None
         try:
-            self._rpc = RpcServer(config, self._calls, pool.rpc_methods)
+            self._rpc = RpcServer(config, self._service, pool.rpc_methods)
             await self._rpc.start()
         except HandlerLoadError as exc:
             self._on_load_failed(str(exc), "")
@@ -316,20 +315,20 @@ class _Front:
             await self._stop_accepting()
         elif self._stopping is not None:
             await self._stopping
-        assert self._calls is not None
+        assert self._service is not None
         grace = self._config.grace_period
         _log.info(
             "%sthe service port stops accepting; %d request(s) in flight, and any that arrive "
             "on connections still open, are answered within the grace period (%s)",
             f"drain delay of {self._delay:g} s over: " if self._delay else "",
-            self._calls.accounting.in_flight,
+            self._service.accounting.in_flight,
             f"{grace:g} s" if grace else "no limit",
         )
         rpc_stopped = asyncio.ensure_future(self._rpc.stop(grace)) if self._rpc else None
         left = await self._answer_open(service)
         if rpc_stopped is not None:
             await rpc_stopped
-        self._calls.accounting.flush()  # the answers' records before what the workers log
+        self._service.accounting.flush()  # the answers' records before what the workers log
         self._pool.stop()
         try:  # within the grace period (what is left of it), then the margin: not twice it
             await asyncio.wait_for(self._pool.all_gone.wait(), left + _KILL_MARGIN)
@@ -341,8 +340,8 @@ class _Front:
         """Until the calls in flight are answered and no connection accepted just before the
         stop is still waiting for its request, within the grace period; the seconds left of
         it (0 without one)."""
-        assert self._calls is not None
-        calls = self._calls.accounting
+        assert self._service is not None
+        calls = self._service.accounting
         loop = asyncio.get_running_loop()
         grace = self._config.grace_period
         deadline = loop.time() + grace if grace else None
@@ -366,11 +365,11 @@ class _Front:
     def _on_signal(self, signum: int) -> None:
         if not self._draining:
             self._draining = True
-            if self._calls is not None:
-                self._calls.draining = True  # readiness 503; every answer closes its connection
+            if self._service is not None:
+                self._service.draining = True  # readiness 503; every answer closes its connection
                 # The access records of the answers given so far (written in batches) come
                 # before the lines of the stop: run-local stops it as soon as its answer came.
-                self._calls.accounting.flush()
+                self._service.accounting.flush()
             # A Ctrl+C is someone at a terminal; a front never ready had no balancer sending.
             if signum == signal.SIGTERM and self._pool.ever_ready:
                 self._delay = self._config.drain_delay

@@ -102,3 +102,19 @@ class FakePool:
         )
         for _ in range(self.config.workers):
             self.pool.lifecycle.spawn()
+
+
+class FakeResponder:
+    """A call's responder that records what it was asked to write, and finishes the call as a
+    way in does once its answer is out."""
+
+    def __init__(self) -> None:
+        self.written: list[Any] = []
+
+    def answer(self, call: Any, answer: Any) -> None:
+        self.written.append(answer)
+        call.finish()
+
+    def refuse(self, call: Any, exc: Any) -> None:
+        self.written.append(exc)
+        call.finish()

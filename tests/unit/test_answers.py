@@ -17,7 +17,7 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.frames import Call
-from abeja_runtime.front.accounting import CallEntry
+from abeja_runtime.front.answer_file import AnswerFile
 from abeja_runtime.front.answers import (
     EMPTY_BODY_STATUSES,
     answer_head,
@@ -25,12 +25,13 @@ from abeja_runtime.front.answers import (
     send_whole,
     write_stream,
 )
-from abeja_runtime.front.calls import CallService
-from abeja_runtime.front.pending import STREAM_FAILED, AnswerFile, PendingCall
+from abeja_runtime.front.call import FrontCall, Outcome, Stage
+from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
+from abeja_runtime.front.service import CallHead, CallService
 from abeja_runtime.logs import REQUEST_ID_HEADER
 from abeja_runtime.metrics import FrontMetrics
 
-from .fakes import FakePool
+from .fakes import FakePool, FakeResponder
 
 JSON = (("Content-Type", "application/json"),)
 
@@ -148,10 +149,11 @@ class Written:
         self.sent.append((data, body))
 
 
-def entry(tmp_path: Path, calls: CallService | None = None) -> CallEntry:
+def begun(tmp_path: Path, calls: CallService | None = None) -> FrontCall:
+    """A call begun, as a way in begins it."""
     if calls is None:
         calls = service(tmp_path)
-    return calls.accounting.open("GET", "/", time.time(), "rid-1", None)
+    return calls.begin(CallHead("GET", "/", time.time(), "rid-1"), FakeResponder())
 
 
 def service(tmp_path: Path) -> CallService:
@@ -166,8 +168,9 @@ def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
 
 def test_a_whole_answer_is_counted_and_written_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
-        connection, counts = Written(), entry(tmp_path)
-        send_whole(connection, counts, 200, JSON, "rid-1", b"{}", close=True)  # type: ignore[arg-type]
+        connection, call = Written(), begun(tmp_path)
+        counts = call.entry
+        send_whole(connection, call, 200, JSON, b"{}", close=True)  # type: ignore[arg-type]
         ((head, body),) = connection.sent
         assert body == b"{}" and header(head, "Content-Length") == "2"
         assert lines_of(head)[-1] == "Connection: close"
@@ -180,9 +183,10 @@ def test_a_whole_answer_with_a_bad_header_is_the_runtime_s_500(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> None:
-        connection, counts = Written(), entry(tmp_path)
+        connection, call = Written(), begun(tmp_path)
+        counts = call.entry
         headers = (*JSON, ("X-A", "a\x01b"))
-        send_whole(connection, counts, 200, headers, "rid-1", b"{}", close=False)  # type: ignore[arg-type]
+        send_whole(connection, call, 200, headers, b"{}", close=False)  # type: ignore[arg-type]
         ((head, body),) = connection.sent
         assert lines_of(head)[0] == "HTTP/1.1 500 Internal Server Error"
         assert body == UNEXPECTED_ERROR.body
@@ -197,8 +201,9 @@ def test_a_whole_answer_with_a_bad_header_is_the_runtime_s_500(
 
 def test_a_whole_answer_without_a_body_status_sends_no_body(tmp_path: Path) -> None:
     async def scenario() -> None:
-        connection, counts = Written(), entry(tmp_path)
-        send_whole(connection, counts, 204, (), "rid-1", b"dropped", close=False)  # type: ignore[arg-type]
+        connection, call = Written(), begun(tmp_path)
+        counts = call.entry
+        send_whole(connection, call, 204, (), b"dropped", close=False)  # type: ignore[arg-type]
         ((head, body),) = connection.sent
         assert lines_of(head)[0] == "HTTP/1.1 204 No Content" and body == b""
         assert counts.status == 204
@@ -233,21 +238,23 @@ class Sink:
         self.done.append(("cut",))
 
 
-def streamed(calls: CallService, *items: Any) -> PendingCall:
-    frame = Call(calls.next_id(), "GET", "/", "", (), "rid-1", None, b"", "", 0)
-    pending = PendingCall(frame, calls.loop)
+def streamed(calls: CallService, *items: Any) -> FrontCall:
+    """A call whose streamed answer's chunks are ``items``."""
+    call = begun(Path(), calls)
+    frame = Call(call.id, "GET", "/", "", (), "rid-1", None, b"", "", 0)
+    pending = call.ticket = PendingCall(frame, calls.loop)
     pending.chunks = asyncio.Queue()
     for item in items:
         pending.chunks.put_nowait(item)
-    return pending
+    return call
 
 
 def test_a_stream_is_written_chunk_by_chunk_and_ended(tmp_path: Path) -> None:
     async def scenario() -> None:
         calls = service(tmp_path)
-        counts = entry(tmp_path, calls)
-        sink, pending = Sink(), streamed(calls, b"a", b"b", None)
-        assert await write_stream(sink, calls, pending, counts, 200, JSON)
+        sink, call = Sink(), streamed(calls, b"a", b"b", None)
+        counts = call.entry
+        assert await write_stream(sink, call, 200, JSON)
         assert sink.done == [
             ("start", 200, JSON, "rid-1", None), ("write", b"a"), ("write", b"b"), ("end",),
         ]  # fmt: skip
@@ -259,10 +266,11 @@ def test_a_stream_is_written_chunk_by_chunk_and_ended(tmp_path: Path) -> None:
 def test_a_stream_cut_short_is_cut_and_withdrawn(tmp_path: Path) -> None:
     async def scenario() -> None:
         calls = service(tmp_path)
-        sink, pending = Sink(), streamed(calls, b"a", STREAM_FAILED)
-        assert not await write_stream(sink, calls, pending, entry(tmp_path, calls), 200, JSON)
+        sink, call = Sink(), streamed(calls, b"a", STREAM_FAILED)
+        assert not await write_stream(sink, call, 200, JSON)
         assert sink.done[-2:] == [("write", b"a"), ("cut",)]
-        assert pending.abandoned
+        assert call.ticket is not None and call.ticket.abandoned
+        assert call.outcome is Outcome.CUT
 
     run(scenario)
 
@@ -270,10 +278,11 @@ def test_a_stream_cut_short_is_cut_and_withdrawn(tmp_path: Path) -> None:
 def test_a_stream_whose_client_left_is_abandoned(tmp_path: Path) -> None:
     async def scenario() -> None:
         calls = service(tmp_path)
-        sink, pending = Sink(lost=True), streamed(calls, b"a", None)
-        assert not await write_stream(sink, calls, pending, entry(tmp_path, calls), 200, JSON)
+        sink, call = Sink(lost=True), streamed(calls, b"a", None)
+        assert not await write_stream(sink, call, 200, JSON)
         assert ("end",) not in sink.done and ("cut",) not in sink.done
-        assert pending.abandoned
+        assert call.ticket is not None and call.ticket.abandoned
+        assert (call.stage, call.outcome) == (Stage.DONE, Outcome.CLIENT_LEFT)
 
     run(scenario)
 
@@ -281,10 +290,10 @@ def test_a_stream_whose_client_left_is_abandoned(tmp_path: Path) -> None:
 def test_a_stream_with_a_bad_header_is_the_runtime_s_500_and_withdrawn(tmp_path: Path) -> None:
     async def scenario() -> None:
         calls = service(tmp_path)
-        counts = entry(tmp_path, calls)
-        sink, pending = Sink(), streamed(calls, b"a", None)
+        sink, call = Sink(), streamed(calls, b"a", None)
+        counts = call.entry
         headers = (*JSON, ("X-A", "a\nb"))
-        assert await write_stream(sink, calls, pending, counts, 200, headers)
+        assert await write_stream(sink, call, 200, headers)
         body = UNEXPECTED_ERROR.body
         assert isinstance(body, bytes)
         assert sink.done == [
@@ -292,7 +301,7 @@ def test_a_stream_with_a_bad_header_is_the_runtime_s_500_and_withdrawn(tmp_path:
             ("end",),
         ]  # fmt: skip
         assert counts.status == 500 and counts.first_byte == 0  # not a stream
-        assert pending.abandoned
+        assert call.ticket is not None and call.ticket.abandoned
 
     run(scenario)
 
@@ -305,11 +314,12 @@ def test_a_big_answer_is_written_from_its_file_with_its_length_and_the_file_clos
         data = bytes(range(256)) * 4096  # four pieces
         fd = os.memfd_create("answer")
         os.write(fd, data)
-        frame = Call(calls.next_id(), "GET", "/", "", (), "rid-1", None, b"", "", 0)
-        pending = PendingCall(frame, calls.loop)
+        call = begun(tmp_path, calls)
+        frame = Call(call.id, "GET", "/", "", (), "rid-1", None, b"", "", 0)
+        pending = call.ticket = PendingCall(frame, calls.loop)
         pending.answer_file = AnswerFile(fd)
         sink = Sink()
-        assert await write_stream(sink, calls, pending, entry(tmp_path, calls), 200, JSON)
+        assert await write_stream(sink, call, 200, JSON)
         assert sink.done[0] == ("start", 200, JSON, "rid-1", len(data))
         assert b"".join(step[1] for step in sink.done if step[0] == "write") == data
         assert sink.done[-1] == ("end",)

@@ -1,6 +1,7 @@
-"""The call service (``front/calls.py``) on a real event loop, over the scheduler with fake
-processes: deadlines, admission, refusals, places for bodies and accounting, as every way into
-the front uses them (issue 29)."""
+"""A call's life (``front/call.py``) and the call service (``front/service.py``) on a real event
+loop, over the scheduler with fake processes and a fake responder, no socket: stages and
+outcomes, deadlines, admission, refusals, places for bodies and accounting, as every way into
+the front uses them."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from typing import Any
 import pytest
 
 from abeja_runtime.errors import HandlerTimeout, ServiceBusy
-from abeja_runtime.frames import Call, Cancel
+from abeja_runtime.frames import Answer, Call, Cancel
 from abeja_runtime.front.accounting import CLIENT_CLOSED
-from abeja_runtime.front.calls import CallService
-from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.body import IN_FRAME
+from abeja_runtime.front.call import FrontCall, Outcome, Stage
+from abeja_runtime.front.service import CallHead, CallService
 from abeja_runtime.metrics import FrontMetrics
 
-from .fakes import FakePool
+from .fakes import FakePool, FakeResponder
 
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -33,10 +35,22 @@ def service(tmp_path: Path, **settings: Any) -> tuple[FakePool, CallService, Fro
     return fake, CallService(fake.config, fake.pool, metrics), metrics
 
 
-def pending(calls: CallService) -> PendingCall:
-    call_id = calls.next_id()
-    frame = Call(call_id, "GET", "/", "", (), f"id-{call_id}", None, b"", "", 0)
-    return PendingCall(frame, calls.loop)
+def submitted(calls: CallService) -> tuple[FrontCall, FakeResponder]:
+    """A call begun and submitted, as a way in does, and its responder."""
+    responder = FakeResponder()
+    call = calls.begin(CallHead("GET", "/", time.time(), "rid"), responder)
+    frame = Call(call.id, "GET", "/", "", (), "rid", None, b"", "", 0)
+    call.submit(frame, IN_FRAME)
+    return call, responder
+
+
+async def settled(responder: FakeResponder) -> None:
+    """Until the responder was given something to write (bounded)."""
+    for _ in range(1000):
+        if responder.written:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the call was never answered")
 
 
 def counted(metrics: FrontMetrics, name: str, **labels: str) -> float:
@@ -53,10 +67,13 @@ def test_a_call_past_its_deadline_gets_504_and_is_cancelled_in_its_process(
         fake, calls, _ = service(tmp_path, timeout=0.05)
         (process,) = fake.made
         process.ready()
-        call = pending(calls)
-        with pytest.raises(HandlerTimeout):
-            await calls.call(call, time.time(), None)
-        assert process.frames[-1] == Cancel(call.frame.id)
+        call, responder = submitted(calls)
+        assert call.stage is Stage.RUNNING
+        await settled(responder)
+        (refusal,) = responder.written
+        assert isinstance(refusal, HandlerTimeout)
+        assert process.frames[-1] == Cancel(call.id)
+        assert (call.stage, call.outcome) == (Stage.DONE, Outcome.TIMED_OUT)
 
     run(scenario)
 
@@ -77,9 +94,13 @@ def test_readiness_stops_at_the_drain_and_admission_goes_on(tmp_path: Path) -> N
 def test_refusals_are_counted_by_reason(tmp_path: Path) -> None:
     async def scenario() -> None:
         _, calls, metrics = service(tmp_path)
-        reply = calls.refusal(ServiceBusy())
-        assert reply.status == 503 and ("Retry-After", "1") in reply.headers
+        responder = FakeResponder()
+        call = calls.begin(CallHead("GET", "/", time.time(), "rid"), responder)
+        call.refuse(ServiceBusy())
         assert counted(metrics, "abeja_runtime_rejected_requests_total", reason="busy") == 1.0
+        (refusal,) = responder.written
+        assert refusal.status == 503 and refusal.headers == {"Retry-After": "1"}
+        assert (call.stage, call.outcome) == (Stage.DONE, Outcome.REFUSED)
 
     run(scenario)
 
@@ -110,17 +131,65 @@ def test_a_body_waits_for_a_place_and_is_refused_when_the_queue_could_not_take_i
         fake, calls, _ = service(tmp_path, max_queue=1)  # places: 1 + 4; queue room: 2
         fake.made[0].ready()
         for _ in range(5):
-            await calls.enter_gate()  # every place taken at once
-        waiter = asyncio.ensure_future(calls.enter_gate())
+            await calls.bodies.enter()  # every place taken at once
+        waiter = asyncio.ensure_future(calls.bodies.enter())
         await asyncio.sleep(0)
-        assert not waiter.done() and calls.gate.waiting == 1
-        second = asyncio.ensure_future(calls.enter_gate())
+        assert not waiter.done() and calls.bodies.gate.waiting == 1
+        second = asyncio.ensure_future(calls.bodies.enter())
         await asyncio.sleep(0)  # two wait: as many as the queue takes
         with pytest.raises(ServiceBusy):
-            await calls.enter_gate()
-        calls.gate.leave()  # a place comes free: the first in line takes it
+            await calls.bodies.enter()
+        calls.bodies.gate.leave()  # a place comes free: the first in line takes it
         await asyncio.wait_for(waiter, 5)
         assert not second.done()
         second.cancel()
+
+    run(scenario)
+
+
+def test_an_answered_call_goes_to_its_responder_and_finishes_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fake, calls, metrics = service(tmp_path)
+        (process,) = fake.made
+        process.ready()
+        call, responder = submitted(calls)
+        assert call.stage is Stage.RUNNING and process.frames[-1].id == call.id
+        process.answer(call.id)
+        await settled(responder)
+        assert responder.written == [Answer(call.id, 200, (), b"ok", False)]
+        assert (call.stage, call.outcome) == (Stage.DONE, Outcome.ANSWERED)
+        call.client_left()  # too late: nothing changes, nothing is counted again
+        call.finish(Outcome.CUT)
+        assert call.outcome is Outcome.ANSWERED and calls.accounting.in_flight == 0
+        assert counted(metrics, "abeja_runtime_abandoned_requests_total", stage="queued") == 0.0
+
+    run(scenario)
+
+
+def test_a_queued_call_whose_client_left_never_runs_and_is_counted_499_once(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        fake, calls, metrics = service(tmp_path)  # no process ready: the call waits
+        call, responder = submitted(calls)
+        call.client_left()
+        call.client_left()
+        assert (call.stage, call.outcome) == (Stage.DONE, Outcome.CLIENT_LEFT)
+        assert call.ticket is not None and call.ticket.abandoned
+        assert fake.pool.queued == 0 and responder.written == []
+        assert call.entry.status == CLIENT_CLOSED and calls.accounting.in_flight == 0
+        assert counted(metrics, "abeja_runtime_abandoned_requests_total", stage="queued") == 1.0
+
+    run(scenario)
+
+
+def test_a_call_the_full_queue_cannot_take_is_refused_busy(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        _, calls, metrics = service(tmp_path, max_queue=0)
+        first, _ = submitted(calls)
+        second, responder = submitted(calls)
+        assert isinstance(responder.written[0], ServiceBusy)
+        assert second.outcome is Outcome.REFUSED and first.stage is Stage.QUEUED
+        assert counted(metrics, "abeja_runtime_rejected_requests_total", reason="busy") == 1.0
 
     run(scenario)

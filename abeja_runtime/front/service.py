@@ -1,0 +1,123 @@
+"""What a way into the front talks to (:class:`CallService`): it begins calls, says whether the
+front is ready or draining, and holds what calls share: the pool, the deadlines, the places and
+buffers for bodies (:class:`Body`), the accounting and the traces.
+
+Three ways lead into the front: aiohttp's request handling (``server.py``), the direct path
+(``direct.py``, ``direct_body.py``) and gRPC (``rpc.py``). Each parses its request into a
+:class:`CallHead`, begins a :class:`~abeja_runtime.front.call.FrontCall` with it, reads the
+body and submits the call; the call's life is written once, in ``call.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from abeja_runtime.access_log import AccessLog
+from abeja_runtime.config import Config
+from abeja_runtime.errors import HandlerTimeout
+from abeja_runtime.front.accounting import Accounting, CallEntry
+from abeja_runtime.front.body import BodyPlaces
+from abeja_runtime.front.call import FrontCall, Responder
+from abeja_runtime.front.deadlines import Deadlines
+from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.pool import HandlerPool
+from abeja_runtime.metrics import FrontMetrics
+from abeja_runtime.tracing import tracing_from
+
+if TYPE_CHECKING:
+    from abeja_runtime.tracing import CallTrace
+
+__all__ = ["CallHead", "CallService"]
+
+#: The access records of this many seconds are written at once (not a write per loop
+#: iteration); at shutdown too.
+_ACCESS_LOG_EVERY: Final = 0.05
+
+
+class CallHead(NamedTuple):
+    """What a call's access entry and span are opened with, as a way in parsed it."""
+
+    method: str
+    #: The request's path (a gRPC call's method).
+    path: str
+    received: float
+    request_id: str
+    requester_id: str | None = None
+    #: Where the caller's trace context is (the request's headers, a gRPC call's metadata).
+    carrier: Any = None
+    rpc: bool = False
+
+
+class CallService:
+    """Begins calls and holds what they share (see the module)."""
+
+    def __init__(self, config: Config, pool: HandlerPool, metrics: FrontMetrics) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
+        self.loop = asyncio.get_running_loop()
+        self._config = config
+        #: Every call's deadline is this many seconds after its request came (``None``: none).
+        self.timeout = config.timeout or None
+        #: The longest a streamed answer may go without progress, and may last (``None``: no
+        #: limit; see :mod:`~abeja_runtime.front.stream_limits`).
+        self.stream_idle = config.stream_idle_timeout or None
+        self.stream_timeout = config.stream_timeout or None
+        #: The places and buffers of bodies above the inline limit.
+        self.bodies = BodyPlaces(config, pool, self.loop)
+        self.deadlines = Deadlines(self.loop, self._expire)
+        access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
+        #: The calls' spans, when OpenTelemetry's variables ask for traces.
+        self.tracing = tracing_from(os.environ, "front")
+        #: Every call's counts, and the calls in flight, which the drain waits for.
+        self.accounting = Accounting(access_log, metrics, self.tracing)
+        #: Set at SIGTERM: readiness says 503 and every answer closes its connection; calls are
+        #: still taken (balancers send until they see readiness fail), until the service port
+        #: stops accepting and gRPC stops (``supervisor.py``).
+        self.draining = False
+
+    def begin(self, head: CallHead, responder: Responder) -> FrontCall:
+        """A call of a parsed request: counted in flight, its span begun, until it finishes."""
+        entry = self.accounting.open(*head[:-1], rpc=head.rpc)
+        return FrontCall(self, entry, responder)
+
+    def begin_job(
+        self, answered: CallEntry, trace: CallTrace | None, responder: Responder
+    ) -> FrontCall:
+        """The call of an async request's job, whose request was ``answered`` (``202``): its
+        entry counts nothing, its spans hang from ``trace`` (the job's). The drain waits for it
+        until its responder says its result is sent (``accounting.release()``)."""
+        self.accounting.hold()
+        entry = CallEntry(
+            None,
+            "POST",
+            answered.path,
+            answered.received,
+            answered.request_id,
+            answered.requester_id,
+        )
+        entry.trace = trace
+        return FrontCall(self, entry, responder)
+
+    def close(self) -> None:
+        """At the end of serving: the access records kept and the spans buffered go out."""
+        self.accounting.flush()
+        if self.tracing is not None:
+            self.tracing.shutdown()
+
+    @property
+    def admitting(self) -> bool:
+        """Whether a call can be handed to the pool now (else it is answered 503)."""
+        return self.pool.admitting
+
+    @property
+    def ready(self) -> bool:
+        """Readiness: a handler process is ready, and the front is not draining."""
+        return self.pool.serving and not self.draining
+
+    def _expire(self, pending: PendingCall) -> None:
+        if not pending.answer.done():
+            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
+            self.pool.withdraw(pending)
