@@ -169,6 +169,21 @@ def test_a_call_longer_than_the_keep_alive_timeout_is_answered(
     assert status == 200 and json.loads(body)["tag"] == "next"
 
 
+def test_a_call_after_one_aiohttp_answered_outlives_aiohttp_s_keep_alive_timer(
+    make_server: ServerFactory,
+) -> None:
+    """aiohttp arms its keep-alive timer after each of its own answers; the direct path stops it
+    when it takes the next request, whose call then runs past it and is answered."""
+    server = make_server("ex_sleep", "--keepalive-timeout", "1")
+    sock = connect(server)
+    sock.sendall(request("GET", "/health_check"))  # answered by aiohttp's request handling
+    [(status, _, _)] = read_answers(sock, 1)
+    sock.sendall(request("POST", "/?tag=long&sleep=2.5", b"{}"))
+    [(long_status, _, body)] = read_answers(sock, 1)
+    sock.close()
+    assert (status, long_status, json.loads(body)["tag"]) == (200, 200, "long")
+
+
 @pytest.mark.parametrize("body", [b"{}", BIG_BODY], ids=["direct", "aiohttp"])
 def test_a_client_that_leaves_frees_its_request(make_server: ServerFactory, body: bytes) -> None:
     """Its request stops counting as in flight at once, its call is cancelled in the handler

@@ -1,16 +1,11 @@
 """A request body read straight from the socket into its shared buffer, past aiohttp's parser.
 
-Through aiohttp, each byte of a 1 MiB body was copied three times in the front (the event
-loop's read buffer into a bytes object, the parser's body slice into another, that into the
-shared buffer), and those copies were a third of what the front spent on the request. While a
-:class:`BodyCapture` is the connection's protocol, the event loop reads the socket into the
-buffer itself (``asyncio.BufferedProtocol``): the kernel's copy is the only one. Measured by
-``benchmarks/probes/body_into_buffer.py``: 133-135 µs of the front's CPU per 1 MiB body against
-187-202 µs through the parser.
-
-The capture reads exactly the body's declared length, then gives the transport back to the
-connection, which starts a fresh parser for the requests behind it (llhttp cannot be told to
-skip a body it did not see). A client that leaves mid-body reaches the connection as always
+While a :class:`BodyCapture` is the connection's protocol, the event loop reads the socket into
+the buffer itself (``asyncio.BufferedProtocol``): the kernel's copy is the only one, where
+aiohttp's parser would copy each byte three times more. The capture reads exactly the body's
+declared length, then gives the transport back to the connection (:class:`CapturingConnection`),
+which starts a fresh parser for the requests behind it (llhttp cannot be told to skip a body it
+did not see). A client that leaves mid-body reaches the connection as always
 (``connection_lost``), and so does what the front writes meanwhile (flow control).
 """
 
@@ -18,8 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-from collections.abc import Callable
-from typing import Final, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from aiohttp import web
+from aiohttp.streams import StreamReader
+
+from abeja_runtime.front.body_watch import BodyWatch
 
 __all__ = ["BodyCapture", "CapturingConnection"]
 
@@ -28,21 +28,77 @@ __all__ = ["BodyCapture", "CapturingConnection"]
 _DISCARDED: Final = memoryview(mmap.mmap(-1, 64 * 1024))
 
 
-class CapturingConnection(Protocol):
-    """What a capture tells the connection it reads for (``connection.py``'s ``Connection``):
-    it is the connection's transport's protocol meanwhile."""
+class CapturingConnection(BodyWatch):
+    """A connection that can read the current request's body into a buffer itself
+    (:meth:`capture_body`), or leave it unread in the socket meanwhile (:meth:`hold_body`)."""
 
-    def body_progress(self) -> None:
-        """Bytes of the body arrived."""
+    def __init__(self, manager: web.Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._reading_off = False  # paused by flow control (pause_reading until resume_reading)
+
+    def pause_reading(self) -> None:
+        self._reading_off = True
+        super().pause_reading()
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        """aiohttp calls this each time a body is read below its low-water mark, and it then
+        parses the buffer again (one more ``data_received``) even when reading was never
+        paused: only a paused connection has anything to resume."""
+        if self._reading_off:
+            self._reading_off = False
+            super().resume_reading(resume_parser)
+
+    def can_capture(self) -> bool:
+        """Whether a body still arriving can be captured: the connection is open and not held
+        for a full message queue (a paused payload buffer is resumed by the capture itself)."""
+        transport = self.transport
+        return transport is not None and not transport.is_closing() and not self.aio_buffer_paused
+
+    def capture_body(
+        self, payload: StreamReader, into: mmap.mmap, size: int, done: Callable[[], None]
+    ) -> BodyCapture | None:
+        """Read the current request's ``size``-byte body into ``into``: what the parser has of
+        it now, then the rest straight from the socket (a :class:`BodyCapture`), then
+        ``done()``. ``None`` when the body was whole already (``done`` is not called).
+
+        Only for a request taken when :meth:`can_capture` said so.
+        """
+        offset = 0
+        for chunk in self._parsed_body(payload):
+            into[offset : offset + len(chunk)] = chunk
+            offset += len(chunk)
+        if payload.is_eof():
+            return None
+        # Every byte received so far is parsed (reading is on): the rest is to come.
+        assert self.transport is not None and not self._reading_off
+        capture = BodyCapture(self, memoryview(into)[offset:size], done)
+        self.transport.set_protocol(capture)
+        return capture
+
+    def hold_body(self, payload: StreamReader) -> None:
+        """Read no more of the current request's body until it is captured: a body waiting
+        for a place stays in the socket (and the client), not in the front's memory, and
+        it is then read straight into its buffer rather than through the parser."""
+        if not payload.is_eof() and not self._reading_off:
+            self.pause_reading()
+
+    def _parsed_body(self, payload: StreamReader) -> Iterator[bytes]:
+        """What the parser has of the current request's body, piece by piece, until every
+        byte received is taken and reading is on again (a paused parser keeps what came after
+        a full payload buffer in its own tail, and parses it when reading resumes)."""
+        while True:
+            while chunk := payload.read_nowait(-1):
+                yield chunk
+            if payload.is_eof() or not self._reading_off:
+                return
+            self.resume_reading()
 
     def body_captured(self) -> None:
-        """The body is whole: the connection takes its transport back."""
-
-    def connection_lost(self, exc: Exception | None) -> None: ...
-
-    def pause_writing(self) -> None: ...
-
-    def resume_writing(self) -> None: ...
+        """The captured body is whole: the connection reads again, with a fresh parser (the
+        old one is still waiting for the body's bytes)."""
+        assert self.transport is not None
+        self.transport.set_protocol(self)
+        self.replace_parser()
 
 
 class BodyCapture(asyncio.BufferedProtocol):

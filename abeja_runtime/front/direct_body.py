@@ -5,7 +5,7 @@ A body between the inline limit and the spool threshold, with a ``Content-Length
 the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body_gate.
 BodyGate` (waiting in line, unread in its connection, while all are held), then a shared
 buffer, into which the connection reads the body straight from the socket
-(:meth:`~abeja_runtime.front.connection.Connection.capture_body`). Then the call is submitted.
+(:meth:`~abeja_runtime.front.capture.CapturingConnection.capture_body`). Then the call is submitted.
 A body that stops arriving, or is still arriving at the request's deadline, fails with
 ``408``, and the connection closes.
 

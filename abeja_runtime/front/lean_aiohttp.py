@@ -1,19 +1,15 @@
 """aiohttp for the front process: its server half at once, its client half only when used.
 
 ``import aiohttp.web`` first runs ``aiohttp/__init__.py``, which imports aiohttp's whole HTTP
-client: the connector (whose two client SSL contexts load the system's CA bundle), cookies,
-tracing, attrs, happy eyeballs. In the front that is 4.0 MiB of resident memory (17.5 MiB of
-imports down to 13.5, measured on aiohttp 3.14) for a client it only uses to send the results of
-ABEJA's async requests (:mod:`.arms`), which most deployments never receive.
+client (the connector, whose SSL contexts load the system's CA bundle, cookies, tracing, happy
+eyeballs): 4 MiB of the front's memory for a client it uses only to send the results of ABEJA's
+async requests (:mod:`.arms`), which most deployments never receive.
 
 :func:`install` puts into ``sys.modules`` the ``aiohttp`` package as the import system would make
-it, and its ``__version__`` (``aiohttp.http`` needs it for the ``Server`` header), but does not run
+it, and its ``__version__`` (``aiohttp.http`` needs it for the ``Server`` header), without running
 its ``__init__``: ``aiohttp.web`` and every other submodule import as usual. The first lookup of
-any other name (``aiohttp.ClientSession``...) runs the real ``__init__`` into that same module, so
-code that uses the client is unchanged and pays for it only once it does (the front's loop
-pauses 45 ms then, once, measured on this machine). Only the front calls it
-(``abeja_runtime.main``); a test imports every front module after it and checks that the client
-stays out.
+any other name (``aiohttp.ClientSession``...) runs the real ``__init__`` into that same module,
+once. Only the front calls it (``abeja_runtime.main``).
 """
 
 from __future__ import annotations

@@ -24,9 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import errno
 import logging
-import os
 import signal
 import socket
 import tempfile
@@ -36,11 +34,11 @@ from abeja_runtime import __version__
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.front.pool import HandlerPool
+from abeja_runtime.front.ports import check_free, listen
 from abeja_runtime.front.run_folder import run_folder
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.project import install_dependencies, prepare_workdir
 from abeja_runtime.scheduling import run_as_batch
-from abeja_runtime.settings import settings_of
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -53,7 +51,6 @@ __all__ = ["run"]
 _log = logging.getLogger("abeja_runtime")
 #: Extra seconds past the grace period before handler processes are killed at shutdown.
 _KILL_MARGIN: Final = 5.0
-_BACKLOG: Final = 2048
 #: While draining, how often a connection accepted just before the stop is looked at again.
 _FRESH_CONNECTION_POLL: Final = 0.02
 
@@ -79,10 +76,10 @@ def run(config: Config) -> int:
         return 1
     listening: list[socket.socket] = []
     try:
-        listening.append(_listen(config.host, config.port, "port"))
-        listening.append(_listen(config.host, config.healthcheck_port, "healthcheck_port"))
+        listening.append(listen(config.host, config.port, "port"))
+        listening.append(listen(config.host, config.healthcheck_port, "healthcheck_port"))
         if config.grpc_port is not None:
-            _check_free(config.host, config.grpc_port)
+            check_free(config.host, config.grpc_port)
     except OSError as exc:  # one sentence, naming the port and the setting that changes it
         _log.error("%s", exc)
         for sock in listening:
@@ -140,43 +137,12 @@ _KEPT_BLOCKS: Final = 4 * 1024 * 1024
 _KEPT_FREE: Final = 64 * 1024 * 1024
 
 
-def _listen(host: str, port: int, setting: str) -> socket.socket:
-    """A socket listening on ``host:port``; else ``OSError`` with one sentence for the log that
-    names the port and the flag and variable of ``setting`` (``grpc_port``) that change it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
-    except OSError as exc:
-        declared = {declared.name: declared for declared in settings_of(Config)}
-        change = f"{declared[setting].flag} ({declared[setting].envvar})"
-        serving = {"port": "HTTP", "healthcheck_port": "health checks", "grpc_port": "gRPC"}
-        cannot = f"cannot listen for {serving[setting]} on {host}:{port}"
-        if exc.errno == errno.EADDRINUSE:
-            raise OSError(
-                f"{cannot}: port {port} is in use by another program; stop it or choose "
-                f"another with {change}"
-            ) from None
-        # The system's words alone: create_server's own message repeats the address.
-        code = exc.errno or 0
-        reason = os.strerror(code) if code > 0 else exc.strerror or str(exc)
-        where = f"{declared['host'].flag} ({declared['host'].envvar})"
-        raise OSError(f"{cannot} ({reason}); check {where} and {change}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def _run_loop(main: Any, loop: str) -> int:
     if loop == "uvloop":
         import uvloop
 
         return int(uvloop.run(main))
     return int(asyncio.run(main))
-
-
-def _check_free(host: str, port: int) -> None:
-    """The gRPC port is bound once the handler is loaded (its services are the style's): say
-    now, not after the handler has loaded, that another program holds it."""
-    _listen(host, port, "grpc_port").close()
 
 
 class _Front:
@@ -212,10 +178,10 @@ class _Front:
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
-        from abeja_runtime.front.connection import make_web_server
         from abeja_runtime.front.direct import DirectRequests
         from abeja_runtime.front.server import ControlServer, HttpServer
         from abeja_runtime.front.service import CallService
+        from abeja_runtime.front.web_server import make_web_server
         from abeja_runtime.metrics import FrontMetrics
 
         metrics = FrontMetrics(

@@ -6,7 +6,6 @@ client pipelines more requests than aiohttp's queue holds is served to the end."
 from __future__ import annotations
 
 import asyncio
-import importlib
 import types
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.front.aiohttp_private import (
     PRIVATE_NAMES,
     HandlerInternals,
+    missing_names,
     whole_body,
 )
 from abeja_runtime.front.connection import Connection
@@ -34,43 +34,11 @@ async def _not_found(request: web.BaseRequest) -> web.StreamResponse:
     return web.Response(status=404)
 
 
-def _resolve(owner: str) -> Any:
-    """The module, or the class, that ``owner`` names (``None``: gone)."""
-    module_name, _, rest = owner.rpartition(".")
-    try:
-        return importlib.import_module(owner)
-    except ImportError:
-        pass
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    return getattr(module, rest, None)
-
-
-def _missing_names() -> list[str]:
-    """Every name of PRIVATE_NAMES the installed aiohttp lacks: a class's on a live instance
-    (where aiohttp sets it in ``__init__``), else on the class (methods); a module's on it."""
-
-    async def probes() -> list[object]:
-        server = web.Server(_not_found)
-        return [server, server()]  # a server and one of its connection handlers
-
-    instances = run(probes)
-    missing = []
-    for owner, names in PRIVATE_NAMES.items():
-        found = _resolve(owner)
-        if found is None:
-            missing += [f"{owner}.{name} (no {owner})" for name in names]
-            continue
-        if isinstance(found, type):
-            found = next((each for each in instances if isinstance(each, found)), found)
-        missing += [f"{owner}.{name}" for name in names if not hasattr(found, name)]
-    return missing
-
-
 def test_every_private_name_the_front_relies_on_exists() -> None:
-    missing = _missing_names()
+    async def scenario() -> list[str]:
+        return missing_names()
+
+    missing = run(scenario)
     assert not missing, (
         "the installed aiohttp lacks private names abeja_runtime.front.aiohttp_private "
         "relies on:\n  " + "\n  ".join(missing)
@@ -94,8 +62,8 @@ def test_the_facades_attributes_are_aiohttps_slots_as_fast_as_the_private_names(
 def test_a_replaced_parser_queues_requests_as_aiohttps_own() -> None:
     async def scenario() -> tuple[list[str], int, bool]:
         server = web.Server(_not_found)
-        handler = HandlerInternals(server, loop=asyncio.get_running_loop())
-        handler.replace_parser({"max_line_size": 100})
+        handler = HandlerInternals(server, loop=asyncio.get_running_loop(), max_line_size=100)
+        handler.replace_parser()
         handler.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\n")
         handler.data_received(b"Host: x\r\nContent-Length: 2\r\n\r\n{}")
         paths = [message.path for message, _ in handler.aio_messages]
@@ -112,7 +80,7 @@ def test_whole_body_is_the_body_however_it_arrived() -> None:
     async def scenario() -> tuple[bytes, bytes]:
         server = web.Server(_not_found)
         handler = HandlerInternals(server, loop=asyncio.get_running_loop())
-        handler.replace_parser({})
+        handler.replace_parser()
         head = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n"
         for piece in (head + b"abc", b"def", b"ghi"):
             handler.data_received(piece)
@@ -181,8 +149,7 @@ class _Direct:
 def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served(tmp_path: Path) -> None:
     """aiohttp holds reading once its queue is full (32 parsed requests) and releases it from
     its own request loop; requests the direct path takes never reach that loop, so the
-    connection releases it (release_queue_hold). Before it did, the 33rd request waited for
-    ever."""
+    connection releases it (release_queue_hold)."""
     count = 100
 
     async def scenario() -> tuple[list[str], bool]:
@@ -192,9 +159,8 @@ def test_more_pipelined_requests_than_aiohttps_queue_holds_are_all_served(tmp_pa
             server,
             loop=asyncio.get_running_loop(),
             head_timeout=30,
+            stall_timeout=30,
             direct=direct,
-            parser_options={},
-            max_connections=None,
             max_head_size=Config().max_head_size,
             metrics=FrontMetrics("test", "main:handler", "abeja", str(tmp_path), lambda: (0, 0)),
         )

@@ -15,6 +15,8 @@ def handler(request, context):
         return {"status_code": int(request.query["code"])}
     if mode == "not_dict":
         return "just a string"
+    if mode == "stream":
+        return {"content": (f"line {index}\n".encode() for index in range(3))}
     if mode == "stream_fails":
 
         def chunks():
