@@ -1,7 +1,7 @@
 """The exceptions of abeja-runtime.
 
 Lower layers (loading, decoding, encoding, execution) raise these; the answers they become are
-made in one place on each side (``front/server.py`` for the front's refusals, ``worker/calls.py``
+made in one place on each side (``front/server.py`` for the front's refusals, ``worker/invoke.py``
 for a call's errors), and only the command line turns them into exit codes.
 """
 

@@ -97,12 +97,12 @@ def _batch(inputs: tuple[Path, ...], output: Path, **options: Any) -> None:
     written under --output as the file's name plus the answer's extension
     (cat.jpg -> OUTPUT/cat.jpg.json). Exit code 1 when any answer is above 299.
     """
-    from abeja_runtime.worker.batch import BatchError, run_batch
+    from abeja_runtime.worker.batch_job import BatchJobError, run_batch_job
 
     config = _config(**options)
     try:
-        code = run_batch(config, inputs, output)
-    except BatchError as exc:
+        code = run_batch_job(config, inputs, output)
+    except BatchJobError as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(code)
 

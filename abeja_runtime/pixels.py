@@ -5,7 +5,7 @@ checks an image's size when it opens it, before decoding: above ``MAX_IMAGE_PIXE
 (``DecompressionBombWarning``), above twice that it raises ``DecompressionBombError``. A process
 that serves handlers sets the limit to ``--max-image-pixels`` and makes the warning an error,
 so that the runtime's own decoding (the v1 style), the samples and the templates, and any
-handler that opens images with Pillow, stop at the limit as written; ``calls.py`` answers
+handler that opens images with Pillow, stop at the limit as written; ``worker/invoke.py`` answers
 either exception with ``413``. The limit is set when Pillow is first imported, whoever imports
 it and whenever: a handler that never opens an image never loads Pillow.
 """

@@ -1,21 +1,18 @@
 """Which running calls the front cancelled (their client left, their deadline passed).
 
 The front sends :class:`~abeja_runtime.frames.Cancel` for a call nobody waits for any more.
-A call that has not started is given back instead; for one that runs, whichever thread reads
-the frame marks it here, and the call's code looks:
+Whichever thread reads it marks the call here, and the call's code looks:
 
-* a streamed answer stops at its next chunk, and its generator is closed (its ``finally``
-  runs), instead of running on to its end for nobody;
-* a ``def`` handler may watch ``request.cancelled``, a :class:`threading.Event` that is set
-  then (made on first use: most handlers never look, and an Event costs more than the rest of
-  the bookkeeping of a call).
-
+* a streamed answer stops at its next chunk, and its generator is closed (its ``finally`` runs);
+* a ``def`` handler may watch ``request.cancelled``, a :class:`threading.Event` set then (made on
+  first use: most handlers never look, and an Event costs more than the rest of a call's
+  bookkeeping);
 * with ``--cancel-raises``, a ``def`` handler is interrupted: :class:`~abeja_runtime.errors.
   CallCancelled` is raised in its thread, as Cog does (on the main thread by a signal, which
   also ends a ``time.sleep`` or a blocking read; on a handler thread at its next bytecode).
 
-An ``async def`` handler's task is cancelled by the event loop's reader instead
-(``handler_loop.py``).
+A call not started yet is given back instead, and an ``async def`` handler's task is cancelled
+(``event_loop.py``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,26 @@
-"""How many more chunks each streamed answer of this process may send (its credit).
+"""The credit of each streamed answer of this process, and how a stream without credit waits.
 
 A stream starts with :data:`~abeja_runtime.frames.STREAM_WINDOW` chunks and
 :data:`~abeja_runtime.frames.STREAM_WINDOW_BYTES` bytes of credit; each chunk sent spends one
 chunk and its size, and the front gives them back (:class:`~abeja_runtime.frames.Credit`) as the
-client takes the chunks. A chunk may go while some of both is left, so a chunk bigger than the
-window still goes, alone. A stream without credit waits before it asks its generator for more,
-so a client that reads slowly holds up its own generator, not the front's memory nor the other
-calls of this process (the front no longer has to stop reading the whole socket).
+client takes the chunks. A chunk may go while some of both is left (a chunk bigger than the
+window goes alone). A stream without credit waits before it asks its generator for more, so a
+slow client holds up its own generator, not the front's memory nor this process's other calls.
 
 Whichever thread reads the frames grants the credit (:class:`~abeja_runtime.frames.
-BlockingChannel`); a stream waits for it in the way of the thread it runs on:
-
-* on a handler thread, or on the event loop's thread while a reader thread reads: an event
-  (:meth:`StreamCredits.wait`), or a future of the loop (:meth:`StreamCredits.wait_async`);
-* on the main thread of a process whose main thread reads the frames itself (a ``def`` handler
-  at ``--concurrency 1``): it reads them (``BlockingChannel.wait_until``) until
-  :meth:`StreamCredits.has_credit`.
+BlockingChannel`); how a stream waits is chosen once, by the executor: on a thread for an event,
+on the event loop for a future, on a main thread that reads the frames itself by reading them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from abeja_runtime.frames import STREAM_WINDOW, STREAM_WINDOW_BYTES
-
-if TYPE_CHECKING:
-    import asyncio
+from abeja_runtime.frames import STREAM_WINDOW, STREAM_WINDOW_BYTES, BlockingChannel, Call, RpcCall
+from abeja_runtime.worker.cancellation import Cancellations
+from abeja_runtime.worker.invoke import settled
 
 __all__ = ["StreamCredits"]
 
@@ -35,9 +28,10 @@ __all__ = ["StreamCredits"]
 class StreamCredits:
     """The credit of each stream that runs here, and the waiter of each that has none."""
 
-    __slots__ = ("_closed", "_left", "_lock", "_wake")
+    __slots__ = ("_cancellations", "_closed", "_left", "_lock", "_wake", "wait")
 
-    def __init__(self) -> None:
+    def __init__(self, cancellations: Cancellations) -> None:
+        self._cancellations = cancellations
         self._lock = threading.Lock()
         #: The chunks and bytes each stream may still send (bytes may go below zero: the chunk
         #: that crossed the window went whole).
@@ -46,6 +40,8 @@ class StreamCredits:
         self._wake: dict[int, Callable[[], None]] = {}
         #: The front closed the socket: no credit will come, nobody waits.
         self._closed = False
+        #: How a stream without credit waits for it (chosen by the executor).
+        self.wait: Callable[[int], Awaitable[None] | None] = self.wait_on_event
 
     def open(self, call_id: int) -> None:
         with self._lock:
@@ -58,7 +54,7 @@ class StreamCredits:
 
     def spend(self, call_id: int, size: int) -> bool:
         """Spend the credit of a chunk of ``size`` bytes; ``False`` when there is none left
-        (then wait for it)."""
+        (then :meth:`take` waits for it)."""
         with self._lock:
             left = self._left.get(call_id)
             if left is None or left[0] <= 0 or left[1] <= 0:
@@ -67,12 +63,14 @@ class StreamCredits:
             left[1] -= size
             return True
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def has_credit(self, call_id: int) -> bool:
-        return self._closed or _positive(self._left.get(call_id))
+    async def take(self, call_id: int, size: int) -> bool:
+        """Spend the credit of a chunk of ``size`` bytes, waiting for it while the client has not
+        taken the chunks before; ``False`` once the call was cancelled or the front is gone."""
+        while not self.spend(call_id, size):
+            if self._closed or self._cancellations.is_cancelled(call_id):
+                return False
+            await settled(self.wait(call_id))
+        return True
 
     def grant(self, call_id: int, chunks: int, size: int) -> None:
         """The front's :class:`~abeja_runtime.frames.Credit` (on the thread that read it)."""
@@ -82,14 +80,12 @@ class StreamCredits:
                 return  # a stream over already
             left[0] += chunks
             left[1] += size
-            if not _positive(left):
+            if left[0] <= 0 or left[1] <= 0:
                 return
-            wake = self._wake.pop(call_id, None)
-        if wake is not None:
-            wake()
+        self.stop_waiting(call_id)
 
     def stop_waiting(self, call_id: int) -> None:
-        """The call was cancelled: its stream stops waiting (and stops)."""
+        """The stream goes on (it has credit, or it was cancelled: then it stops)."""
         with self._lock:
             wake = self._wake.pop(call_id, None)
         if wake is not None:
@@ -104,14 +100,14 @@ class StreamCredits:
         for wake in wakes:
             wake()
 
-    def wait(self, call_id: int, cancelled: Callable[[], bool]) -> None:
-        """Block this thread until the stream has credit, is cancelled, or the front is gone."""
+    def wait_on_event(self, call_id: int) -> None:
+        """Block this thread until the stream has credit, is cancelled or the front is gone."""
         event = threading.Event()
-        if self._waiting(call_id, event.set, cancelled):
+        if self._waiting(call_id, event.set):
             event.wait()
 
-    async def wait_async(self, call_id: int, cancelled: Callable[[], bool]) -> None:
-        """:meth:`wait` for a stream on an event loop (granted on the reader's thread)."""
+    def wait_on_loop(self, call_id: int) -> Awaitable[None] | None:
+        """The same as a future of the running event loop, set from the reader's thread."""
         import asyncio  # running: imported already (a def handler's process never imports it)
 
         loop = asyncio.get_running_loop()
@@ -120,27 +116,40 @@ class StreamCredits:
         def wake() -> None:
             loop.call_soon_threadsafe(_set_once, future)
 
-        if self._waiting(call_id, wake, cancelled):
-            await future
+        return future if self._waiting(call_id, wake) else None
 
-    def _waiting(
-        self, call_id: int, wake: Callable[[], None], cancelled: Callable[[], bool]
-    ) -> bool:
+    def wait_reading(
+        self, channel: BlockingChannel, give_back: Callable[[Call | RpcCall, int | None], None]
+    ) -> None:
+        """From now on a stream waits by reading the frames until its credit comes (on the
+        main thread of a process whose main thread reads them, between its calls)."""
+
+        def wait(call_id: int) -> None:
+            if not channel.wait_until(lambda: self._goes_on(call_id), give_back):
+                self.close()
+
+        self.wait = wait
+
+    def _waiting(self, call_id: int, wake: Callable[[], None]) -> bool:
         """Register ``wake`` unless there is nothing to wait for (checked under the lock, so
         that a grant or a cancel cannot slip between the check and the registration; a cancel
         marks the call before it calls :meth:`stop_waiting`)."""
         with self._lock:
-            if self._closed or _positive(self._left.get(call_id)) or cancelled():
+            if self._goes_on(call_id):
                 return False
             self._wake[call_id] = wake
             return True
 
+    def _goes_on(self, call_id: int) -> bool:
+        """Whether the stream need not wait: it has credit, it was cancelled, the front is gone."""
+        left = self._left.get(call_id)
+        return (
+            self._closed
+            or (left is not None and left[0] > 0 and left[1] > 0)
+            or self._cancellations.is_cancelled(call_id)
+        )
 
-def _positive(left: list[int] | None) -> bool:
-    """Whether a stream with ``left`` credit may send a chunk."""
-    return left is not None and left[0] > 0 and left[1] > 0
 
-
-def _set_once(future: asyncio.Future[None]) -> None:
-    if not future.done():
+def _set_once(future: Any) -> None:
+    if not future.done():  # not cancelled with its task meanwhile
         future.set_result(None)

@@ -1,12 +1,10 @@
 """HTTP request parts → :class:`~abeja_runtime.worker.request.Request`, in a handler process.
 
-This module knows HTTP semantics but no server library. A handler process gets the method, the
-raw target, the headers and the whole body as a file (in memory, shared memory or the front's
-spool file) and builds the request from them (:func:`decode_request`); the front has checked the
-method and the body's size already (:mod:`abeja_runtime.limits`). Multipart bodies are
-parsed with the ``multipart`` library's sans-IO parser a piece at a time, each part spooled to
-disk above the spool threshold, so no body is held whole in memory beyond it. Every problem is
-raised as an :class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
+HTTP semantics, no server library: the method, the raw target, the headers and the whole body as a
+file (in memory, shared memory or the front's spool file; the front checked the method and the
+size). Multipart bodies are parsed a piece at a time (``multipart``'s sans-IO parser), each part
+spooled to disk above the spool threshold. Every problem is raised as an
+:class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
 """
 
 from __future__ import annotations
@@ -56,16 +54,22 @@ def decode_request(
     spool threshold. It becomes the request's body as it is (no copy), unless it is
     multipart, whose parts are parsed from it and spooled on their own. The request owns it.
     """
-    kept = [(name, value) for name, value in headers if name.lower() not in _STRIPPED_HEADERS]
-    content_type = _header(kept, "content-type")
+    kept = []
+    content_type = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower not in _STRIPPED_HEADERS:
+            kept.append((name, value))
+            if content_type is None and lower == "content-type":
+                content_type = value
     path = _unquote(raw_path, "URL path") if "%" in raw_path else raw_path
     query = _parse_query(raw_query) if raw_query else _NO_QUERY
-    scratch = Scratch()
+    scratch = None  # made for a multipart body's parts only
     try:
         if method == "GET":
             body.close()
             content_type = _GET_CONTENT_TYPE
-            contents = [_in_memory_content(raw_query.encode("utf-8", "surrogateescape"))]
+            contents = [Content(io.BytesIO(raw_query.encode("utf-8", "surrogateescape")))]
         else:
             content_type = content_type or _DEFAULT_CONTENT_TYPE
             if content_type[:19].lower() == "multipart/form-data":
@@ -73,13 +77,15 @@ def decode_request(
             else:
                 mime, options = "", {}
             if mime == "multipart/form-data":
+                scratch = Scratch()
                 with body:
                     contents = _read_multipart(body, options.get("boundary"), limits, scratch)
             else:
                 contents = [Content(body)]
     except BaseException:
         body.close()
-        scratch.remove()
+        if scratch is not None:
+            scratch.remove()
         raise
     return Request(
         http_method=method,
@@ -92,13 +98,6 @@ def decode_request(
         request_id=request_id,
         scratch=scratch,
     )
-
-
-def _header(headers: list[tuple[str, str]], wanted: str) -> str | None:
-    for name, value in headers:
-        if name.lower() == wanted:
-            return value
-    return None
 
 
 def _unquote(text: str, what: str) -> str:
@@ -114,10 +113,6 @@ def _parse_query(raw_query: str) -> MultiDictProxy[str]:
     except UnicodeDecodeError:
         raise BadRequest("the query string is not valid percent-encoded UTF-8") from None
     return MultiDictProxy(MultiDict(pairs))
-
-
-def _in_memory_content(data: bytes) -> Content:
-    return Content(io.BytesIO(data))
 
 
 #: How much of a spooled multipart body is parsed at a time.

@@ -1,21 +1,22 @@
-"""One handler call, on the handler's side: request in, encoded answer out, every error an answer.
+"""Invoking the handler: requests in, encoded replies out, every error a reply.
 
-A handler process (``worker/process.py``) and a batch run (``batch.py``) both go through here: the
-request is built (``decode.py``: the file-like body, multipart parts spooled to disk), the
-handler is called with a fresh copy of the context, and its result is checked and encoded
-(``encode.py``). What goes wrong on the way becomes a reply through
-:meth:`HandlerCalls.error_reply`, the one error → response ladder of the handler side (the front
-has its own refusals: busy, timeout, unavailable). Nothing here knows sockets, processes or HTTP
-servers.
+A handler process (``runner.py``), its warm-up and a batch job call the handler through
+:class:`Invoker`, whose :meth:`~Invoker.error_reply` is the handler side's one error → response
+ladder. :func:`settled` is the one place where ``def`` and ``async def`` meet: the code that runs
+a call is written once, as coroutines, and awaits through it what the handler (a stream, a wait)
+gives; where no event loop runs, :func:`finish` runs those coroutines, which never wait there.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import logging
-from collections.abc import Callable, Iterable
-from typing import IO, Any, Final
+import sys
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Final, TypeVar, cast
 
 from abeja_runtime import __version__
 from abeja_runtime.batched import declared_batch
@@ -27,27 +28,79 @@ from abeja_runtime.logs import user_exc_info
 from abeja_runtime.pixels import is_image_bomb
 from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.tracing import Tracing
-from abeja_runtime.worker.decode import decode_request
 from abeja_runtime.worker.request import Request, was_iterated
 
-__all__ = [
-    "RUNTIME_VERSION_HEADER",
-    "HandlerCalls",
-]
+__all__ = ["RUNTIME_VERSION_HEADER", "Invoker", "chunks", "finish", "settled"]
 
 _log = logging.getLogger("abeja_runtime")
+_T = TypeVar("_T")
 
 RUNTIME_VERSION_HEADER: Final = "x-abeja-sys-meta-runtime-version"
 
 
-class HandlerCalls:
+async def settled(value: _T | Awaitable[_T]) -> _T:
+    """``value`` as it is, or awaited when it is awaitable (what an ``async def`` gave): on the
+    running event loop, or on this thread's own loop when none runs here."""
+    if type(value) in _PLAIN or not inspect.isawaitable(value):
+        return value  # type: ignore[return-value]  # not awaitable: a _T
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and asyncio._get_running_loop() is not None:
+        return cast(_T, await value)
+    return cast(_T, _own_loop().run_until_complete(value))
+
+
+#: What a handler, a stream or a wait most often gives, never awaitable (a type test is cheaper).
+_PLAIN: Final = frozenset({dict, bytes, tuple, EncodedResponse, type(None)})
+_threads = threading.local()
+
+
+def _own_loop() -> Any:
+    """This thread's own event loop, made on first use (asyncio is imported then only): what a
+    ``def`` handler gives to await (an async generator's chunks) runs on it, between calls."""
+    loop = getattr(_threads, "loop", None)
+    if loop is None:
+        import asyncio
+
+        loop = _threads.loop = asyncio.new_event_loop()
+    return loop
+
+
+def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coroutine`` to its end on this thread, where no event loop runs (what it awaits
+    through :func:`settled` is done at once)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(_T, done.value)
+    coroutine.close()
+    raise RuntimeError("a coroutine waited for an event loop on a thread that runs none")
+
+
+async def chunks(body: Iterable[bytes] | AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """A streamed body's chunks as the handler's generator, sync or async, yields them; the
+    generator closed at the end (its ``finally`` runs), also when the reader stops early."""
+    step = body.__anext__ if isinstance(body, AsyncIterator) else iter(body).__next__
+    try:
+        while True:
+            try:
+                chunk = await settled(step())
+            except (StopIteration, StopAsyncIteration):
+                return
+            yield chunk
+    finally:
+        close = getattr(body, "aclose", None) or getattr(body, "close", None)
+        if callable(close):
+            await settled(close())
+
+
+class Invoker:
     """The calls of one loaded handler."""
 
     def __init__(self, config: Config, handler: LoadedHandler) -> None:
         self.handler = handler
-        self._config = config
+        self._context = config.context
         self._max_image_pixels = config.max_image_pixels
-        self._limits = BodyLimits(
+        self.limits = BodyLimits(
             max_body_size=0,  # the front counted the body already
             spool_threshold=config.spool_threshold,
             max_parts=config.max_parts,
@@ -64,57 +117,26 @@ class HandlerCalls:
         """Each answer encoded in a span of its own (:mod:`abeja_runtime.tracing`)."""
         self._encode = tracing.encoding(self._encode)
 
-    def request(
-        self,
-        *,
-        method: str,
-        raw_path: str,
-        raw_query: str,
-        headers: Iterable[tuple[str, str]],
-        body: IO[bytes],
-        request_id: str,
-    ) -> Request:
-        """The handler's request; ``HttpError`` (400, 413) for a body it cannot be built from."""
-        return decode_request(
-            method=method,
-            raw_path=raw_path,
-            raw_query=raw_query,
-            headers=headers,
-            body=body,
-            limits=self._limits,
-            request_id=request_id,
-        )
-
-    def context(self) -> Any:
-        """A fresh copy per call: one call's changes never reach the next."""
-        return copy.deepcopy(self._config.context) if self._config.context else {}
-
-    def answer(self, request: Request) -> EncodedResponse:
-        """Call a ``def`` handler and encode its result (a streamed body is still to be
-        iterated, on the caller's thread); the request stays open for the stream. A batched
-        handler (``--max-batch-size``) gets a batch of one (a batch run's requests)."""
-        if self.batched:
-            return self.answer_batch([request])[0]
+    async def answer(self, requests: list[Request]) -> list[EncodedResponse]:
+        """The handler's replies to ``requests``, one each, in order: a batched handler called
+        once with the list, any other with the one request. A streamed body is still to be
+        iterated; the requests stay open for it."""
+        func = self.handler.func
+        # A fresh copy of the context per call: one call's changes never reach the next.
+        context = copy.deepcopy(self._context) if self._context else {}
         try:
-            return self._encode(self.handler.func(request, self.context()))
+            if self.batched:
+                results = await settled(func(requests, context))
+                return self._batch_replies(results, len(requests))
+            return [self._encode(await settled(func(requests[0], context)))]
         except Exception as exc:
-            return self.error_reply(exc, note=self._batching_note(request))
+            return [self.error_reply(exc, note=self._batching_note(requests))] * len(requests)
 
-    async def answer_async(self, request: Request) -> EncodedResponse:
-        """The same for an ``async def`` handler."""
-        if self.batched:
-            return (await self.answer_batch_async([request]))[0]
-        try:
-            return self._encode(await self.handler.func(request, self.context()))
-        except Exception as exc:
-            return self.error_reply(exc, note=self._batching_note(request))
-
-    def _batching_note(self, request: Request) -> str:
-        """For the log of a failed call of an ABEJA-style handler served one request a call
-        that went over its request's keys, as a handler written for batches goes over its list
-        (``for r in requests``: each ``r`` a key, and ``json.load(r)`` fails with ``'str'
-        object has no attribute 'read'``): how it is served, and how to serve it batches."""
-        if self.handler.style != "abeja" or not was_iterated(request):
+    def _batching_note(self, requests: list[Request]) -> str:
+        """For the log of a failed call of an unbatched ABEJA-style handler that went over its
+        request's keys (``for r in requests``, ``json.load(r)``: ``'str' object has no
+        attribute 'read'``): how to serve it batches."""
+        if self.batched or self.handler.style != "abeja" or not was_iterated(requests[0]):
             return ""
         return (
             "; the handler went over the keys of its request, as a handler written for batches "
@@ -123,23 +145,6 @@ class HandlerCalls:
             "takes a list of requests, serve it with --max-batch-size N above 1 "
             "(ABEJA_RUNTIME_MAX_BATCH_SIZE) or declare it with @abeja_runtime.batched()"
         )
-
-    def answer_batch(self, requests: list[Request]) -> list[EncodedResponse]:
-        """Call a batched ``def`` handler once for ``requests`` (``handler(requests,
-        context)``) and encode each of its results: one reply per request, in order."""
-        try:
-            results = self.handler.func(requests, self.context())
-        except Exception as exc:
-            return [self.error_reply(exc)] * len(requests)
-        return self._batch_replies(results, len(requests))
-
-    async def answer_batch_async(self, requests: list[Request]) -> list[EncodedResponse]:
-        """The same for an ``async def`` batched handler."""
-        try:
-            results = await self.handler.func(requests, self.context())
-        except Exception as exc:
-            return [self.error_reply(exc)] * len(requests)
-        return self._batch_replies(results, len(requests))
 
     def _batch_replies(self, results: object, count: int) -> list[EncodedResponse]:
         """Each result encoded, an exception instance as its own ``500`` (its neighbours are

@@ -14,13 +14,11 @@ Inputs come from one of two places:
   answer is written under ``--output`` as the input's path (relative to the folder named) plus
   the extension of the answer's content type: ``photos/cat.jpg`` → ``OUT/cat.jpg.json``.
 
-The requests go through what a handler process does with a call (``calls.py``: the handler,
-the encoding, the error replies), within the timeout, with an access record each,
-``concurrency`` at a time (``def`` handlers on that many threads, the first of which imported
-the handler). Logs are
-JSON lines on stderr, the last one a summary (with a progress bar and the summary in words on a
-terminal); the exit code is 1 when an answer's status is above 299 or the handler cannot be
-loaded, as on the platform.
+The handler is invoked as a handler process invokes it (``invoke.py``), within the timeout,
+with an access record each, ``concurrency`` at a time (``def`` handlers on that many threads,
+the first of which imported the handler). Logs are JSON lines on stderr, the last one a summary
+(with a progress bar and the summary in words on a terminal); the exit code is 1 when an
+answer's status is above 299 or the handler cannot be loaded, as on the platform.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,21 +44,16 @@ from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, status_reply
 from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError, HandlerTimeout
-from abeja_runtime.logs import (
-    capture_prints,
-    configure_logging,
-    new_request_id,
-    request_id_var,
-)
+from abeja_runtime.logs import capture_prints, configure_logging, new_request_id, request_id_var
 from abeja_runtime.media import extension_for, guess_content_type
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.project import install_dependencies, prepare_workdir
-from abeja_runtime.worker.calls import HandlerCalls
 from abeja_runtime.worker.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
+from abeja_runtime.worker.invoke import Invoker, chunks, finish
 from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.request import Content, Request
 
-__all__ = ["BatchError", "collect_files", "run_batch"]
+__all__ = ["BatchJobError", "collect_files", "run_batch_job"]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -68,7 +61,7 @@ _log = logging.getLogger("abeja_runtime")
 _NAMED_FAILURES: Final = 10
 
 
-class BatchError(AbejaRuntimeError):
+class BatchJobError(AbejaRuntimeError):
     """The inputs or the platform's answers make the batch impossible; the text says why."""
 
 
@@ -87,13 +80,13 @@ def collect_files(paths: Sequence[Path]) -> list[tuple[Path, Path]]:
                 if file.is_file() and not _hidden(file.relative_to(path))
             )
         else:
-            raise BatchError(f"{given}: no such file or folder")
+            raise BatchJobError(f"{given}: no such file or folder")
     if not found:
-        raise BatchError(f"no input files in {', '.join(map(str, paths))}")
+        raise BatchJobError(f"no input files in {', '.join(map(str, paths))}")
     names = Counter(name for _, name in found)
     twice = sorted(str(name) for name, count in names.items() if count > 1)
     if twice:
-        raise BatchError(
+        raise BatchJobError(
             f"two inputs would write the same output ({', '.join(twice[:3])}); name folders, "
             "or files with different names"
         )
@@ -133,7 +126,7 @@ class _Tally:
         return f"{text}, in {seconds:.1f} s{where}"
 
 
-def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
+def run_batch_job(config: Config, inputs: Sequence[Path], output: Path) -> int:
     """The command's body: returns its exit code."""
     configure_logging(
         config.log_level,
@@ -152,10 +145,10 @@ def run_batch(config: Config, inputs: Sequence[Path], output: Path) -> int:
         return 1
     capture_prints()  # the handler's print() becomes log records, off stdout
     limit_image_pixels(config.max_image_pixels)
-    return asyncio.run(_Batch(config).run(files, output, os.environ))
+    return asyncio.run(_BatchJob(config).run(files, output, os.environ))
 
 
-class _Batch:
+class _BatchJob:
     def __init__(self, config: Config) -> None:
         self._config = config
         self._access_log = AccessLog(config.platform.log_fields())
@@ -176,7 +169,7 @@ class _Batch:
             )
             self._threads.shutdown(wait=False)
             return 1
-        self._calls = HandlerCalls(config, handler)
+        self._invoker = Invoker(config, handler)
         began = time.monotonic()
         tally = _Tally()
         try:
@@ -186,7 +179,7 @@ class _Batch:
             else:
                 await self._files(files, output, tally)
                 where = f"; answers in {output}"
-        except (BatchError, DataLakeError) as exc:
+        except (BatchJobError, DataLakeError) as exc:
             _log.error("batch failed: %s", exc)
             return 1
         finally:
@@ -202,13 +195,15 @@ class _Batch:
         recorded in the access log under ``name``; the request is closed."""
         received = time.time()
         token = request_id_var.set(request.request_id)
-        calls = self._calls
+        invoker = self._invoker
         try:
-            if calls.handler.is_async:
-                work: Any = _collected_async(calls, request)
-            else:
+            if invoker.handler.is_async:
+                work: Any = _collected(invoker, request)
+            else:  # a def handler on a thread, where no event loop runs
                 loop = asyncio.get_running_loop()
-                work = loop.run_in_executor(self._threads, _collected, calls, request)
+                work = loop.run_in_executor(
+                    self._threads, lambda: finish(_collected(invoker, request))
+                )
             reply: EncodedResponse
             try:
                 reply = await asyncio.wait_for(work, self._config.timeout or None)
@@ -260,51 +255,23 @@ class _Batch:
                 await lake.upload(target, name, reply)
 
 
-def _collected(calls: HandlerCalls, request: Request) -> EncodedResponse:
-    """A ``def`` handler's answer, a streamed body gathered (on the handler thread)."""
-    return _gathered(calls, calls.answer(request))
-
-
-async def _collected_async(calls: HandlerCalls, request: Request) -> EncodedResponse:
-    reply = await calls.answer_async(request)
-    if isinstance(reply.body, AsyncIterator):  # an async generator's chunks, gathered here
-        try:
-            body = b"".join([chunk async for chunk in reply.body])
-        except Exception as exc:
-            return calls.error_reply(exc)
-        return EncodedResponse(reply.status, reply.headers, body)
-    return _gathered(calls, reply)
-
-
-def _gathered(calls: HandlerCalls, reply: EncodedResponse) -> EncodedResponse:
+async def _collected(invoker: Invoker, request: Request) -> EncodedResponse:
+    """The handler's answer with a streamed body gathered, sync or async."""
+    [reply] = await invoker.answer([request])
     if isinstance(reply.body, bytes):
         return reply
     try:
-        body = b"".join(reply.body)  # type: ignore[arg-type]
+        body = b"".join([chunk async for chunk in chunks(reply.body)])
     except Exception as exc:
-        return calls.error_reply(exc)
+        return invoker.error_reply(exc)
     return EncodedResponse(reply.status, reply.headers, body)
 
 
-class _NoProgress:
-    """The progress bar where nobody watches (no terminal): says nothing."""
-
-    def __enter__(self) -> _NoProgress:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        pass
-
-    def update(self, steps: int) -> None:
-        pass
-
-
 def _progress(terminal: TextIO, length: int) -> Any:
-    """A progress bar on a terminal; elsewhere one that says nothing (click's ``hidden=``
-    would do it, but only from click 8.2: seldon-core's environments have 8.0)."""
-    if not terminal.isatty():
-        return _NoProgress()
-    return click.progressbar(length=length, label="batch", file=terminal, show_pos=True)
+    """A progress bar on a terminal; elsewhere one written where nobody reads it (click's
+    ``hidden=`` is only in click 8.2: seldon-core's environments have 8.0)."""
+    file = terminal if terminal.isatty() else io.StringIO()
+    return click.progressbar(length=length, label="batch", file=file, show_pos=True)
 
 
 def _terminal() -> TextIO:
@@ -338,9 +305,9 @@ async def _input_request(text: str, lake: DataLake) -> Request:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BatchError(f"INPUT is not JSON ({exc}); give a JSON object or array") from None
+        raise BatchJobError(f"INPUT is not JSON ({exc}); give a JSON object or array") from None
     if not isinstance(value, dict | list):
-        raise BatchError(f"INPUT must be a JSON object or array, not {type(value).__name__}")
+        raise BatchJobError(f"INPUT must be a JSON object or array, not {type(value).__name__}")
     if isinstance(value, dict) and DATALAKE_KEY in value:
         data, content_type, metadata = await lake.download(str(value[DATALAKE_KEY]))
         content = Content(io.BytesIO(data), metadata=metadata)
