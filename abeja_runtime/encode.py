@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import multipart
 
-from abeja_runtime.errors import HandlerResultError
+from abeja_runtime.errors import HandlerResultError, HttpError
 
 if TYPE_CHECKING:
     import csv
@@ -98,6 +98,11 @@ def status_reply(
 ) -> EncodedResponse:
     """The one shape of every error the runtime answers itself: ``{"status": message}`` JSON."""
     return EncodedResponse(status, (("Content-Type", _JSON), *headers), status_body(message))
+
+
+def error_reply(exc: HttpError) -> EncodedResponse:
+    """The runtime's answer for ``exc``: its status, its message, its headers."""
+    return status_reply(exc.status, exc.message, exc.headers.items())
 
 
 def status_body(message: str) -> bytes:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 from aiohttp import web
 
 from abeja_runtime.config import PlatformIds
-from abeja_runtime.encode import EncodedResponse, status_reply
+from abeja_runtime.encode import EncodedResponse, error_reply
 from abeja_runtime.errors import BadRequest, HttpError, ServiceBusy
 from abeja_runtime.frames import Answer, Call
 from abeja_runtime.front.arms import (
@@ -112,7 +112,7 @@ class AsyncJobs:
         try:
             result = await to_platform.result
             if isinstance(result, HttpError):  # a timeout or a full queue: as a client's
-                reply = status_reply(result.status, result.message, result.headers.items())
+                reply = error_reply(result)
             else:
                 assert isinstance(result, Answer) and job.ticket is not None
                 if result.failed:  # logged in the handler process

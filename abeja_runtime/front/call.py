@@ -167,7 +167,7 @@ class FrontCall:
         responder."""
         if isinstance(exc, HandlerTimeout):
             self.outcome = Outcome.TIMED_OUT
-        elif isinstance(exc, HttpError) and exc.status == 502:
+        elif exc.status == 502:
             self.outcome = Outcome.CUT
         else:
             self.outcome = Outcome.REFUSED

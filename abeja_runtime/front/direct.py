@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
-from abeja_runtime.encode import status_reply
+from abeja_runtime.encode import error_reply
 from abeja_runtime.errors import HttpError
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
 from abeja_runtime.front.aiohttp_private import whole_body
@@ -210,7 +210,7 @@ class DirectResponder:
         self._writing.add_done_callback(self._written)
 
     def refuse(self, call: FrontCall, exc: HttpError) -> None:
-        reply = status_reply(exc.status, exc.message, exc.headers.items())
+        reply = error_reply(exc)
         assert isinstance(reply.body, bytes)
         self._write(reply.status, reply.headers, reply.body)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import web, web_protocol
 
-from abeja_runtime.encode import EncodedResponse, status_reply
+from abeja_runtime.encode import EncodedResponse, error_reply
 from abeja_runtime.errors import HttpError
 from abeja_runtime.frames import Answer
 from abeja_runtime.front.answers import Headers, checked_head, unsendable, write_stream
@@ -57,7 +57,7 @@ class WebResponder(AwaitedAnswer):
         request = self._request
         draining = call.service.draining
         if isinstance(result, HttpError):
-            reply = status_reply(result.status, result.message, result.headers.items())
+            reply = error_reply(result)
             if result.ends_connection:  # the body was not read whole
                 return await _refuse(request, call.entry, reply)
             return await send_reply(request, call.entry, reply, draining=draining)

@@ -21,7 +21,12 @@ from typing import Any, Final, TypeVar, cast
 from abeja_runtime import __version__
 from abeja_runtime.batched import declared_batch
 from abeja_runtime.config import Config
-from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse, encode_result, status_reply
+from abeja_runtime.encode import (
+    UNEXPECTED_ERROR,
+    EncodedResponse,
+    encode_result,
+    error_reply,
+)
 from abeja_runtime.errors import HandlerResultError, HttpError, ImageTooLarge
 from abeja_runtime.limits import BodyLimits
 from abeja_runtime.logs import user_exc_info
@@ -179,7 +184,7 @@ class Invoker:
         if is_image_bomb(exc):
             exc = ImageTooLarge(self._max_image_pixels)
         if isinstance(exc, HttpError):
-            return status_reply(exc.status, exc.message, exc.headers.items())
+            return error_reply(exc)
         if isinstance(exc, HandlerResultError):
             _log.error(
                 "the return value of the handler %s breaks the contract: %s%s",
