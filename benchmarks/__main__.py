@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="benchmark abeja_runtime/ as of this git commit (exported to a temp dir) instead "
         "of the working tree, which other people may be editing mid-run",
     )
+    p.add_argument(
+        "--baseline-ref",
+        default="",
+        help="also measure abeja_runtime/ as of this git commit, as the target "
+        "runtime-baseline, interleaved with the others: a change held against it in one run",
+    )
     p.add_argument("--runtime-args", default="", help="extra runtime flags, e.g. '--loop asyncio'")
     p.add_argument("--runtime-path", default="/", help="URL path the runtime serves handlers on")
     p.add_argument("--skip-upload", action="store_true", help="skip the streamed upload test")
@@ -109,7 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "first chunk and 1,000 SSE streams; batching: the fixed-cost model batched, beside Ray "
         "Serve and LitServe), and print its table (written too with --write-results)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.baseline_ref and "runtime-baseline" not in args.targets:
+        args.targets.append("runtime-baseline")
+    return args
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -136,6 +145,16 @@ def _matrix(args: argparse.Namespace, load: LoadSpec, setup: Setup) -> list[Row]
     return rows
 
 
+def _uploads(args: argparse.Namespace, upload: UploadSpec, setup: Setup) -> list[UploadRow]:
+    """The streamed upload, each mode on the bare app and the runtime."""
+    rows = []
+    for mode in args.upload_modes:
+        for target in ("bare", "runtime"):
+            print(f"- upload {args.upload_mib} MiB {target} {mode}", file=sys.stderr)
+            rows.append(bench_upload(upload, setup, target, mode))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the matrix and the upload test, print the report, optionally write RESULTS.md."""
     args = parse_args(argv)
@@ -153,11 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     uploads: list[UploadRow] = []
     with tempfile.TemporaryDirectory(prefix="abeja-bench-") as tmp:
         try:
-            src, src_desc = runtime_source(args.runtime_ref, Path(tmp))
+            src, src_desc = runtime_source(args.runtime_ref, Path(tmp) / "runtime")
+            baseline = runtime_source(args.baseline_ref, Path(tmp) / "baseline")
         except (OSError, subprocess.SubprocessError) as e:
-            print(f"cannot export abeja_runtime at {args.runtime_ref}: {e}", file=sys.stderr)
+            print(f"cannot export abeja_runtime: {e}", file=sys.stderr)
             return 2
         info = machine_info(src_desc)
+        if args.baseline_ref:
+            info.append(("runtime-baseline source", baseline[1]))
         with otlp_sink() as otlp_endpoint:
             setup = Setup(
                 runtime_src=src,
@@ -168,13 +190,11 @@ def main(argv: list[str] | None = None) -> int:
                 stop_timeout=args.stop_timeout,
                 tmp=Path(tmp),
                 otlp_endpoint=otlp_endpoint,
+                baseline_src=baseline[0] if args.baseline_ref else None,
             )
             rows = _matrix(args, load, setup)
         if not args.skip_upload:
-            for mode in args.upload_modes:
-                for target in ("bare", "runtime"):
-                    print(f"- upload {args.upload_mib} MiB {target} {mode}", file=sys.stderr)
-                    uploads.append(bench_upload(upload, setup, target, mode))
+            uploads = _uploads(args, upload, setup)
 
     info.insert(5, ("load average at end", " ".join(f"{x:.2f}" for x in os.getloadavg())))
     if args.note:

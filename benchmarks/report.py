@@ -274,6 +274,10 @@ def _beside(rows: list[Row], pin: str) -> list[str]:
             traced = by_key.get((name, r.workers, r.workload))
             if traced is not None and traced.wrk is not None:
                 lines.append(_pair(traced, r, "tracing's cost"))
+        baseline = by_key.get(("runtime-baseline", r.workers, r.workload))
+        if baseline is not None and baseline.wrk is not None:
+            rss = r.peak_sum_mib / baseline.peak_sum_mib if baseline.peak_sum_mib else 0
+            lines.append(_pair(r, baseline, f"the change (RSS ratio {rss:.2f})"))
     if not lines:
         return []
     return [
@@ -281,7 +285,8 @@ def _beside(rows: list[Row], pin: str) -> list[str]:
         "The runtime against the bare app on uvloop (the runtime runs on uvloop as installed), "
         "and tracing's cost (runtime-traced: every request traced, sent over OTLP/HTTP to a "
         "sink that keeps nothing, in the same run; runtime-sampled: one in ten; a small "
-        "request makes three spans: the server span, its queue wait and the handler's):",
+        "request makes three spans: the server span, its queue wait and the handler's; "
+        "runtime-baseline: the runtime as of --baseline-ref, in the same run):",
         "",
         "| target | against | workers | workload | req/s ratio | p99 ratio | |",
         "|---|---|---:|---|---:|---:|---|",

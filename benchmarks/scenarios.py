@@ -136,7 +136,7 @@ def bench_one(load: LoadSpec, setup: Setup, target: str, workers: int, w: Worklo
     """Start one server, check one answer, warm up, measure under wrk, stop it."""
     row = Row(target, workers, w.name)
     server = server_for(setup, target, workers, w.handler_dir)
-    path = load.runtime_path if target == "runtime" else w.bare_path
+    path = load.runtime_path if target in ("runtime", "runtime-baseline") else w.bare_path
     script = wrk_script(setup.tmp, w.name, w.content_type, w.body)
     cpu = "1" if split_cores(setup.pin, workers) else None
 

@@ -45,7 +45,15 @@ HANDLERS = BENCH / "handlers"
 #: ``runtime-traced``: the runtime with every request traced, its spans sent over OTLP/HTTP to
 #: a sink (``otlp_sink.py``) that keeps nothing; ``runtime-sampled``: the same with one request
 #: in ten traced (``parentbased_traceidratio``), as a busy service would sample.
-TARGETS = ("bare", "bare-uvloop", "runtime", "runtime-traced", "runtime-sampled")
+#: ``runtime-baseline``: the runtime as of ``--baseline-ref``, to hold a change against.
+TARGETS = (
+    "bare",
+    "bare-uvloop",
+    "runtime",
+    "runtime-traced",
+    "runtime-sampled",
+    "runtime-baseline",
+)
 #: What a run measures unless ``--targets`` says otherwise.
 DEFAULT_TARGETS = ("bare", "bare-uvloop", "runtime", "runtime-traced")
 #: The tracing variables of the traced targets, beside the sink's endpoint.
@@ -87,6 +95,8 @@ class Setup:
     tmp: Path
     #: Where ``runtime-traced`` sends its spans (``otlp_sink.py``).
     otlp_endpoint: str = ""
+    #: Where ``runtime-baseline`` imports the runtime from (``--baseline-ref``).
+    baseline_src: Path | None = None
 
 
 @dataclass
@@ -207,7 +217,8 @@ def server_for(
         if target in _TRACED:
             env.update(_TRACED[target], OTEL_EXPORTER_OTLP_ENDPOINT=setup.otlp_endpoint)
         # Test this checkout (or --runtime-ref), not whatever copy is installed elsewhere.
-        src = str(setup.runtime_src)
+        baseline = setup.baseline_src if target == "runtime-baseline" else None
+        src = str(baseline or setup.runtime_src)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     command += extra or []
     if split_cores(setup.pin, workers):
@@ -231,7 +242,7 @@ def runtime_source(ref: str, tmp: Path) -> tuple[Path, str]:
         check=True,
     ).stdout.strip()
     dest = tmp / "runtime-src"
-    dest.mkdir()
+    dest.mkdir(parents=True)
     archive = subprocess.run(
         ["git", "-C", str(REPO), "archive", "--format=tar", sha, "abeja_runtime"],
         capture_output=True,

@@ -162,6 +162,18 @@ def test_the_runtime_is_held_to_the_bare_uvloop_rate_on_small_json_served_unpinn
     assert against_uvloop("none")[0].endswith("| at least 1.00: PASS |")
 
 
+def test_a_change_is_held_against_the_baseline_runtime_of_the_same_run():
+    """``--baseline-ref``: the runtime beside itself as of another commit, row by row."""
+    rows = [row("bare", 900.0), row("runtime", 970.0), row("runtime-baseline", 1000.0)]
+    options = Options(("python", "-m", "benchmarks"), 1, 16, 10.0, 2.0, 1, "auto", 0)
+    text = render(options, rows, [], [("date", "2026-11-28")])
+    change = [line for line in text.splitlines() if line.startswith("| runtime | runtime-base")]
+    assert change == [
+        "| runtime | runtime-baseline | 1 | small_json | 0.97 | 1.00 "
+        "| the change (RSS ratio 1.00) |"
+    ]
+
+
 def test_start_and_upload_bounds():
     assert start_check(row(ready_s=0.45)).ok
     assert not start_check(row(ready_s=0.55)).ok
