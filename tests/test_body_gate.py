@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from abeja_runtime.front.body_gate import BodyGate
+from abeja_runtime.front.body import BodyGate
 
 
 async def settle() -> None:

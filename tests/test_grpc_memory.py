@@ -87,7 +87,7 @@ def predict(port: int, index: int, answers: list[Any]) -> None:
 
 
 def test_twenty_concurrent_50_mib_predicts_stay_within_the_body_places(make_server):
-    """One process of concurrency 1 has 1 + 4 body places (``body_gate.BODIES_AHEAD``): the
+    """One process of concurrency 1 has 1 + 4 body places (``body.BODIES_AHEAD``): the
     other fifteen calls wait for one, unread. The twenty calls share one connection (grpcio's
     channels in a process share one per target), whose messages are read one at a time. The
     front's peak is its base, two copies of each message a place holds and three of the one

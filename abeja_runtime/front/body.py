@@ -1,24 +1,36 @@
-"""A request's body as the front holds it (:class:`Body`): in the call frame, in one of the
-front's memfds, or in a spool file (the last two sent to the handler process as their
-descriptor), with the place it holds in the body gate (:class:`BodyPlaces`)."""
+"""A request's body as the front holds it (:class:`Body`), and the places bodies take.
+
+A body travels in the call frame, in one of the front's memfds, or in a spool file (the last two
+sent to the handler process as their descriptor). A body above the inline limit waits, unread,
+in its socket until a place is free (:class:`BodyGate`), as ABEJA's Go proxy left it until it
+forwarded the request; a request the queue cannot take is refused before its body is read. A
+process has its slots (``--concurrency``) plus :data:`BODIES_AHEAD` places: the bodies of the
+calls it runs, and of the next ones, read while it runs those (more places cost memory, fewer
+cost rate and p99: ``benchmarks --workloads binary_1mib``). A place is taken before the body is
+read and given back when its call is over or its reading failed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import time
+from collections import deque
 from typing import IO, TYPE_CHECKING, Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.errors import BodyPastDeadline, HandlerTimeout, ServiceBusy
-from abeja_runtime.front.body_gate import BODIES_AHEAD, BodyGate
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.spool import Scratch
 
 if TYPE_CHECKING:
     from abeja_runtime.front.pool import HandlerPool
 
-__all__ = ["IN_FRAME", "Body", "BodyPlaces"]
+__all__ = ["BODIES_AHEAD", "IN_FRAME", "Body", "BodyGate", "BodyPlaces"]
+
+#: Places per handler process beyond its slots (see the module's docstring).
+BODIES_AHEAD: Final = 4
 
 
 class Body:
@@ -117,3 +129,69 @@ class BodyPlaces:
     def past_deadline(self) -> BodyPastDeadline:
         """The error of a body still arriving at its request's deadline."""
         return BodyPastDeadline(self._timeout or 0)
+
+
+class BodyGate:
+    """``places`` bodies at most, the others wait their turn in arrival order."""
+
+    __slots__ = ("_held", "_loop", "_places", "_waiting")
+
+    def __init__(self, places: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._places = places
+        self._held = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._loop = loop
+
+    @property
+    def waiting(self) -> int:
+        """Bodies waiting for a place (they count as queued calls)."""
+        return len(self._waiting)
+
+    def has_place(self) -> bool:
+        """Whether :meth:`enter` would return at once."""
+        return self._held < self._places and not self._waiting
+
+    def try_enter(self) -> bool:
+        """Take a place if one is free now, without waiting: whether one was taken."""
+        if self.has_place():
+            self._held += 1
+            return True
+        return False
+
+    async def enter(self) -> None:
+        """Take a place, waiting for one if all are held. Cancelled while waiting (the
+        deadline, the client gone), nothing is held; a place handed over meanwhile goes on."""
+        if self.try_enter():
+            return
+        turn = self.wait()
+        try:
+            await turn
+        except asyncio.CancelledError:
+            self.give_up(turn)
+            raise
+
+    def wait(self) -> asyncio.Future[None]:
+        """A turn in the line: done when a place is handed to it (the place is then held);
+        :meth:`give_up` when it is no longer wanted."""
+        turn = self._loop.create_future()
+        self._waiting.append(turn)
+        return turn
+
+    def give_up(self, turn: asyncio.Future[None]) -> None:
+        """The turn is not wanted (the deadline, the client gone): nothing is held after, even
+        when a place was handed to it just now."""
+        if turn.done() and not turn.cancelled():
+            self.leave()
+            return
+        turn.cancel()
+        with contextlib.suppress(ValueError):  # ``leave`` may have dropped it already
+            self._waiting.remove(turn)
+
+    def leave(self) -> None:
+        """Give a place back: to the first body still waiting, else to the free places."""
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._held -= 1

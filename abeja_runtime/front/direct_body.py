@@ -2,7 +2,7 @@
 reading.
 
 A body between the inline limit and the spool threshold, with a ``Content-Length``, is read by
-the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body_gate.
+the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body.
 BodyGate` (waiting in line, unread in its connection, while all are held), then a shared
 buffer, into which the connection reads the body straight from the socket
 (:meth:`~abeja_runtime.front.capture.CapturingConnection.capture_body`). Then the call is submitted.

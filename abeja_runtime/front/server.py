@@ -63,11 +63,14 @@ LIVENESS_PATH: Final = "/livez"
 METRICS_PATH: Final = "/metrics"
 _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), status_body("ok"))
 _UNAVAILABLE: Final = status_reply(503, "service unavailable")
-_JSON: Final = (("Content-Type", "application/json"),)
 
 
 def _health_response(ready: bool) -> web.Response:
     return web_response(_HEALTHY if ready else _UNAVAILABLE)
+
+
+def _metrics_response(render: Callable[[], bytes]) -> web.Response:
+    return web.Response(body=render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 class HttpServer:
@@ -95,7 +98,7 @@ class HttpServer:
         if path == HEALTH_PATH:
             return _health_response(self.call_service.ready)
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
-            return self.metrics_response()
+            return _metrics_response(self._metrics.render)
         headers = request.headers
         request_id = request_id_from(headers.get(REQUEST_ID_HEADER))
         requester_id = requester_id_from(headers.get(REQUESTER_ID_HEADER))
@@ -112,11 +115,6 @@ class HttpServer:
             raise
         finally:
             call.finish()
-
-    def metrics_response(self) -> web.Response:
-        return web.Response(
-            body=self._metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
-        )
 
     async def _submit(self, request: web.BaseRequest, call: FrontCall) -> str | None:
         """Read the request's body and submit its call, or refuse it; an async request's id,
@@ -296,9 +294,7 @@ class ControlServer:
         if path == LIVENESS_PATH:
             return web_response(_HEALTHY)
         if path == METRICS_PATH:
-            return web.Response(
-                body=self._render_metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE}
-            )
+            return _metrics_response(self._render_metrics)
         return web_response(
             status_reply(
                 404,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from abeja_runtime.front.accounting import CallEntry
     from abeja_runtime.front.call import FrontCall
 
-__all__ = ["ResponseSink", "WebResponder", "send_reply", "web_response"]
+__all__ = ["ResponseSink", "WebResponder", "web_response"]
 
 #: After an answer given before the body was read (a 413, a 400), how much more of the body is
 #: read and thrown away, and for how long: enough for a client still sending to see its answer
@@ -58,13 +58,12 @@ class WebResponder(AwaitedAnswer):
         draining = call.service.draining
         if isinstance(result, HttpError):
             reply = error_reply(result)
-            if result.ends_connection:  # the body was not read whole
-                return await _refuse(request, call.entry, reply)
-            return await send_reply(request, call.entry, reply, draining=draining)
+            refused = result.ends_connection  # the body was not read whole
+            return await _send(request, call.entry, reply, draining=draining, refused=refused)
         assert isinstance(result, Answer)
         if result.body is not None:
             reply = EncodedResponse(result.status, result.headers, result.body)
-            return await send_reply(request, call.entry, reply, draining=draining)
+            return await _send(request, call.entry, reply, draining=draining)
         sink = ResponseSink(request, draining=draining)  # streamed, or from its file
         await write_stream(sink, call, result.status, result.headers)
         assert sink.response is not None  # its head was written, or tried
@@ -94,59 +93,37 @@ def _tagged(reply: EncodedResponse, entry: CallEntry) -> web.Response:
     return web_response(EncodedResponse(reply.status, (*reply.headers, tag), reply.body))
 
 
-async def send_reply(
-    request: web.BaseRequest, entry: CallEntry, reply: EncodedResponse, *, draining: bool
+async def _send(
+    request: web.BaseRequest,
+    entry: CallEntry,
+    reply: EncodedResponse,
+    *,
+    draining: bool,
+    refused: bool = False,
 ) -> web.StreamResponse:
-    """Write a whole answer on aiohttp's path; while the front drains, the connection ends with
-    it (no next request would be admitted)."""
+    """Write a whole answer on aiohttp's path; while the front drains, or when it refuses a
+    body not read whole (413, 408, 507), the connection ends with it. An answer before the body
+    was read (a 405, a 503, a refusal) is followed by a read of at most ``_REFUSED_BODY_READ``
+    more bytes, for at most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees
+    its answer rather than a reset (and, for a small rest, keeps its connection)."""
     response = _tagged(reply, entry)
-    if draining:
+    if draining or refused:
         response.force_close()
-    with contextlib.suppress(ConnectionError):
-        await response.prepare(request)
-        await response.write_eof()
-        if not draining and not request.content.is_eof():
-            # An answer before the body was read (a 405, a 503): take in a small rest so
-            # that the connection can serve the next request.
-            await _discard_rest(request)
-    return response
-
-
-async def _refuse(
-    request: web.BaseRequest, entry: CallEntry, reply: EncodedResponse
-) -> web.StreamResponse:
-    """Answer now and stop taking in a body we refused (413, 408, 507).
-
-    The answer goes out first; then at most ``_REFUSED_BODY_READ`` more bytes are read, for at
-    most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees its answer rather
-    than a reset; then the connection is closed.
-    """
-    response = _tagged(reply, entry)
-    response.force_close()
-    with contextlib.suppress(ConnectionError):
-        await response.prepare(request)
-        await response.write_eof()
-        if request.content.exception() is None:  # a stalled body: nothing more to read
-            await _discard_rest(request)
-    request.protocol.force_close()
-    return response
-
-
-async def _discard_rest(request: web.BaseRequest) -> None:
-    """Read and drop at most ``_REFUSED_BODY_READ`` more bytes of the body, for at most
-    ``_REFUSED_BODY_WAIT`` seconds; aiohttp closes the connection if any is left."""
+    content = request.content
     # The client may stop, reset, or send a broken chunk: all mean "done" here.
     with contextlib.suppress(
         asyncio.TimeoutError, ConnectionError, web_protocol.RequestPayloadError
     ):
-        await asyncio.wait_for(_discard(request, _REFUSED_BODY_READ), _REFUSED_BODY_WAIT)
-
-
-async def _discard(request: web.BaseRequest, limit: int) -> None:
-    """Read and drop up to ``limit`` bytes of the request's body."""
-    taken = 0
-    while taken < limit and (chunk := await request.content.readany()):
-        taken += len(chunk)
+        await response.prepare(request)
+        await response.write_eof()
+        if (refused or not draining) and not content.is_eof() and content.exception() is None:
+            async with asyncio.timeout(_REFUSED_BODY_WAIT):
+                taken = 0
+                while taken < _REFUSED_BODY_READ and (chunk := await content.readany()):
+                    taken += len(chunk)
+    if refused:
+        request.protocol.force_close()
+    return response
 
 
 class ResponseSink:

@@ -25,7 +25,7 @@ from aiohttp.streams import StreamReader
 from abeja_runtime.config import Config
 from abeja_runtime.front.aiohttp_private import missing_names
 from abeja_runtime.front.answer_file import AnswerFile
-from abeja_runtime.front.body_gate import BODIES_AHEAD
+from abeja_runtime.front.body import BODIES_AHEAD
 from abeja_runtime.front.connection import Connection, DirectPath, PublicConnection
 from abeja_runtime.front.request_heads import closing_answer
 from abeja_runtime.metrics import FrontMetrics
