@@ -2,9 +2,8 @@
 
 Triton's rule rather than a fixed window. A process that runs nothing takes what waits at once
 (a lone request pays no wait); while every process runs a batch, calls gather, and a batch goes
-to a free slot once it is full or its first call has waited ``--max-batch-wait`` (a timer from
-that call's arrival, never moved by the calls that join it); with no free slot, they gather
-until a slot frees. The scheduler asks the rule and sends what it says (``scheduler.py``).
+to a free slot once it is full or its first call has waited ``--max-batch-wait`` (from that
+call's arrival, never moved by the calls that join it); with no free slot, until a slot frees.
 """
 
 from __future__ import annotations

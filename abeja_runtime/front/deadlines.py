@@ -1,12 +1,10 @@
-"""Calls' deadlines on a few timers rather than one per call (:class:`Deadlines`).
+"""Calls' deadlines on a few timers rather than one per call (:class:`Deadlines`): a timer per
+call is a tenth of the front's work on small requests.
 
-A timer per call is a tenth of the front's work on small requests. Calls are gathered by
-deadline into slots of :data:`RESOLUTION` seconds instead: a call joins the set of the slot its
-deadline falls in, one timer per slot expires the calls still in it, and an answered call leaves
-its slot's set (a ``discard``, so that its answer and body are not kept until the slot's time).
-A call is expired within :data:`RESOLUTION` after its deadline, never before it. A slot whose
-calls were all answered is dropped, and its timer cancelled, when a later slot is made (each
-new slot looks at the :data:`_PURGED` oldest ones; those still waited for go to the back).
+A call joins the set of the slot of :data:`RESOLUTION` seconds its deadline falls in; one timer
+per slot expires the calls still in it (within :data:`RESOLUTION` after their deadline, never
+before), and an answered call leaves its slot's set. A slot whose calls were all answered is
+dropped, its timer cancelled, when a later slot is made (see :data:`_PURGED`).
 """
 
 from __future__ import annotations

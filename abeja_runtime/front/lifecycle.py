@@ -1,12 +1,9 @@
-"""The handler processes' lives (:class:`Lifecycle`): spawn, ready, retire, replace, watch, exit,
-stop, as gunicorn's arbiter names them.
+"""The handler processes' lives (:class:`Lifecycle`): spawn, ready, retire, replace, exit, stop.
 
-``config.workers`` processes, each one :class:`~abeja_runtime.front.members.Member`. One that
-died is replaced (with a growing back-off while replacements die before they are ready); one
-stuck in its handler is killed and replaced (``watch.py`` judges); one that has served
-``--max-requests`` or holds more than ``--max-worker-memory`` is retired without failing a call:
-its replacement starts first, and it stops once that one is ready and its own calls are
-answered. The calls of a process that exited are the scheduler's to fail or requeue.
+One that died is replaced (with a growing back-off while replacements die before they are
+ready); one stuck in its handler is killed and replaced (``watch.py`` judges); one that reached
+``--max-requests`` or ``--max-worker-memory`` is retired without failing a call: its replacement
+starts first, and it stops once that one is ready and its own calls are answered.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from typing import Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.errors import ServiceUnavailable
-from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, ProtocolError, Ready
+from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, Ready
 from abeja_runtime.front.members import Member, ProcessState
 from abeja_runtime.front.processes import (
     FrameSink,
@@ -53,7 +50,7 @@ class Lifecycle:
         members: list[Member],
         scheduler: Scheduler,
         received: Callable[[Member, Frame, int | None], None],
-        on_change: Callable[[], None],
+        on_first_ready: Callable[[], None],
         on_load_failed: Callable[[str, str], None],
         process_factory: ProcessFactory = HandlerProcess,
     ) -> None:
@@ -61,7 +58,7 @@ class Lifecycle:
         self._environment = environment
         self._scheduler = scheduler
         self._received = received
-        self._on_change = on_change
+        self._on_first_ready = on_first_ready
         self._on_load_failed = on_load_failed
         self._process_factory = process_factory
         #: The scheduler's list too: it places calls on the ready ones.
@@ -70,7 +67,6 @@ class Lifecycle:
         self.ever_ready = False
         self.stopping = False
         self._deaths_before_ready = 0
-        self._respawns: set[asyncio.TimerHandle] = set()
         self.all_gone = asyncio.Event()
         self.metrics: FrontMetrics | None = None
         #: What the first ready process said about its handler.
@@ -91,61 +87,45 @@ class Lifecycle:
 
     @property
     def admitting(self) -> bool:
-        """A new call is taken: a process is ready, or the pool was ready and is replacing a
-        process that died (its calls wait in the queue for the replacement, bounded by the
-        queue and the deadline, as the calls queued before the crash do). Not while
-        replacements keep dying before they are ready (:func:`_backoff`): that pool cannot
-        start a worker, and says ``503`` at once."""
-        if self.stopping:
-            return False
-        if self._ready_count > 0:
-            return True
-        return (
-            self.ever_ready
+        """A new call is taken: a process is ready, or the pool was ready and a replacement is
+        starting, unless replacements keep dying before they are ready (:func:`_backoff`)."""
+        return self.serving or (
+            not self.stopping
+            and self.ever_ready
             and _backoff(self._deaths_before_ready) == 0.0
             and any(member.state is ProcessState.STARTING for member in self.members)
         )
 
     def _set_state(self, member: Member, state: ProcessState) -> None:
-        """Counted while in the pool: one that exited left the count already (``exited``)."""
-        counted = member in self.members
-        if counted and member.state is ProcessState.READY:
+        """The state of a member of the pool (one that exited left the count in ``_forget``)."""
+        if member.state is ProcessState.READY:
             self._ready_count -= 1
         member.state = state
-        if counted and state is ProcessState.READY:
+        if state is ProcessState.READY:
             self._ready_count += 1
 
     # -- spawn, ready, retire -----------------------------------------------------------------
 
     def spawn(self, retiree: Member | None = None) -> None:
-        """A new process (as ``retiree``'s replacement, while that one still serves), now or
-        after a retry."""
-        member = self._spawn()
-        if member is None:
-            self._spawn_later(_SPAWN_RETRY, retiree)
-        elif retiree is not None and retiree in self.members:
-            member.replaces = retiree
+        """A new process unless the pool stops, now or after a retry; ``retiree``'s replacement
+        if that one still serves (its first replacement died before it was ready)."""
+        if self.stopping:
+            return
+        if retiree not in self.members:
+            retiree = None
+        if self._spawn(retiree) is None:
+            asyncio.get_running_loop().call_later(_SPAWN_RETRY, self.spawn, retiree)
 
-    def _spawn_later(self, delay: float, retiree: Member | None = None) -> None:
-        handle: asyncio.TimerHandle
-
-        def spawn() -> None:
-            self._respawns.discard(handle)
-            if not self.stopping:
-                self.spawn(retiree)
-
-        handle = asyncio.get_running_loop().call_later(delay, spawn)
-        self._respawns.add(handle)
-
-    def _spawn(self) -> Member | None:
+    def _spawn(self, retiree: Member | None) -> Member | None:
         held = devices_held(self.members)
         environment = device_environment(self._environment, self._config.devices, held)
-        member = Member(self._received, self.broken)
+        member = Member(self._received)
         try:
             member.process = self._process_factory(self._config, environment, member)
         except OSError as exc:
             _log.error("cannot start a worker process: %s", exc)
             return None
+        member.replaces = retiree
         self.members.append(member)
         exit_fd = member.process.exit_fd
         if exit_fd is not None:
@@ -164,27 +144,26 @@ class Lifecycle:
             self.rpc_methods = ready.rpc_methods
             if ready.batch is not None:  # declared by the handler (@abeja_runtime.batched)
                 self._scheduler.batch_by(*ready.batch)
+            self._on_first_ready()
         self.ever_ready = True
         self._deaths_before_ready = 0
-        if self._config.max_requests:  # a little more for some, so that processes retire apart
-            limit = self._config.max_requests
+        if limit := self._config.max_requests:  # a little more for some: they retire apart
             member.request_limit = limit + random.randint(0, limit // 10)
         _log.info("worker %s is ready", member.pid)
         retired, member.replaces = member.replaces, None
-        if retired is not None and retired.state is ProcessState.READY:
+        if retired in self.members and retired.state is ProcessState.READY:
             self._stop(retired)
         self._scheduler.dispatch()
-        self._on_change()
 
     def answered(self, member: Member) -> None:
-        """``member`` answered a call: retired at its request limit, and its socket closed
-        once it stops and has nothing left to answer."""
+        """``member`` answered a call: retired at its request limit."""
         member.answered += 1
         if member.answered == member.request_limit:
             self.retire(member, "max_requests", f"it has served {member.answered} requests")
         self.close_if_done(member)
 
     def close_if_done(self, member: Member) -> None:
+        """Its socket is closed (it finishes) once it stops and has nothing left to answer."""
         if member.state is ProcessState.STOPPING and not member.sent:
             member.process.close_socket()
 
@@ -192,46 +171,32 @@ class Lifecycle:
         """No more calls for ``member``; it finishes once the ones it has are answered."""
         self._set_state(member, ProcessState.STOPPING)
         self.close_if_done(member)
-        self._on_change()
 
     def retire(self, member: Member, reason: str, why: str) -> None:
         """Replace a process that reached a limit without failing a call."""
         if member.retiring or member.state is not ProcessState.READY or self.stopping:
             return
         member.retiring = True  # from before the spawn: its replacement takes its device
-        replacement = self._spawn()
-        if replacement is None:
+        if self._spawn(member) is None:
             member.retiring = False
             return
-        replacement.replaces = member
         _log.info("replacing worker %s: %s", member.pid, why)
         self._count_restart(reason)
-        self._scheduler.dispatch()
 
     def _count_restart(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.worker_restarted(reason)
 
-    def load_failed(self, text: str, details: str) -> None:
-        """The first start failed: the service stops, as on ABEJA Platform (reported once)."""
-        if not self.stopping:
+    def load_failed(self, member: Member, text: str, details: str) -> None:
+        """``member`` could not load the handler: at the first start, the service stops, as on
+        ABEJA Platform (reported once)."""
+        if self.ever_ready:
+            _log.error("worker %s could not load the handler: %s", member.pid, text)
+        elif not self.stopping:
             self.stopping = True
             self._on_load_failed(text, details)
 
     # -- exits ---------------------------------------------------------------------------------
-
-    def broken(self, member: Member, exc: ProtocolError) -> None:
-        """``member`` sent what is not a frame: nothing more it sends can be trusted. It is
-        killed at once; its exit fails the calls it was running (502) and starts a
-        replacement."""
-        _log.error(
-            "worker %s broke the protocol between it and the front (%s); a handler that writes "
-            "to a descriptor it did not open does this. The worker is killed and replaced",
-            member.pid,
-            exc,
-        )
-        member.process.close_socket()
-        member.process.kill()
 
     def exited(self, member: Member) -> None:
         """``member`` has exited (its pidfd said so, or the watch saw it): its running calls
@@ -242,12 +207,11 @@ class Lifecycle:
         if self.stopping:
             if not self.members:
                 self.all_gone.set()
-            self._on_change()
             return
         # One that loaded the handler and failed its warm-up is replaced, with back-off.
         warmup_failed = code == EXIT_WARMUP_FAILED
         if member.state is ProcessState.STARTING and not self.ever_ready and not warmup_failed:
-            self.load_failed(f"the worker exited ({how}) while loading the handler", "")
+            self.load_failed(member, f"the worker exited ({how}) while loading the handler", "")
             return
         self._replace(member, "after its failed warm-up" if warmup_failed else None, how)
         if not self.admitting:  # no process will take the queued calls soon
@@ -257,12 +221,10 @@ class Lifecycle:
                     "they load; the log says why"
                 )
             )
-        self._scheduler.dispatch()
-        self._on_change()
 
     def _forget(self, member: Member) -> int:
-        """Take in what an exited process wrote before it exited (an answer, LoadFailed), then
-        forget it: its exit code."""
+        """Take in what an exited process wrote before it exited, then forget it: its exit
+        code."""
         process = member.process
         if process.exit_fd is not None:
             asyncio.get_running_loop().remove_reader(process.exit_fd)
@@ -284,12 +246,9 @@ class Lifecycle:
         ``expected``: why it exited, when it said so itself (its warm-up failed)."""
         if member.state is ProcessState.STOPPING:
             return  # retired, recycled or killed as stuck: its replacement exists already
-        retiree = member.replaces
-        if retiree is None or retiree not in self.members:
-            retiree = None  # else it died before it was ready: the retiree serves on meanwhile
         if member.state is ProcessState.STARTING:
             self._deaths_before_ready += 1
-        delay = 0.0 if member.retiring else _backoff(self._deaths_before_ready)
+        delay = _backoff(self._deaths_before_ready)
         if member.retiring:
             when = "; its replacement is starting already"
         elif delay:
@@ -302,12 +261,10 @@ class Lifecycle:
         else:
             _log.warning("worker %s exited %s%s", member.pid, expected, when)
         self._count_restart("crashed" if expected is None else "warmup_failed")
-        if member.retiring:
-            return
-        if delay:
-            self._spawn_later(delay, retiree)
-        else:
-            self.spawn(retiree)
+        if delay and not member.retiring:
+            asyncio.get_running_loop().call_later(delay, self.spawn, member.replaces)
+        elif not member.retiring:
+            self.spawn(member.replaces)
 
     def recycle(self, member: Member, stuck: str) -> None:
         """``member``'s handler is ``stuck`` (the watch says so): killed, and replaced."""
@@ -316,7 +273,7 @@ class Lifecycle:
         self._set_state(member, ProcessState.STOPPING)
         member.process.kill()
         self._count_restart("stuck")
-        if not self.stopping and not member.retiring:  # a retiree's replacement is coming
+        if not member.retiring:  # a retiree's replacement is coming
             self.spawn()
 
     # -- shutdown -----------------------------------------------------------------------------
@@ -324,13 +281,8 @@ class Lifecycle:
     def stop(self) -> None:
         """No new calls; each process finishes once its calls are answered."""
         self.stopping = True
-        self._scheduler.stopping = True
-        for handle in self._respawns:
-            handle.cancel()
-        self._respawns.clear()
         for member in self.members:
-            self._set_state(member, ProcessState.STOPPING)
-            self.close_if_done(member)
+            self._stop(member)
         if not self.members:
             self.all_gone.set()
 
@@ -338,14 +290,10 @@ class Lifecycle:
         for member in self.members:
             member.process.kill()
 
-    def close(self) -> None:
-        self.kill_all()
-
 
 def devices_held(members: Iterable[Member]) -> list[str | None]:
-    """The devices of the processes that stay (not those stopping or retiring): a replacement
-    takes the device of the one it replaces (:func:`~abeja_runtime.front.processes.
-    device_environment`)."""
+    """The devices of the processes that stay (not those stopping or retiring), for
+    :func:`~abeja_runtime.front.processes.device_environment`."""
     return [
         member.process.device
         for member in members

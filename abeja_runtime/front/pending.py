@@ -1,14 +1,12 @@
-"""What the pool holds of a call (:class:`PendingCall`, the call's ticket).
-
-The frame sent, the answer's future, the chunks of a streamed answer, and where it is: in the
-queue (``member`` is ``None``) or sent to a handler process (the pool's
-:class:`~abeja_runtime.front.members.Member`). A call (``call.py``) makes its ticket when it is
-submitted; the pool moves it (``scheduler.py``) and settles it.
+"""What the pool holds of a call (:class:`PendingCall`, the call's ticket): the frame sent, the
+answer's future, the chunks of a streamed answer, and where it is. A call (``call.py``) makes its
+ticket when it is submitted; the pool moves it (``scheduler.py``) and settles it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -28,15 +26,7 @@ from abeja_runtime.front.answer_file import AnswerFile
 if TYPE_CHECKING:
     from abeja_runtime.tracing import CallTrace
 
-__all__ = [
-    "STREAM_FAILED",
-    "STREAM_LOST",
-    "AnswerFile",
-    "Batch",
-    "CallHolder",
-    "PendingCall",
-    "StreamFailed",
-]
+__all__ = ["STREAM_FAILED", "STREAM_LOST", "Batch", "CallHolder", "PendingCall", "StreamFailed"]
 
 #: Put in a streamed answer's chunks where it was cut short: its generator raised, or its
 #: process exited.
@@ -65,14 +55,12 @@ class CallHolder(Protocol):
     def send(self, frame: Frame, fd: int | None = None) -> None: ...
 
 
+@dataclasses.dataclass(slots=True)
 class Batch:
     """The calls of a batch (``--max-batch-size``) not answered yet: its process's slot is
     free once none is left."""
 
-    __slots__ = ("left",)
-
-    def __init__(self, size: int) -> None:
-        self.left = size
+    left: int
 
 
 class PendingCall:
@@ -114,7 +102,7 @@ class PendingCall:
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
-        #: When it joined the queue (:meth:`~abeja_runtime.front.pool.HandlerPool.submit`);
+        #: When it was submitted (:meth:`~abeja_runtime.front.scheduler.Scheduler.submit`);
         #: whether its wait there is counted (its handler call began, or it was given up);
         #: and in batch mode the batch it was sent in.
         self.queued_at = 0.0
@@ -122,15 +110,9 @@ class PendingCall:
         self.batch: Batch | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The streamed body's pieces as they come; raises :class:`StreamFailed` where the
-        handler's generator failed or its process exited. A chunk that came as a memfd is read
-        a piece at a time as it is written, and closed.
-
-        Each chunk asked for after the one before was written gives its credit back to the
-        handler process (:class:`~abeja_runtime.frames.Credit`, in steps): a client that reads
-        slowly holds up its own stream's generator, and the front holds a few of its chunks
-        (:data:`~abeja_runtime.frames.STREAM_WINDOW`, :data:`~abeja_runtime.frames.
-        STREAM_WINDOW_BYTES`)."""
+        """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and
+        closed); :class:`StreamFailed` where it was cut short. The chunks taken give their credit
+        back (:class:`~abeja_runtime.frames.Credit`): a slow client holds up its own stream only."""
         chunks = self.chunks
         assert chunks is not None
         taken = taken_bytes = 0

@@ -1,18 +1,12 @@
-"""The front's handler processes behind one queue (:class:`HandlerPool`): what the call service
-and the supervisor talk to.
-
-Rooms of one job each: the queue and where each call goes (``scheduler.py``, with the batching
-rule in ``batching.py``), the processes' lives (``lifecycle.py``) and the watch over them
-(``watch.py``), and the record of each process they share (``members.py``). This module joins
-them, and takes in the frames the processes send: each answer settles its call, and frees its
-slot for the next.
+"""The front's handler processes behind one queue (:class:`HandlerPool`), as the call service
+sees them: it joins the queue (``scheduler.py``), the processes' lives (``lifecycle.py``) and
+the watch over them (``watch.py``), and takes in the frames the processes send.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -37,11 +31,9 @@ from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
 from abeja_runtime.front.processes import HandlerProcess
 from abeja_runtime.front.scheduler import Scheduler
 from abeja_runtime.front.watch import Watch
-from abeja_runtime.metrics import FrontMetrics, handler_environment
+from abeja_runtime.metrics import handler_environment
 
 __all__ = ["HandlerPool"]
-
-_log = logging.getLogger("abeja_runtime")
 
 
 class HandlerPool:
@@ -51,44 +43,44 @@ class HandlerPool:
         self,
         config: Config,
         metrics_dir: str,
-        on_change: Callable[[], None],
+        on_first_ready: Callable[[], None],
         on_load_failed: Callable[[str, str], None],
         process_factory: ProcessFactory = HandlerProcess,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``process_factory`` and the scheduler's ``clock``: the unit tests give fakes."""
-        self.members: list[Member] = []
-        self.scheduler = Scheduler(config, self.members, asyncio.get_running_loop(), clock)
+        members: list[Member] = []
+        self.scheduler = Scheduler(config, members, asyncio.get_running_loop(), clock)
         self.lifecycle = Lifecycle(
             config,
             handler_environment(metrics_dir),
-            self.members,
+            members,
             self.scheduler,
             self.received,
-            on_change,
+            on_first_ready,
             on_load_failed,
             process_factory,
         )
         self._watch = Watch(config, self.lifecycle, self.scheduler)
         self._ids = itertools.count(1)
-        self._metrics: FrontMetrics | None = None
+        # What the call service asks the scheduler, straight.
+        self.submit = self.scheduler.submit
+        self.withdraw = self.scheduler.withdraw
+        self.running = self.scheduler.running
+        self.free_places = self.scheduler.free_places
 
     def start(self) -> None:
         self.lifecycle.start()
         self._watch.start()
 
-    @property
-    def metrics(self) -> FrontMetrics | None:
-        return self._metrics
+    def close(self) -> None:
+        self._watch.stop()
+        self.lifecycle.kill_all()
 
-    @metrics.setter
-    def metrics(self, metrics: FrontMetrics | None) -> None:
-        self._metrics = self.scheduler.metrics = self.lifecycle.metrics = metrics
+    # -- what the call service asks -----------------------------------------------------------
 
     def next_id(self) -> int:
         return next(self._ids)
-
-    # -- what the call service asks -----------------------------------------------------------
 
     @property
     def serving(self) -> bool:
@@ -99,59 +91,13 @@ class HandlerPool:
     def admitting(self) -> bool:
         return self.lifecycle.admitting
 
-    def submit(self, pending: PendingCall) -> None:
-        """To a free slot, or the queue; ``ServiceBusy`` when the pool is full."""
-        self.scheduler.submit(pending)
-
-    def withdraw(self, pending: PendingCall) -> None:
-        self.scheduler.withdraw(pending)
-
-    def running(self, pending: PendingCall) -> bool:
-        return self.scheduler.running(pending)
-
-    def free_places(self) -> int:
-        return self.scheduler.free_places()
-
-    @property
-    def queued(self) -> int:
-        return self.scheduler.queued
-
-    # -- what the supervisor asks -------------------------------------------------------------
-
-    @property
-    def processes(self) -> list[HandlerProcess]:
-        return [member.process for member in self.members]
-
-    @property
-    def ever_ready(self) -> bool:
-        return self.lifecycle.ever_ready
-
-    @property
-    def all_gone(self) -> asyncio.Event:
-        return self.lifecycle.all_gone
-
-    @property
-    def style(self) -> str:
-        return self.lifecycle.style
-
     @property
     def front_paths(self) -> tuple[str, ...]:
         return self.lifecycle.front_paths
 
     @property
-    def rpc_methods(self) -> tuple[str, ...]:
-        return self.lifecycle.rpc_methods
-
-    def stop(self) -> None:
-        """No new calls; each process finishes once its calls are answered."""
-        self.lifecycle.stop()
-
-    def kill_all(self) -> None:
-        self.lifecycle.kill_all()
-
-    def close(self) -> None:
-        self._watch.stop()
-        self.lifecycle.close()
+    def queued(self) -> int:
+        return self.scheduler.queued
 
     # -- the processes' frames ----------------------------------------------------------------
 
@@ -163,46 +109,32 @@ class HandlerPool:
         """``pending`` is over in ``member``: its slot goes to the next call."""
         self.scheduler.settle(member, pending)
         self.lifecycle.answered(member)
-        self.scheduler.dispatch()
 
-    def _answer_received(self, member: Member, frame: Answer, fd: int | None) -> None:
+    def _answer_received(self, member: Member, frame: Answer | RpcAnswer, fd: int | None) -> None:
+        """An answer (or the head of a streamed one), with its body or message as a memfd when
+        ``fd`` is given; dropped when nobody waits for it any more."""
         pending = member.sent.get(frame.id)
+        streamed = isinstance(frame, Answer) and frame.streamed
+        if pending is not None and streamed:
+            pending.streaming = True
         if pending is None or pending.abandoned or pending.answer.done():
             if fd is not None:
                 os.close(fd)
-            if pending is None:
-                return
-            if frame.streamed:
-                pending.streaming = True
-                pending.chunks = None  # chunks until End are dropped
-            else:
+            if pending is not None and not streamed:  # (a stream's chunks are dropped until End)
                 self._settle(member, pending)
             return
-        if frame.streamed:
-            pending.streaming = True
+        if streamed:
             pending.chunks = asyncio.Queue()
-            pending.answer.set_result(frame)
-            return
-        if fd is not None:  # its body came as a memfd
-            if os.fstat(fd).st_size > ANSWER_FILE_ABOVE:  # written from there
+        elif fd is not None:
+            if isinstance(frame, RpcAnswer):
+                frame = frame._replace(payload=read_fd(fd))
+            elif os.fstat(fd).st_size > ANSWER_FILE_ABOVE:  # written from there
                 pending.answer_file = AnswerFile(fd)
             else:
                 frame = frame._replace(body=read_fd(fd))
         pending.answer.set_result(frame)
-        self._settle(member, pending)
-
-    def _rpc_answer_received(self, member: Member, frame: RpcAnswer, fd: int | None) -> None:
-        pending = member.sent.get(frame.id)
-        if pending is None or pending.abandoned or pending.answer.done():
-            if fd is not None:
-                os.close(fd)
-            if pending is not None:
-                self._settle(member, pending)
-            return
-        if fd is not None:  # its message came as a memfd
-            frame = frame._replace(payload=read_fd(fd))
-        pending.answer.set_result(frame)
-        self._settle(member, pending)
+        if not streamed:  # a stream's End settles it
+            self._settle(member, pending)
 
     def _chunk_received(self, member: Member, frame: Chunk, fd: int | None) -> None:
         pending = member.sent.get(frame.id)
@@ -221,29 +153,24 @@ class HandlerPool:
     def _given_back_received(self, member: Member, frame: GivenBack, fd: int | None) -> None:
         self.scheduler.given_back(member, frame.id)
         self.lifecycle.close_if_done(member)
-        self.scheduler.dispatch()
 
     def _ready_received(self, member: Member, frame: Ready, fd: int | None) -> None:
         self.lifecycle.ready(member, frame)
 
     def _load_failed_received(self, member: Member, frame: LoadFailed, fd: int | None) -> None:
-        if self.lifecycle.ever_ready:
-            _log.error("worker %s could not load the handler: %s", member.pid, frame.text)
-        else:
-            self.lifecycle.load_failed(frame.text, frame.details)
+        self.lifecycle.load_failed(member, frame.text, frame.details)
 
     def _not_for_the_front(self, member: Member, frame: Frame, fd: int | None) -> None:
         """A frame the front sends and never receives (a handler process does not send it)."""
         if fd is not None:
             os.close(fd)
 
-    #: The receiver of each frame class, by the frame's exact class: one lookup per frame (an
-    #: ``isinstance`` ladder tried the classes in turn; ``match`` with class patterns does
-    #: too, and makes a set and a list for each pattern that matches).
+    #: The receiver of each frame class, by the frame's exact class: one lookup per frame, where
+    #: an ``isinstance`` ladder or ``match`` tries the classes in turn.
     _RECEIVERS: Final[dict[type[Any], Callable[[HandlerPool, Member, Any, int | None], None]]] = {
         **dict.fromkeys(get_args(Frame), _not_for_the_front),
         Answer: _answer_received,
-        RpcAnswer: _rpc_answer_received,
+        RpcAnswer: _answer_received,
         Chunk: _chunk_received,
         End: _end_received,
         GivenBack: _given_back_received,

@@ -11,7 +11,7 @@ from typing import Final
 from abeja_runtime.config import Config
 from abeja_runtime.settings import settings_of
 
-__all__ = ["check_free", "listen"]
+__all__ = ["listen"]
 
 _BACKLOG: Final = 2048
 
@@ -39,9 +39,3 @@ def listen(host: str, port: int, setting: str) -> socket.socket:
         raise OSError(f"{cannot} ({reason}); check {where} and {change}") from None
     sock.set_inheritable(True)
     return sock
-
-
-def check_free(host: str, port: int) -> None:
-    """The gRPC port is bound once the handler is loaded (its services are the style's): say
-    now, not after the handler has loaded, that another program holds it."""
-    listen(host, port, "grpc_port").close()

@@ -1,12 +1,6 @@
 """The front's handler processes, one :class:`HandlerProcess` each: its start, its socket, the
-frames that cross it, and its end.
-
-A process is a fresh interpreter (``python -m abeja_runtime.worker FD FRONT_PID``), never a
-fork: no state of the front is copied into it, and it does not import aiohttp. Its frames go
-out a loop iteration's worth in one write, descriptors with them; what it sends is read as it
-comes and handed to the pool (:class:`FrameSink`), which decides everything else: which calls
-it gets, when it is replaced (``pool.py``). Its environment is the pool's, with its own GPU
-(:func:`device_environment`).
+frames that cross it, and its end. A process is a fresh interpreter (``python -m
+abeja_runtime.worker FD FRONT_PID``), never a fork: no state of the front is copied into it.
 """
 
 from __future__ import annotations
@@ -42,7 +36,6 @@ __all__ = [
     "HandlerProcess",
     "describe_exit",
     "device_environment",
-    "pidfd",
     "resident_memory",
 ]
 
@@ -58,24 +51,17 @@ class FrameSink(Protocol):
 
     def received(self, frame: Frame, fd: int | None) -> None: ...
 
-    def broken(self, exc: ProtocolError) -> None: ...
-
 
 class HandlerProcess:
-    """One handler process: its socket, the calls it was sent, its state."""
+    """One handler process: its start, its socket, its end."""
 
     def __init__(self, config: Config, environment: dict[str, str], sink: FrameSink) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
+            fd = theirs.fileno()
             self.popen = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "abeja_runtime.worker",
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                ],
-                pass_fds=(theirs.fileno(),),
+                [sys.executable, "-m", "abeja_runtime.worker", str(fd), str(os.getpid())],
+                pass_fds=(fd,),
                 env=environment,
             )
         self.pid = self.popen.pid
@@ -96,7 +82,10 @@ class HandlerProcess:
         #: What the socket did not take yet.
         self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
         self.loop = asyncio.get_running_loop()
-        self.exit_fd = pidfd(self.pid)
+        try:  # readable once the process exits
+            self.exit_fd: int | None = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # none on this system
+            self.exit_fd = None
         self.loop.add_reader(ours.fileno(), self.read_available)
         self.send(Start(VERSION, config))
 
@@ -122,9 +111,6 @@ class HandlerProcess:
     def _flush(self) -> None:
         if self._batch:
             self._seal()
-        if self._sock.fileno() < 0:  # gone meanwhile
-            self._drop_output()
-            return
         self._writable()
         if self._out:
             self.loop.add_writer(self._sock.fileno(), self._writable)
@@ -142,7 +128,7 @@ class HandlerProcess:
                     sent = self._sock.send(data)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # the process is gone; its exit is handled on its own
+            except OSError:  # the process or its socket is gone (its exit is handled on its own)
                 self._drop_output()
                 break
             _close_all(fds)  # the kernel holds its own copies now
@@ -166,8 +152,16 @@ class HandlerProcess:
                 frames = self._decoder.feed(data, fds)
             except (BlockingIOError, InterruptedError):
                 return
-            except ProtocolError as exc:
-                self._sink.broken(exc)
+            except ProtocolError as exc:  # nothing more it sends can be trusted
+                _log.error(
+                    "worker %s broke the protocol between it and the front (%s); a handler that "
+                    "writes to a descriptor it did not open does this. The worker is killed and "
+                    "replaced",
+                    self.pid,
+                    exc,
+                )
+                self.close_socket()
+                self.kill()  # its exit fails the calls it was running, and starts a replacement
                 return
             except OSError:
                 data, frames = self._into[:0], []
@@ -184,39 +178,25 @@ class HandlerProcess:
         if self._sock.fileno() < 0:
             return
         self.loop.remove_reader(self._sock.fileno())
-        if self._out:
-            self.loop.remove_writer(self._sock.fileno())
+        self.loop.remove_writer(self._sock.fileno())
         self._drop_output()
         self._sock.close()
         self._decoder.close()
 
     # -- the process --------------------------------------------------------------------------
 
-    def signal(self, signum: int) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
     def kill(self) -> None:
-        self.signal(signal.SIGKILL)
+        self.popen.kill()  # (a process that has exited already is left alone)
 
 
 def device_environment(
     environment: dict[str, str], devices: str, held: list[str | None]
 ) -> dict[str, str]:
-    """The environment of the next handler process: with ``devices`` (``--devices``, ids
-    separated by commas), the one that the fewest of the processes that stay hold (``held``),
-    the first on a tie, as its :data:`DEVICE_VARIABLE`.
-
-    Started one after another, processes get the devices round-robin (three on ``0,1``: 0, 1,
-    0); a replacement gets the device of the process it replaces, the one left short, because
-    that process does not stay (it exited, or it is stopping or retiring), so each slot keeps
-    its GPU however often its process is replaced.
-
-    The ids are the devices as the runtime sees them: when the runtime itself was given some
-    (its own :data:`DEVICE_VARIABLE`, as ``abeja model run-local --gpus device=2,3`` sets it),
-    index ``0`` is the first of those, as CUDA numbers them for the runtime, and the worker is
-    given that one by its own id."""
+    """The environment of the next handler process: with ``devices`` (``--devices``), the one
+    the fewest of the processes that stay hold (``held``), the first on a tie, as its
+    :data:`DEVICE_VARIABLE`: round-robin, and a replacement gets the device of the one it
+    replaces. A numeric id is a position among the devices the runtime was given itself (as
+    ``abeja model run-local --gpus device=2,3`` sets them), as CUDA numbers them for it."""
     if not devices:
         return environment
     given = environment.get(DEVICE_VARIABLE, "")
@@ -232,17 +212,6 @@ def device_environment(
 def _close_all(fds: tuple[int, ...]) -> None:
     for fd in fds:
         os.close(fd)
-
-
-def pidfd(pid: int) -> int | None:
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        return None
-    try:
-        fd: int = pidfd_open(pid)
-    except OSError:
-        return None
-    return fd
 
 
 def resident_memory(pid: int) -> int | None:

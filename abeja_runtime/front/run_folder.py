@@ -1,17 +1,12 @@
 """The one temporary folder of a running front, and the sweep of those a killed front left.
 
-A front keeps everything it writes to disk in one folder under ``TMPDIR``: the metrics files
-of its handler processes (``metrics/``) and the scratch folders of request bodies spooled to
-disk (by the front, and by handler processes for big multipart parts). A front that stops
-removes it; one that is killed (``kill -9``, the OOM killer) cannot, and before this folder
-its metrics files and spooled bodies stayed for good.
-
-Whether a folder's front still runs is told by a lock, not by a pid: the front holds an
-exclusive ``flock`` on the folder's ``lock`` file for as long as it runs, and the kernel lets go
-of it when the front dies however it dies. A pid could be reused, or be another container's
-when several share a ``TMPDIR`` volume. A starting front removes every folder whose lock it can
-take. The folder is made under a name the sweep does not look at, and renamed to its real
-name once locked, so that no sweep sees it unlocked.
+A front keeps everything it writes to disk in one folder under ``TMPDIR``: its handler
+processes' metrics files (``metrics/``) and the scratch folders of spooled request bodies. A
+front that stops removes it; one that is killed (``kill -9``, the OOM killer) cannot, so a
+starting front removes every folder whose ``lock`` file it can lock: a running front holds an
+exclusive ``flock`` on its own, which the kernel lets go of however it dies (a pid could be
+reused, or be another container's on a shared ``TMPDIR``). The folder is locked under a name the
+sweep does not look at, then renamed, so that no sweep sees it unlocked.
 """
 
 from __future__ import annotations
@@ -38,9 +33,8 @@ _LOCK: Final = "lock"
 
 @contextlib.contextmanager
 def run_folder() -> Iterator[Path]:
-    """This front's folder, for as long as it runs: stale folders are swept first, and request
-    bodies are spooled inside it (:data:`~abeja_runtime.spool.SCRATCH_VARIABLE`, which handler
-    processes inherit)."""
+    """This front's folder while it runs, stale ones swept first; request bodies are spooled in
+    it (:data:`~abeja_runtime.spool.SCRATCH_VARIABLE`, which handler processes inherit)."""
     root = Path(tempfile.gettempdir())
     _sweep(root)
     starting = Path(tempfile.mkdtemp(prefix=f".{_PREFIX}starting-", dir=root))
@@ -74,11 +68,9 @@ def _sweep(root: Path) -> None:
             continue
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its front runs
-            os.close(lock)
-            continue
-        try:
             shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # held: its front runs
+            continue
         finally:
             os.close(lock)
         _log.info("removed %s, left by an abeja-runtime that was killed", folder)

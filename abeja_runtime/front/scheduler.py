@@ -1,22 +1,12 @@
 """The one queue in front of the handler processes, and where each call goes (:class:`Scheduler`).
 
-Every call (an HTTP request's, a gRPC call's) is a :class:`~abeja_runtime.front.pending.
-PendingCall`. It goes at once to a ready process with a free slot, or waits in the one queue
-that all processes take from, so that no call waits behind a slow one while another process is
-idle; admission bounds the calls in the pool (``503 service busy`` beyond). A process has
-``concurrency`` slots plus :data:`PIPELINE`: with one more call already in its socket, a ``def``
-handler starts its next call without waiting for the front. While calls are quick, a call joins
-a process that is serving rather than wake an idle one; once a process's call has run
-:data:`_PIPELINE_WHILE_YOUNGER`, the front takes back the calls waiting behind it. With
-``--max-batch-size``, the queue goes out in batches by :class:`~abeja_runtime.front.batching.
-BatchRule`.
-
-A process that exits fails only the calls it was running (the first ``concurrency`` of those it
-was sent and had not answered, in order: a process takes calls in the order they came); the
-others go back to the head of the queue (:meth:`Scheduler.fail_or_requeue`).
-
-The scheduler knows the processes only as the pool's :class:`~abeja_runtime.front.members.
-Member` records, and time only through its ``clock``: the unit tests give it fakes of both.
+Every call is a :class:`~abeja_runtime.front.pending.PendingCall`. It goes at once to a ready
+process with a free slot, or waits in the one queue that all processes take from, so that no
+call waits behind a slow one while another process is idle; admission bounds the calls in the
+pool (``503 service busy`` beyond). A process runs its calls in the order they came, up to
+``concurrency``, and holds up to :data:`PIPELINE` more in its socket while its calls are quick;
+once its oldest has run :data:`_PIPELINE_WHILE_YOUNGER`, the front takes back those waiting
+behind it. With ``--max-batch-size``, the queue goes out in batches (``batching.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
@@ -63,7 +52,7 @@ class Scheduler:
         config: Config,
         members: list[Member],
         loop: asyncio.AbstractEventLoop,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
     ) -> None:
         self._concurrency = config.concurrency
         self._members = members
@@ -82,8 +71,6 @@ class Scheduler:
         self.batching: BatchRule | None = None
         if config.max_batch_size > 1:
             self.batch_by(config.max_batch_size, config.max_batch_wait)
-        #: The pool stops: calls waiting behind a slow one stay where they are.
-        self.stopping = False
 
     def batch_by(self, size: int, wait: float) -> None:
         """From now on, the queue goes out in batches (the handler declared it batched)."""
@@ -97,20 +84,14 @@ class Scheduler:
     # -- admission ----------------------------------------------------------------------------
 
     def submit(self, pending: PendingCall) -> None:
-        """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full."""
+        """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full.
+        (A call is queued only while no slot is free: the queue is sent on whenever one frees.)"""
         if self.admitted >= self._capacity:
             raise ServiceBusy()
         self.admitted += 1
-        pending.queued_at = now = self._clock()
-        if self.batching is not None:
-            self._queue.append(pending)
-            self._send_batches(self.batching)
-            return
-        member = self._free_member(now)
-        if member is None:
-            self._queue.append(pending)
-        else:
-            self._send(member, pending, now)
+        pending.queued_at = self._clock()
+        self._queue.append(pending)
+        self.dispatch()
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -118,28 +99,22 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
-        """Calls admitted and not running (in the queue, or in a process's socket behind the
-        calls it runs), for the queued gauge."""
-        members = self._members
-        if self.batching is not None:
-            return max(0, self.admitted - sum(len(member.sent) for member in members))
-        running = sum(min(len(member.sent), self._concurrency) for member in members)
+        """Calls admitted and not running (queued, or waiting in a process's socket): the gauge."""
+        running = sum(min(len(member.sent), self.calls_running(member)) for member in self._members)
         return max(0, self.admitted - running)
 
+    def calls_running(self, member: Member) -> int:
+        """How many of the calls sent to ``member`` it runs (the first ones; the others wait
+        in its socket): all of them in batch mode, as a batch goes only to a free slot."""
+        return len(member.sent) if self.batching is not None else self._concurrency
+
     def running(self, pending: PendingCall) -> bool:
-        """Whether ``pending`` runs in its process now: one of the first ``concurrency`` calls
-        it was sent (the others wait in its socket, as in the queue); a batch's, always."""
+        """Whether ``pending`` runs in its process now (a batch's, always)."""
         member = pending.member
-        if member is None:
-            return False
-        if self.batching is not None:
-            return True
-        for index, call_id in enumerate(member.sent):
-            if index >= self._concurrency:
-                return False
-            if call_id == pending.frame.id:
-                return True
-        return False
+        return member is not None and (
+            self.batching is not None
+            or pending.frame.id in itertools.islice(member.sent, self._concurrency)
+        )
 
     def withdraw(self, pending: PendingCall) -> None:
         """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
@@ -152,9 +127,7 @@ class Scheduler:
         else:
             with contextlib.suppress(ValueError):
                 self._queue.remove(pending)
-                self.admitted -= 1
-                self._started(pending, self._clock())  # its wait ends here
-                pending.finish()
+                self._release(pending, self._clock())
 
     # -- placement ----------------------------------------------------------------------------
 
@@ -164,29 +137,22 @@ class Scheduler:
             self._send_batches(self.batching)
             return
         queue = self._queue
-        if not queue:
-            return
         now = self._clock()
-        while queue:
-            member = self._free_member(now)
-            if member is None:
-                return
+        while queue and (member := self._free_member(now)) is not None:
             self._send(member, queue.popleft(), now)
 
     def _free_member(self, now: float) -> Member | None:
-        """Where the next call goes.
-
-        While calls are quick, a process that is serving and whose oldest call is young takes
-        it, up to its pipeline (see :data:`_QUICK_CALL`). Otherwise the ready process with the
-        fewest calls (ties go round the processes, so that each keeps serving and stays warm)
-        when it has a free slot; else, pipelined, one whose calls are quick. A call never waits
-        in a process behind a slow one: it waits in the queue, for whichever process frees a
-        slot first."""
-        if self.call_seconds < _QUICK_CALL:
-            serving = self._serving_young(now)
-            if serving is not None:
-                return serving
+        """Where the next call goes: while calls are quick, a serving process whose oldest call
+        is young (see :data:`_QUICK_CALL`); else the ready process with the fewest calls (ties
+        go round, so that each stays warm) with a free slot, or room in its pipeline while its
+        oldest call is young. A call never waits in a process behind a slow one."""
         members = self._members
+        most_held = self._concurrency + PIPELINE
+        if self.call_seconds < _QUICK_CALL:
+            for member in members:
+                serving = member.state is ProcessState.READY and 0 < len(member.sent) < most_held
+                if serving and member.oldest_call_age(now) < _JOIN_WHILE_YOUNGER:
+                    return member
         count = len(members)
         best: Member | None = None
         start = self._turn
@@ -198,26 +164,10 @@ class Scheduler:
                 if not member.sent:
                     break
         self._turn = (start + 1) % count if count else 0
-        if best is None:
-            return None
-        held = len(best.sent)
-        if held < self._concurrency:
+        if best is None or len(best.sent) < self._concurrency:
             return best
-        if held < self._concurrency + PIPELINE:
-            age = best.oldest_call_age(now)
-            if age is not None and age < _PIPELINE_WHILE_YOUNGER:
-                return best
-        return None
-
-    def _serving_young(self, now: float) -> Member | None:
-        """A ready process that serves calls, the oldest of them younger than
-        :data:`_JOIN_WHILE_YOUNGER`, with room in its pipeline (for a quick call to join)."""
-        most_held = self._concurrency + PIPELINE
-        for member in self._members:
-            if member.state is ProcessState.READY and 0 < len(member.sent) < most_held:
-                age = member.oldest_call_age(now)
-                if age is not None and age < _JOIN_WHILE_YOUNGER:
-                    return member
+        if len(best.sent) < most_held and best.oldest_call_age(now) < _PIPELINE_WHILE_YOUNGER:
+            return best
         return None
 
     def _send(self, member: Member, pending: PendingCall, now: float) -> None:
@@ -225,11 +175,12 @@ class Scheduler:
         pending.sent_at = now
         pending.giving_back = False
         member.sent[pending.frame.id] = pending
-        # Else it waits there (see settle).
-        if not pending.waited and len(member.sent) <= self._concurrency:
+        # Unless it waits there behind the calls that process runs (see settle).
+        waits = self.batching is None and len(member.sent) > self._concurrency
+        if not waits:
             self._started(pending, now)
         member.send(pending.frame, pending.fd)
-        if len(member.sent) > self._concurrency and member.take_back_timer is None:
+        if waits and member.take_back_timer is None:
             self._look_for_slow_call(member)
 
     def _send_batches(self, rule: BatchRule) -> None:
@@ -241,11 +192,7 @@ class Scheduler:
             calls = [queue.popleft() for _ in range(size)]
             for pending in calls:
                 pending.batch = left
-                pending.member = member
-                self._started(pending, now)
-                pending.sent_at = now
-                member.sent[pending.frame.id] = pending
-                member.send(pending.frame, pending.fd)
+                self._send(member, pending, now)
             member.send(RunBatch(tuple(pending.frame.id for pending in calls)))
             member.batches += 1
             if self.metrics is not None:
@@ -253,9 +200,8 @@ class Scheduler:
                 self.metrics.batching().released(size, reason, waits)
 
     def _started(self, pending: PendingCall, now: float) -> None:
-        """``pending``'s handler call starts now, or it is given up in the queue (its
-        deadline, its client gone): its wait is observed (the queue-wait histogram, its
-        span). Once a call: one given back, or whose process died, is not counted again."""
+        """``pending``'s wait in the queue ends now (its handler call starts, or it is given up):
+        observed once (the queue-wait histogram, its span), however often it is requeued."""
         if pending.waited:
             return
         pending.waited = True
@@ -264,97 +210,89 @@ class Scheduler:
         if pending.trace is not None:
             pending.trace.queue_wait(now - pending.queued_at)
 
+    def _release(self, pending: PendingCall, now: float) -> None:
+        """``pending`` leaves the pool (answered, failed, or given up): a wait it was still
+        counted in ends now."""
+        self.admitted -= 1
+        self._started(pending, now)
+        pending.finish()
+
     # -- give-back ----------------------------------------------------------------------------
 
     def _look_for_slow_call(self, member: Member) -> None:
         """Calls wait in ``member`` behind the ones it runs: once its oldest call is
-        :data:`_PIPELINE_WHILE_YOUNGER` old, it is slow, and the calls behind it are taken
-        back (:class:`GiveBack`) for the queue, where any process that frees a slot takes them.
-        Looked at again while calls wait there."""
+        :data:`_PIPELINE_WHILE_YOUNGER` old, the calls behind it are taken back for the queue
+        (:class:`GiveBack`); until then, looked at again."""
         member.take_back_timer = None
-        calls = list(member.sent.values())
         concurrency = self._concurrency
-        if len(calls) <= concurrency or self.stopping or member.state is not ProcessState.READY:
-            return
-        age = self._clock() - calls[0].sent_at
+        if len(member.sent) <= concurrency or member.state is not ProcessState.READY:
+            return  # (not READY: it stops, and its calls stay where they are)
+        age = member.oldest_call_age(self._clock())
         if age < _PIPELINE_WHILE_YOUNGER:
             member.take_back_timer = self._loop.call_later(
                 _PIPELINE_WHILE_YOUNGER - age, self._look_for_slow_call, member
             )
             return
-        for pending in calls[concurrency:]:
+        for pending in itertools.islice(member.sent.values(), concurrency, None):
             if not pending.giving_back and not pending.abandoned:
                 pending.giving_back = True
                 member.send(GiveBack(pending.frame.id))
 
     def given_back(self, member: Member, call_id: int) -> None:
         """``member`` did not run the call: to the queue, in the order the calls came (or
-        gone, if nobody waits for it any more)."""
+        gone, if nobody waits for it any more), which goes on to the free slots."""
         pending = member.sent.pop(call_id, None)
         if pending is None:
             return
-        if pending.batch is not None:
-            _left_batch(member, pending)
+        _left_batch(member, pending)
         pending.member = None
         if pending.abandoned:
-            self.admitted -= 1
-            self._started(pending, self._clock())  # given up while it waited there
-            pending.finish()
+            self._release(pending, self._clock())  # given up while it waited there
         else:
             queue = self._queue
             index = 0
             while index < len(queue) and queue[index].frame.id < call_id:
                 index += 1
             queue.insert(index, pending)
+        self.dispatch()
 
     # -- ends ---------------------------------------------------------------------------------
 
     def settle(self, member: Member, pending: PendingCall) -> None:
-        """``member`` answered ``pending`` whole (or ended its stream): it leaves the pool."""
+        """``member`` answered ``pending`` whole (or ended its stream): it leaves the pool, and
+        its slot goes to the next call."""
         del member.sent[pending.frame.id]
         now = self._clock()
-        if not pending.waited:  # answered, yet taken for waiting (a GiveBack's race): up to now
-            self._started(pending, now)
         if pending.batch is not None:
             _left_batch(member, pending)
         elif len(member.sent) >= self._concurrency:  # the next one sent there starts
-            concurrency = self._concurrency
-            following = (
-                next(iter(member.sent.values()))
-                if concurrency == 1
-                else next(itertools.islice(member.sent.values(), concurrency - 1, None))
-            )
-            if not following.waited and not following.giving_back:  # (given back: it waits on)
+            following = next(itertools.islice(member.sent.values(), self._concurrency - 1, None))
+            if not following.giving_back:  # (given back: it waits on)
                 self._started(following, now)
         busy = now - max(pending.sent_at, member.answered_at)
         member.answered_at = now
         self.call_seconds += _CALL_SECONDS_WEIGHT * (busy - self.call_seconds)
-        pending.finish()
-        self.admitted -= 1
+        self._release(pending, now)
+        self.dispatch()
 
     def fail_queue(self, exc: HttpError) -> None:
         """Every queued call fails with ``exc`` (no process will take them soon)."""
         queue, self._queue = self._queue, deque()
         now = self._clock()
         for pending in queue:
-            self.admitted -= 1
-            self._started(pending, now)  # given up in the queue
-            pending.finish()
+            self._release(pending, now)
             if not pending.answer.done():
                 pending.answer.set_exception(exc)
 
     def fail_or_requeue(self, member: Member, how: str) -> None:
         """``member`` exited (``how``): the calls it was running fail, the ones that had not
-        started go back to the head of the queue."""
-        # A batch is sent to a free slot: all of a batch process's calls were running.
-        running = len(member.sent) if self.batching is not None else self._concurrency
+        started go back to the head of the queue, which goes on to the free slots."""
+        running = self.calls_running(member)
         requeue: list[PendingCall] = []
         now = self._clock()
         for index, pending in enumerate(member.sent.values()):
             if index < running or pending.answer.done() or pending.abandoned:
-                self.admitted -= 1
-                self._started(pending, now)  # if it still waited there, its wait ends
-                pending.finish()
+                self._release(pending, now)
                 if not pending.answer.done():
                     pending.answer.set_exception(WorkerCrashed(how))
                 elif pending.chunks is not None:
@@ -364,13 +302,14 @@ class Scheduler:
                 requeue.append(pending)
         member.sent.clear()
         self._queue.extendleft(reversed(requeue))
+        self.dispatch()
 
 
 def _left_batch(member: Member, pending: PendingCall) -> None:
-    """``pending`` is out of its batch (answered, given back): the batch's slot in ``member``
-    is free once none of its calls is left."""
-    assert pending.batch is not None
-    pending.batch.left -= 1
-    if not pending.batch.left:
-        member.batches -= 1
-    pending.batch = None
+    """``pending`` is out of its batch if it has one (answered, given back): the batch's slot in
+    ``member`` is free once none of its calls is left."""
+    batch, pending.batch = pending.batch, None
+    if batch is not None:
+        batch.left -= 1
+        if not batch.left:
+            member.batches -= 1

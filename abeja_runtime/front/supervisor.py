@@ -1,22 +1,18 @@
 """The front process: the ports, the handler processes, the drain at SIGTERM.
 
 ``run(config)`` binds the service and health-check ports, starts ``workers`` handler processes
-(``pool.py``) and serves HTTP itself (``server.py``): it is the only process that speaks HTTP
-(and gRPC, ``rpc.py``), so readiness, liveness, ``/metrics``, the access log, deadlines and
-the queue answer whatever a handler does. While no handler process is ready the service port
-answers ``503``; a handler that cannot be loaded at the very first start stops the front
-(exit 1), as on ABEJA Platform.
+(``pool.py``) and serves HTTP itself (``server.py``), and gRPC (``rpc.py``), so readiness,
+liveness, ``/metrics``, the access log, deadlines and the queue answer whatever a handler does.
+While no handler process is ready the service port answers ``503``; a handler that cannot be
+loaded at the very first start stops the front (exit 1), as on ABEJA Platform.
 
 SIGTERM: readiness says 503 at once, but for ``--drain-delay`` seconds the front goes on
-answering whatever arrives, on connections open before the signal (idle keep-alive ones too)
-and on new ones, each answer with ``Connection: close``, and gRPC goes on serving. A balancer
-learns of the stop only from readiness, a few seconds later (haproxy's default checks: 6 s),
-and a port that stopped accepting at once would fail what it sends meanwhile
-(``benchmarks/drain.py``). Then the service port stops accepting; requests on connections
-still open are served, each answer with ``Connection: close``; once none is left (or the
-grace period has passed) the handler processes are told to finish, and the front exits.
-SIGINT (a Ctrl+C) skips the delay, as does a front that was never ready (no balancer sends to
-it). A second signal kills the handler processes at once.
+answering whatever arrives (on connections old and new, and gRPC), each answer with
+``Connection: close``: a balancer learns of the stop only from readiness, seconds later
+(``benchmarks/drain.py``). Then the service port stops accepting; once the requests on
+connections still open are answered (or the grace period has passed) the handler processes are
+told to finish, and the front exits. SIGINT (a Ctrl+C) skips the delay, as does a front that was
+never ready. A second signal kills the handler processes at once.
 """
 
 from __future__ import annotations
@@ -31,10 +27,10 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime import __version__
-from abeja_runtime.config import Config
+from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.front.pool import HandlerPool
-from abeja_runtime.front.ports import check_free, listen
+from abeja_runtime.front.ports import listen
 from abeja_runtime.front.run_folder import run_folder
 from abeja_runtime.logs import configure_logging
 from abeja_runtime.project import install_dependencies, prepare_workdir
@@ -43,6 +39,7 @@ from abeja_runtime.scheduling import run_as_batch
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from abeja_runtime.front.accounting import Accounting
     from abeja_runtime.front.rpc import RpcServer
     from abeja_runtime.front.service import CallService
 
@@ -78,8 +75,8 @@ def run(config: Config) -> int:
     try:
         listening.append(listen(config.host, config.port, "port"))
         listening.append(listen(config.host, config.healthcheck_port, "healthcheck_port"))
-        if config.grpc_port is not None:
-            check_free(config.host, config.grpc_port)
+        if config.grpc_port is not None:  # bound once the handler loaded: a port in use is said now
+            listen(config.host, config.grpc_port, "grpc_port").close()
     except OSError as exc:  # one sentence, naming the port and the setting that changes it
         _log.error("%s", exc)
         for sock in listening:
@@ -106,43 +103,26 @@ def run(config: Config) -> int:
     run_as_batch()
     try:
         with run_folder() as folder:
-            metrics_dir = str(folder / "metrics")
-            return _run_loop(_Front(config, sockets, metrics_dir).run(), config.event_loop)
+            main = _Front(config, sockets, str(folder / "metrics")).run()
+            if config.event_loop == "uvloop":
+                import uvloop
+
+                return int(uvloop.run(main))
+            return asyncio.run(main)
     finally:
         for sock in sockets:
             sock.close()
 
 
 def _keep_freed_memory() -> None:
-    """Have glibc's malloc keep the memory the front frees for its next requests.
-
-    By default it gives a large block back to the system as soon as it is freed (and maps
-    blocks of 128 KiB and more on their own): every big request body would be paid again in
-    page faults. The front's memory then stays at its busiest size, as a server's should; the
-    handler processes are left as they are. Elsewhere than glibc this does nothing.
-    """
+    """Have glibc's malloc keep the memory the front frees for its next requests, rather than
+    give large blocks back at once (each big request body paid again in page faults)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
-    mallopt(_M_MMAP_THRESHOLD, _KEPT_BLOCKS)
-    mallopt(_M_TRIM_THRESHOLD, _KEPT_FREE)
-
-
-#: mallopt(3) parameters; blocks below _KEPT_BLOCKS come from the heap, which keeps up to
-#: _KEPT_FREE of free memory before it returns any.
-_M_TRIM_THRESHOLD: Final = -1
-_M_MMAP_THRESHOLD: Final = -3
-_KEPT_BLOCKS: Final = 4 * 1024 * 1024
-_KEPT_FREE: Final = 64 * 1024 * 1024
-
-
-def _run_loop(main: Any, loop: str) -> int:
-    if loop == "uvloop":
-        import uvloop
-
-        return int(uvloop.run(main))
-    return int(asyncio.run(main))
+    mallopt(-3, 4 * MiB)  # M_MMAP_THRESHOLD: blocks below it come from the heap,
+    mallopt(-1, 64 * MiB)  # M_TRIM_THRESHOLD: which keeps this much free before it returns any
 
 
 class _Front:
@@ -172,7 +152,7 @@ class _Front:
             loop.add_signal_handler(signum, self._on_signal, signum)
         config = self._config
         pool = self._pool = HandlerPool(
-            config, self._metrics_dir, self._on_pool_change, self._on_load_failed
+            config, self._metrics_dir, self._on_first_ready, self._on_load_failed
         )
         pool.start()
         # Imported while the handler processes start: aiohttp takes a while to import.
@@ -187,7 +167,7 @@ class _Front:
         metrics = FrontMetrics(
             __version__, config.handler, config.style, self._metrics_dir, self._gauges
         )
-        pool.metrics = metrics
+        pool.scheduler.metrics = pool.lifecycle.metrics = metrics
         if config.max_batch_size > 1:
             metrics.batching()  # its metrics at 0 from the first scrape
         call_service = self._service = CallService(config, pool, metrics)
@@ -196,15 +176,12 @@ class _Front:
         direct = DirectRequests(
             call_service, http.own_path, config.max_body_size, config.spool_threshold
         )
-        service = web.ServerRunner(
-            make_web_server(http.service, config, metrics, direct),
-            handle_signals=False,
-            shutdown_timeout=1,
-        )
-        health = web.ServerRunner(
-            make_web_server(control.handle, config, metrics),
-            handle_signals=False,
-            shutdown_timeout=1,
+        service, health = (
+            web.ServerRunner(server, handle_signals=False, shutdown_timeout=1)
+            for server in (
+                make_web_server(http.service, config, metrics, direct),
+                make_web_server(control.handle, config, metrics),
+            )
         )
         await service.setup()
         await health.setup()
@@ -234,10 +211,9 @@ class _Front:
     def _is_ready(self) -> bool:
         return not self._draining and self._pool.serving
 
-    def _on_pool_change(self) -> None:
+    def _on_first_ready(self) -> None:
         """Once a worker is ready, the gRPC port (when asked for) opens."""
-        wanted = self._config.grpc_port is not None and self._rpc_starting is None
-        if wanted and self._pool.ever_ready:
+        if self._config.grpc_port is not None:
             self._rpc_starting = asyncio.create_task(self._start_rpc())
 
     def _on_load_failed(self, text: str, details: str) -> None:
@@ -251,11 +227,11 @@ class _Front:
         """The gRPC port, once the first handler process said which methods its style has."""
         config = self._config
         assert config.grpc_port is not None
-        pool = self._pool
-        if not pool.rpc_methods:
+        lifecycle = self._pool.lifecycle
+        if not lifecycle.rpc_methods:
             self._on_load_failed(
                 "--grpc-port serves the gRPC protocol of KServe (Open Inference) or of Seldon "
-                f"Core, which the {pool.style} style does not have; serve a kserve.Model or a "
+                f"Core, which the {lifecycle.style} style does not have; serve a kserve.Model or a "
                 "Seldon component, or leave --grpc-port (ABEJA_RUNTIME_GRPC_PORT) unset",
                 "",
             )
@@ -264,7 +240,7 @@ class _Front:
 
         assert self._service is not None
         try:
-            self._rpc = RpcServer(config, self._service, pool.rpc_methods)
+            self._rpc = RpcServer(config, self._service, lifecycle.rpc_methods)
             await self._rpc.start()
         except HandlerLoadError as exc:
             self._on_load_failed(str(exc), "")
@@ -272,10 +248,7 @@ class _Front:
         _log.info("serving gRPC on %s:%d", config.host, config.grpc_port)
 
     async def _drain(self, service: web.ServerRunner) -> None:
-        """Everything is answered for the drain delay; then the service port stops accepting,
-        requests on open connections are answered (with ``Connection: close``) within the grace
-        period, and the handler processes finish their calls and exit. Cancelled by a second
-        signal."""
+        """The drain (see the module) after the signal; cancelled by a second signal."""
         if self._delay:
             await asyncio.sleep(self._delay)
             await self._stop_accepting()
@@ -291,23 +264,21 @@ class _Front:
             f"{grace:g} s" if grace else "no limit",
         )
         rpc_stopped = asyncio.ensure_future(self._rpc.stop(grace)) if self._rpc else None
-        left = await self._answer_open(service)
+        left = await self._answer_open(service, self._service.accounting)
         if rpc_stopped is not None:
             await rpc_stopped
         self._service.accounting.flush()  # the answers' records before what the workers log
-        self._pool.stop()
+        lifecycle = self._pool.lifecycle
+        lifecycle.stop()
         try:  # within the grace period (what is left of it), then the margin: not twice it
-            await asyncio.wait_for(self._pool.all_gone.wait(), left + _KILL_MARGIN)
+            await asyncio.wait_for(lifecycle.all_gone.wait(), left + _KILL_MARGIN)
         except asyncio.TimeoutError:
-            for process in self._pool.processes:
-                _log.warning("worker %s did not stop in time; killing it", process.pid)
+            for member in lifecycle.members:
+                _log.warning("worker %s did not stop in time; killing it", member.pid)
 
-    async def _answer_open(self, service: web.ServerRunner) -> float:
-        """Until the calls in flight are answered and no connection accepted just before the
-        stop is still waiting for its request, within the grace period; the seconds left of
-        it (0 without one)."""
-        assert self._service is not None
-        calls = self._service.accounting
+    async def _answer_open(self, service: web.ServerRunner, calls: Accounting) -> float:
+        """Until the ``calls`` in flight are answered and no connection accepted just before the
+        stop still waits for its request, within the grace period; the seconds left of it."""
         loop = asyncio.get_running_loop()
         grace = self._config.grace_period
         deadline = loop.time() + grace if grace else None
@@ -337,7 +308,7 @@ class _Front:
                 # before the lines of the stop: run-local stops it as soon as its answer came.
                 self._service.accounting.flush()
             # A Ctrl+C is someone at a terminal; a front never ready had no balancer sending.
-            if signum == signal.SIGTERM and self._pool.ever_ready:
+            if signum == signal.SIGTERM and self._pool.lifecycle.ever_ready:
                 self._delay = self._config.drain_delay
             name = signal.Signals(signum).name
             if self._delay:
@@ -355,7 +326,7 @@ class _Front:
             self._finished.set()
         else:
             _log.warning("second signal received; stopping at once")
-            self._pool.kill_all()
+            self._pool.lifecycle.kill_all()
             self._killed = True
             self._exit_code = 1
             if self._drainer is not None:

@@ -1,6 +1,6 @@
-"""The watch over the handler processes (:class:`Watch`): four times a second, a process that
-exited without a pidfd to say so, a handler stuck past its limits, a worker grown past
-``--max-worker-memory``. What is found goes to the lifecycle to act on (``lifecycle.py``)."""
+"""The watch over the handler processes (:class:`Watch`): a process that exited without a pidfd
+to say so, a handler stuck past its limits, a worker grown past ``--max-worker-memory``, for the
+lifecycle to act on (``lifecycle.py``)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,13 @@ class Watch:
         self._config = config
         self._lifecycle = lifecycle
         self._scheduler = scheduler
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None]
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._task.cancel()
 
     async def _run(self) -> None:
         lifecycle = self._lifecycle
@@ -45,27 +44,23 @@ class Watch:
             for member in list(lifecycle.members):
                 if member.process.exit_fd is None and member.process.popen.poll() is not None:
                     lifecycle.exited(member)
+                elif member.state is not ProcessState.READY:
                     continue
-                if member.state is not ProcessState.READY:
-                    continue
-                stuck = self.stuck(member, now)
-                if stuck is not None:
+                elif (stuck := self.stuck(member, now)) is not None:
                     lifecycle.recycle(member, stuck)
                 else:
                     self._check_memory(member)
 
     def stuck(self, member: Member, now: float) -> str | None:
         """What is stuck in ``member``'s handler (``None``: nothing): a call not answered
-        ``timeout + grace`` after it was sent (it was answered ``504`` long ago), or a stream
-        still running ``grace`` after it was withdrawn (cut, or its client left: its generator
-        does not stop). A stream that goes on producing is never stuck, however old: its
-        limits end it alone (``stream_limits.py``)."""
+        ``timeout + grace`` after it was sent, or a stream still running ``grace`` after it was
+        withdrawn. A stream that goes on producing is never stuck: its limits end it
+        (``stream_limits.py``)."""
         config = self._config
         limit = config.stuck_after
         if limit is None:
             return None
-        batching = self._scheduler.batching is not None
-        running = len(member.sent) if batching else config.concurrency
+        running = self._scheduler.calls_running(member)
         for pending in itertools.islice(member.sent.values(), running):
             if not pending.streaming:
                 if now - pending.sent_at > limit:
