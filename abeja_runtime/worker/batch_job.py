@@ -1,24 +1,11 @@
 """``abeja-runtime batch``: the handler run once per input, with no server (contract Part B 1.9).
 
-Inputs come from one of two places:
-
-* **The platform's variables**, read as ABEJA Platform's one-shot runs read them. ``INPUT``
-  (JSON) is one ``POST``: an array or an ordinary object is one ``application/json`` body; an
-  object ``{"$datalake:1": "<channel>/<file>"}`` is that DataLake file, downloaded from
-  ``ABEJA_API_URL`` with its content type and metadata; an empty ``INPUT`` is a request with
-  no contents and an empty content type. ``OUTPUT`` ``{"$datalake:1": "<channel>"}`` uploads
-  the answer to that channel as ``<ABEJA_RUN_ID>_0<ext>``; without ``OUTPUT`` the answer's body
-  goes to stdout.
-* **Files and folders** named on the command line. Each file is one ``POST`` of its bytes with
-  the content type of its extension, as ``abeja model run-local --input`` sends it, and its
-  answer is written under ``--output`` as the input's path (relative to the folder named) plus
-  the extension of the answer's content type: ``photos/cat.jpg`` → ``OUT/cat.jpg.json``.
-
-The handler is invoked as a handler process invokes it (``invoke.py``), within the timeout,
-with an access record each, ``concurrency`` at a time (``def`` handlers on that many threads,
-the first of which imported the handler). Logs are JSON lines on stderr, the last one a summary
-(with a progress bar and the summary in words on a terminal); the exit code is 1 when an
-answer's status is above 299 or the handler cannot be loaded, as on the platform.
+The inputs are the platform's ``INPUT`` variable (JSON, or a DataLake file: :mod:`.datalake`),
+answered to stdout or uploaded to the channel ``OUTPUT`` names as ``<ABEJA_RUN_ID>_0<ext>``; or
+files and folders (hidden files skipped), one ``POST`` each, each answer written under
+``--output`` as the input's path plus its content type's extension. Each is invoked as a handler
+process invokes it (``invoke.py``), within the timeout, ``concurrency`` at a time; the exit code
+is 1 when an answer's status is above 299 or the handler cannot be loaded.
 """
 
 from __future__ import annotations
@@ -77,7 +64,8 @@ def collect_files(paths: Sequence[Path]) -> list[tuple[Path, Path]]:
             found.extend(
                 (file, file.relative_to(path))
                 for file in sorted(path.rglob("*"))
-                if file.is_file() and not _hidden(file.relative_to(path))
+                if file.is_file()
+                and not any(part.startswith(".") for part in file.relative_to(path).parts)
             )
         else:
             raise BatchJobError(f"{given}: no such file or folder")
@@ -91,10 +79,6 @@ def collect_files(paths: Sequence[Path]) -> list[tuple[Path, Path]]:
             "or files with different names"
         )
     return found
-
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
 
 
 @dataclass
@@ -111,8 +95,7 @@ class _Tally:
 
     def summary(self, seconds: float, where: str) -> str:
         total = sum(self.statuses.values())
-        answered = sum(count for status, count in self.statuses.items() if status <= 299)
-        text = f"{total} input(s): {answered} answered 2xx"
+        text = f"{total} input(s): {total - len(self.failed)} answered 2xx"
         if self.failed:
             codes = ", ".join(
                 f"{status}: {count}"
@@ -157,11 +140,10 @@ class _BatchJob:
         self, files: list[tuple[Path, Path]] | None, output: Path, environ: Mapping[str, str]
     ) -> int:
         config = self._config
-        loop = asyncio.get_running_loop()
         self._threads = ThreadPoolExecutor(config.concurrency, thread_name_prefix="abeja-handler")
         try:
-            handler = await loop.run_in_executor(
-                self._threads, load_handler, config.handler, Path.cwd(), config
+            handler = await asyncio.get_running_loop().run_in_executor(
+                self._threads, load_handler, config
             )
         except Exception as exc:
             _log.error(
@@ -172,13 +154,12 @@ class _BatchJob:
         self._invoker = Invoker(config, handler)
         began = time.monotonic()
         tally = _Tally()
+        where = "" if files is None else f"; answers in {output}"
         try:
             if files is None:
                 await self._platform_input(environ, tally)
-                where = ""
             else:
                 await self._files(files, output, tally)
-                where = f"; answers in {output}"
         except (BatchJobError, DataLakeError) as exc:
             _log.error("batch failed: %s", exc)
             return 1
@@ -200,8 +181,7 @@ class _BatchJob:
             if invoker.handler.is_async:
                 work: Any = _collected(invoker, request)
             else:  # a def handler on a thread, where no event loop runs
-                loop = asyncio.get_running_loop()
-                work = loop.run_in_executor(
+                work = asyncio.get_running_loop().run_in_executor(
                     self._threads, lambda: finish(_collected(invoker, request))
                 )
             reply: EncodedResponse
@@ -220,8 +200,7 @@ class _BatchJob:
 
     async def _files(self, files: list[tuple[Path, Path]], output: Path, tally: _Tally) -> None:
         pending: Iterator[tuple[Path, Path]] = iter(files)
-        terminal = _terminal()
-        with _progress(terminal, len(files)) as bar:
+        with _progress(_terminal(), len(files)) as bar:
 
             async def work() -> None:
                 for source, name in pending:  # shared: each input is taken once
@@ -238,7 +217,7 @@ class _BatchJob:
 
     async def _platform_input(self, environ: Mapping[str, str], tally: _Tally) -> None:
         text = environ.get("INPUT", "")
-        target = datalake_target(environ.get("OUTPUT", ""), "OUTPUT")
+        target = datalake_target(environ.get("OUTPUT", ""))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             lake = DataLake(session, environ)
             request = await _input_request(text, lake)

@@ -1,18 +1,11 @@
 """Which running calls the front cancelled (their client left, their deadline passed).
 
-The front sends :class:`~abeja_runtime.frames.Cancel` for a call nobody waits for any more.
-Whichever thread reads it marks the call here, and the call's code looks:
-
-* a streamed answer stops at its next chunk, and its generator is closed (its ``finally`` runs);
-* a ``def`` handler may watch ``request.cancelled``, a :class:`threading.Event` set then (made on
-  first use: most handlers never look, and an Event costs more than the rest of a call's
-  bookkeeping);
-* with ``--cancel-raises``, a ``def`` handler is interrupted: :class:`~abeja_runtime.errors.
-  CallCancelled` is raised in its thread, as Cog does (on the main thread by a signal, which
-  also ends a ``time.sleep`` or a blocking read; on a handler thread at its next bytecode).
-
-A call not started yet is given back instead, and an ``async def`` handler's task is cancelled
-(``event_loop.py``).
+Whichever thread reads a :class:`~abeja_runtime.frames.Cancel` marks its call here, and the
+call's code looks: a streamed answer stops at its next chunk; a ``def`` handler may watch
+``request.cancelled`` (a :class:`threading.Event`, made on first use: most handlers never look);
+with ``--cancel-raises`` a ``def`` handler is interrupted, :class:`~abeja_runtime.errors.
+CallCancelled` raised in its thread as Cog does (on the main thread by a signal, which also ends
+a ``time.sleep`` or a blocking read; on a handler thread at its next bytecode).
 """
 
 from __future__ import annotations

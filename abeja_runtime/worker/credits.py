@@ -1,19 +1,15 @@
 """The credit of each streamed answer of this process, and how a stream without credit waits.
 
 A stream starts with :data:`~abeja_runtime.frames.STREAM_WINDOW` chunks and
-:data:`~abeja_runtime.frames.STREAM_WINDOW_BYTES` bytes of credit; each chunk sent spends one
-chunk and its size, and the front gives them back (:class:`~abeja_runtime.frames.Credit`) as the
-client takes the chunks. A chunk may go while some of both is left (a chunk bigger than the
-window goes alone). A stream without credit waits before it asks its generator for more, so a
-slow client holds up its own generator, not the front's memory nor this process's other calls.
-
-Whichever thread reads the frames grants the credit (:class:`~abeja_runtime.frames.
-BlockingChannel`); how a stream waits is chosen once, by the executor: on a thread for an event,
-on the event loop for a future, on a main thread that reads the frames itself by reading them.
+:data:`~abeja_runtime.frames.STREAM_WINDOW_BYTES` bytes of credit, spends one chunk and its size
+per chunk sent (a chunk may go while some of both is left), and gets them back
+(:class:`~abeja_runtime.frames.Credit`) as the client takes the chunks. Without credit it waits
+before it asks its generator for more: a slow client holds up only its own generator.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,7 +33,7 @@ class StreamCredits:
         #: that crossed the window went whole).
         self._left: dict[int, list[int]] = {}
         #: How to wake the stream of each id that waits (a thread's event, a loop's future).
-        self._wake: dict[int, Callable[[], None]] = {}
+        self._wake: dict[int, Callable[[], object]] = {}
         #: The front closed the socket: no credit will come, nobody waits.
         self._closed = False
         #: How a stream without credit waits for it (chosen by the executor).
@@ -112,10 +108,7 @@ class StreamCredits:
 
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            loop.call_soon_threadsafe(_set_once, future)
-
+        wake = functools.partial(loop.call_soon_threadsafe, _set_once, future)
         return future if self._waiting(call_id, wake) else None
 
     def wait_reading(
@@ -130,7 +123,7 @@ class StreamCredits:
 
         self.wait = wait
 
-    def _waiting(self, call_id: int, wake: Callable[[], None]) -> bool:
+    def _waiting(self, call_id: int, wake: Callable[[], object]) -> bool:
         """Register ``wake`` unless there is nothing to wait for (checked under the lock, so
         that a grant or a cancel cannot slip between the check and the registration; a cancel
         marks the call before it calls :meth:`stop_waiting`)."""

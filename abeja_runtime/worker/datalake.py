@@ -1,13 +1,10 @@
 """ABEJA Platform's DataLake, as batch mode reads inputs from it and writes answers to it.
 
-A file is named ``{"$datalake:1": "<channel id>/<file id>"}``: its description comes from
-``GET {ABEJA_API_URL}/channels/<channel>/<file>`` (``download_uri``, ``content_type``,
-``metadata``) and its bytes from the ``download_uri``. An answer goes to a channel named
-``{"$datalake:1": "<channel id>"}`` with ``POST /channels/<channel>/upload?conflict_target=
-filename``, its ``Content-Type`` and ``x-abeja-meta-*`` headers, and ``x-abeja-meta-filename``.
-Credentials, as the platform passes them: ``PLATFORM_AUTH_TOKEN`` (a bearer token), or
-``ABEJA_PLATFORM_USER_ID`` with ``ABEJA_PLATFORM_PERSONAL_ACCESS_TOKEN`` (basic auth as
-``user-<id>``).
+A file is named ``{"$datalake:1": "<channel id>/<file id>"}`` (its description, then its bytes
+from the description's ``download_uri``), a channel to upload an answer to
+``{"$datalake:1": "<channel id>"}``. Credentials, as the platform passes them:
+``PLATFORM_AUTH_TOKEN`` (a bearer token), or ``ABEJA_PLATFORM_USER_ID`` with
+``ABEJA_PLATFORM_PERSONAL_ACCESS_TOKEN`` (basic auth as ``user-<id>``).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ class DataLakeError(AbejaRuntimeError):
     """The DataLake could not be read or written; the text says what to check."""
 
 
-def datalake_target(text: str, variable: str) -> str | None:
+def datalake_target(text: str) -> str | None:
     """The channel that ``OUTPUT`` names, or None when it names none (empty)."""
     if not text.strip():
         return None
@@ -40,11 +37,8 @@ def datalake_target(text: str, variable: str) -> str | None:
     except json.JSONDecodeError:
         value = None
     if not isinstance(value, dict) or not isinstance(value.get(DATALAKE_KEY), str):
-        raise DataLakeError(
-            f'{variable} must be {{"{DATALAKE_KEY}": "<channel id>"}}, got {text!r}'
-        )
-    channel: str = value[DATALAKE_KEY].strip("/")
-    return channel
+        raise DataLakeError(f'OUTPUT must be {{"{DATALAKE_KEY}": "<channel id>"}}, got {text!r}')
+    return str(value[DATALAKE_KEY]).strip("/")
 
 
 class DataLake:
@@ -90,29 +84,26 @@ class DataLake:
                 headers[name] = value
         headers[f"{_META_PREFIX}filename"] = file_name
         url = self._url(f"/channels/{channel}/upload")
+        status, text = await self._text(
+            "POST", url, params={"conflict_target": "filename"}, data=reply.body, headers=headers
+        )
+        if status > 299:
+            raise DataLakeError(
+                f"the DataLake refused the upload to channel {channel} ({status}: {text[:200]})"
+            )
+
+    async def _text(self, method: str, url: str, **options: Any) -> tuple[int, str]:
+        """The status and the text of the DataLake's answer."""
         try:
-            async with self._session.post(
-                url, params={"conflict_target": "filename"}, data=reply.body, headers=headers
-            ) as response:
-                text = await response.text(errors="replace")
-                if response.status > 299:
-                    raise DataLakeError(
-                        f"the DataLake refused the upload to channel {channel} "
-                        f"({response.status}: {text[:200]})"
-                    )
+            async with self._session.request(method, url, **options) as response:
+                return response.status, await response.text(errors="replace")
         except aiohttp.ClientError as exc:
             raise DataLakeError(f"cannot reach the DataLake at {url}: {exc}") from None
 
     async def _json(self, url: str) -> dict[str, Any]:
-        try:
-            async with self._session.get(url, headers=self._headers) as response:
-                text = await response.text(errors="replace")
-                if response.status > 299:
-                    raise DataLakeError(
-                        f"the DataLake answered {response.status} for {url}: {text[:200]}"
-                    )
-        except aiohttp.ClientError as exc:
-            raise DataLakeError(f"cannot reach the DataLake at {url}: {exc}") from None
+        status, text = await self._text("GET", url, headers=self._headers)
+        if status > 299:
+            raise DataLakeError(f"the DataLake answered {status} for {url}: {text[:200]}")
         try:
             found = json.loads(text)
         except json.JSONDecodeError:

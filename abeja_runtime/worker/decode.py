@@ -1,9 +1,8 @@
 """HTTP request parts → :class:`~abeja_runtime.worker.request.Request`, in a handler process.
 
-HTTP semantics, no server library: the method, the raw target, the headers and the whole body as a
-file (in memory, shared memory or the front's spool file; the front checked the method and the
-size). Multipart bodies are parsed a piece at a time (``multipart``'s sans-IO parser), each part
-spooled to disk above the spool threshold. Every problem is raised as an
+The method, the raw target, the headers and the whole body as a file (the front checked the
+method and the size). Multipart bodies are parsed a piece at a time (``multipart``'s sans-IO
+parser), each part spooled to disk above the spool threshold. Every problem is raised as an
 :class:`~abeja_runtime.errors.HttpError` subclass; nothing here writes a response.
 """
 
@@ -49,11 +48,8 @@ def decode_request(
     request_id: str = "",
 ) -> Request:
     """Build the handler's request; raise ``HttpError`` subclasses for anything malformed.
-
-    ``body`` is the whole body, read by the front: in memory, or its spool file above the
-    spool threshold. It becomes the request's body as it is (no copy), unless it is
-    multipart, whose parts are parsed from it and spooled on their own. The request owns it.
-    """
+    ``body`` (the whole body: in memory, or the front's spool file) becomes the request's own,
+    as it is, unless it is multipart, whose parts are parsed from it and spooled on their own."""
     kept = []
     content_type = None
     for name, value in headers:

@@ -9,8 +9,6 @@ import asyncio
 import threading
 from collections import deque
 
-from abeja_runtime.frames import Frame
-from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.runner import Held, Runner
 from abeja_runtime.worker.warmup import Warmup
 
@@ -22,14 +20,13 @@ class EventLoop:
     once, in the order they came. A :class:`~abeja_runtime.frames.Cancel` cancels its call's
     task, and a call taken back before it started is given back."""
 
-    def __init__(self, runner: Runner, credits: StreamCredits, concurrency: int, loop: str) -> None:
+    def __init__(self, runner: Runner, concurrency: int, loop: str) -> None:
         self._runner = runner
         self._concurrency = concurrency
         self._loop_name = loop
         self._waiting: deque[list[Held]] = deque()
         self._running: dict[int, asyncio.Task[None]] = {}
-        credits.wait = credits.wait_on_loop
-        runner.take_back = self._take_back
+        runner.credits.wait = runner.credits.wait_on_loop
 
     def serve(self, warmup: Warmup) -> None:
         """On ``uvloop`` or ``asyncio``'s loop, the warm-up first: what the handler binds to its
@@ -44,6 +41,10 @@ class EventLoop:
     async def _serve(self, warmup: Warmup) -> None:
         await warmup.run()
         loop = asyncio.get_running_loop()
+        if not self._runner.batching:  # a batch's calls are all answered, never taken back
+            self._runner.take_back = lambda call_id, cancel: loop.call_soon_threadsafe(
+                self._take_back, call_id, cancel
+            )
         read_all = loop.create_future()
         threading.Thread(
             target=self._read, args=(loop, read_all), name="abeja-frames", daemon=True
@@ -53,18 +54,14 @@ class EventLoop:
             await asyncio.wait(list(self._running.values()))
 
     def _read(self, loop: asyncio.AbstractEventLoop, read_all: asyncio.Future[None]) -> None:
-        """The reading thread: each frame handed to the loop, in order."""
-        runner = self._runner
-        while (item := runner.channel.read()) is not None:
-            loop.call_soon_threadsafe(self._arrived, item)
-        runner.front_gone()  # streams waiting for credit stop
+        """The reading thread: the calls handed to the loop, in order."""
+        for calls in self._runner.calls():
+            loop.call_soon_threadsafe(self._arrived, calls)
         loop.call_soon_threadsafe(read_all.set_result, None)
 
-    def _arrived(self, item: tuple[Frame, int | None]) -> None:
-        calls = self._runner.dispatch(item)
-        if calls is not None:
-            self._waiting.append(calls)
-            self._start_waiting()
+    def _arrived(self, calls: list[Held]) -> None:
+        self._waiting.append(calls)
+        self._start_waiting()
 
     def _start_waiting(self) -> None:
         waiting, running = self._waiting, self._running
@@ -73,10 +70,7 @@ class EventLoop:
             running[calls[0][0].id] = asyncio.create_task(self._run(calls))
 
     def _take_back(self, call_id: int, cancel: bool) -> None:
-        """A call that waits is given back, a running one's task cancelled (not a batch's:
-        its neighbours are answered)."""
-        if self._runner.batching:
-            return
+        """A call that waits is given back, a running one's task cancelled."""
         for calls in self._waiting:
             frame, fd = calls[0]
             if frame.id == call_id:

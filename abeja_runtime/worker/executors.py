@@ -1,7 +1,6 @@
 """Where a handler process's calls run, chosen once at start (``process.py``): the main thread,
-N threads, or the event loop (``event_loop.py``). Each executor warms the handler up where the
-calls will run (``warmup.py``), then reads the frames, asks the runner which calls run now, and
-runs them (``runner.py``).
+N threads, or the event loop (``event_loop.py``). Each warms the handler up where the calls will
+run (``warmup.py``), then runs the calls the runner reads (``runner.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ import queue
 import threading
 from typing import Final, Protocol
 
-from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.invoke import finish
 from abeja_runtime.worker.runner import Held, Runner
 from abeja_runtime.worker.warmup import Warmup
@@ -32,9 +30,9 @@ class MainThread:
     imported the handler, which reads the next frame only once the call is answered (a crash
     loses only the call that ran: the calls sent and not started are still the front's)."""
 
-    def __init__(self, runner: Runner, credits: StreamCredits) -> None:
+    def __init__(self, runner: Runner) -> None:
         self._runner = runner
-        credits.wait_reading(runner.channel, runner.give_back)
+        runner.credits.wait_reading(runner.channel, runner.give_back)
         self._calls_started = 0
         self._in_call = False
 
@@ -44,24 +42,20 @@ class MainThread:
     async def _serve(self, warmup: Warmup) -> None:
         await warmup.run()
         runner = self._runner
-        read, dispatch = runner.channel.read, runner.dispatch
         stopped = threading.Event()
         threading.Thread(
             target=self._watch, args=(stopped,), name="abeja-slow-call-watch", daemon=True
         ).start()
-        while (item := read()) is not None:
-            calls = dispatch(item)
-            if calls is not None:
-                self._calls_started += 1
-                self._in_call = True
-                await runner.run(calls)
-                self._in_call = False
+        for calls in runner.calls():
+            self._calls_started += 1
+            self._in_call = True
+            await runner.run(calls)
+            self._in_call = False
         stopped.set()
 
     def _watch(self, stopped: threading.Event) -> None:
-        """While a call runs on the main thread, nothing reads the socket: this thread does,
-        once the call has run for :data:`_SLOW_CALL_LOOK`, and gives back the calls waiting
-        behind it that the front takes back (:class:`~abeja_runtime.frames.GiveBack`). The
+        """While a call runs on the main thread, nothing reads the socket: this thread does once
+        the call is slow, and gives back the calls behind it that the front takes back. The
         main thread only counts its calls: no lock, clock or system call per call."""
         seen = -1
         while not stopped.wait(_SLOW_CALL_LOOK):
@@ -82,7 +76,6 @@ class Threads:
 
     def serve(self, warmup: Warmup) -> None:
         finish(warmup.run())
-        runner = self._runner
         jobs: queue.SimpleQueue[list[Held] | None] = queue.SimpleQueue()
         pool = [
             threading.Thread(target=finish, args=(self._work(jobs),), name=f"abeja-handler-{i}")
@@ -90,11 +83,8 @@ class Threads:
         ]
         for thread in pool:
             thread.start()
-        while (item := runner.channel.read()) is not None:
-            calls = runner.dispatch(item)
-            if calls is not None:
-                jobs.put(calls)
-        runner.front_gone()
+        for calls in self._runner.calls():
+            jobs.put(calls)
         for _ in pool:
             jobs.put(None)
         for thread in pool:

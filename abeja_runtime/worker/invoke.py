@@ -48,26 +48,22 @@ async def settled(value: _T | Awaitable[_T]) -> _T:
     running event loop, or on this thread's own loop when none runs here."""
     if type(value) in _PLAIN or not inspect.isawaitable(value):
         return value  # type: ignore[return-value]  # not awaitable: a _T
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is not None and asyncio._get_running_loop() is not None:
+    imported = sys.modules.get("asyncio")
+    if imported is not None and imported._get_running_loop() is not None:
         return cast(_T, await value)
-    return cast(_T, _own_loop().run_until_complete(value))
-
-
-#: What a handler, a stream or a wait most often gives, never awaitable (a type test is cheaper).
-_PLAIN: Final = frozenset({dict, bytes, tuple, EncodedResponse, type(None)})
-_threads = threading.local()
-
-
-def _own_loop() -> Any:
-    """This thread's own event loop, made on first use (asyncio is imported then only): what a
-    ``def`` handler gives to await (an async generator's chunks) runs on it, between calls."""
+    # This thread's own loop, made on first use (asyncio imported then only): what a ``def``
+    # handler gives to await (an async generator's chunks) runs on it, between calls.
     loop = getattr(_threads, "loop", None)
     if loop is None:
         import asyncio
 
         loop = _threads.loop = asyncio.new_event_loop()
-    return loop
+    return cast(_T, loop.run_until_complete(value))
+
+
+#: What a handler, a stream or a wait most often gives, never awaitable (a type test is cheaper).
+_PLAIN: Final = frozenset({dict, bytes, tuple, EncodedResponse, type(None)})
+_threads = threading.local()
 
 
 def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -101,7 +97,9 @@ async def chunks(body: Iterable[bytes] | AsyncIterator[bytes]) -> AsyncGenerator
 class Invoker:
     """The calls of one loaded handler."""
 
-    def __init__(self, config: Config, handler: LoadedHandler) -> None:
+    def __init__(
+        self, config: Config, handler: LoadedHandler, tracing: Tracing | None = None
+    ) -> None:
         self.handler = handler
         self._context = config.context
         self._max_image_pixels = config.max_image_pixels
@@ -114,13 +112,11 @@ class Invoker:
         self._encode: Callable[[Any], EncodedResponse] = functools.partial(
             encode_result, extra_headers=extra_headers
         )
+        if tracing is not None:  # each answer encoded in a span of its own
+            self._encode = tracing.encoding(self._encode)
         #: The handler takes a list of requests and returns a list (``--max-batch-size``, or
         #: ``@abeja_runtime.batched``).
         self.batched = config.max_batch_size > 1 or declared_batch(handler.func) is not None
-
-    def trace_encoding(self, tracing: Tracing) -> None:
-        """Each answer encoded in a span of its own (:mod:`abeja_runtime.tracing`)."""
-        self._encode = tracing.encoding(self._encode)
 
     async def answer(self, requests: list[Request]) -> list[EncodedResponse]:
         """The handler's replies to ``requests``, one each, in order: a batched handler called

@@ -1,11 +1,10 @@
-"""Importing the user's handler (contract A4 / Part B 4), in each handler process.
+"""Importing the user's handler (contract A4 / Part B 4), in each handler process, on the thread
+that will call it.
 
-``load_handler`` runs on the thread that will call the handler: it imports the module (from
-the working directory that :mod:`abeja_runtime.project` settled), lets
-:mod:`abeja_runtime.styles` decide the handler's style (ABEJA, ABEJA v1, Cortex, KServe,
-Seldon) and adapt it, and logs the choice. Every failure is a :class:`HandlerLoadError` whose
-message keeps ABEJA's wording (typos fixed) and adds what to do: for a package that the module
-imports and that is not installed, from what the project's ``requirements.txt`` lists.
+The module is imported from the working directory that :mod:`abeja_runtime.project` settled, and
+:mod:`abeja_runtime.styles` decides the handler's style and adapts it. Every failure is a
+:class:`HandlerLoadError` whose message keeps ABEJA's wording and adds what to do: for a package
+that the module imports and that is not installed, from what ``requirements.txt`` lists.
 """
 
 from __future__ import annotations
@@ -35,13 +34,11 @@ _log = logging.getLogger("abeja_runtime")
 _REQUIREMENT: Final = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:$|[\[<>=!~;@(,])")
 
 
-def load_handler(spec: str, workdir: Path, config: Config | None = None) -> LoadedHandler:
-    """Import ``HANDLER`` from the working directory and adapt it to its style.
-
-    ``spec`` is ``module:attribute``, or a module alone where the style allows it (a Cortex
-    request-handler file, a Seldon ``MyModel`` module). The choice is logged once per worker.
-    """
-    config = config if config is not None else Config(handler=spec)
+def load_handler(config: Config) -> LoadedHandler:
+    """Import ``HANDLER`` (``module:attribute``, or a module alone where the style allows it:
+    a Cortex request-handler file, a Seldon ``MyModel`` module) from the working directory, adapt
+    it to its style, and log the choice."""
+    spec, workdir = config.handler, Path.cwd()
     if str(workdir) not in sys.path:
         sys.path.insert(0, str(workdir))
     if config.style != "auto":
@@ -78,12 +75,9 @@ def _parse_spec(spec: str, style: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _argv_of_its_own() -> Iterator[None]:
-    """Hide the runtime's own flags from the user's module while it is imported and set up.
-
-    Code written for other servers parses ``sys.argv`` at import: ``kserve`` does it in
-    ``kserve.model_server``, and its docs' examples do it again. Our ``--timeout 2.5`` would be
-    read as KServe's ``--timeout-keep-alive`` (an int) and end the worker with SystemExit.
-    """
+    """Hide the runtime's own flags from the user's module while it is imported and set up:
+    code written for other servers parses ``sys.argv`` at import (``kserve.model_server`` does),
+    and would read our ``--timeout 2.5`` as its own and end the worker with SystemExit."""
     saved = sys.argv
     sys.argv = saved[:1]
     try:
@@ -139,12 +133,8 @@ def _import(module_name: str, spec: str, workdir: Path, config: Config) -> Modul
 
 def _missing_package_advice(missing: str, workdir: Path, installed_at_start: bool) -> str:
     """What to do about the module ``missing`` that the handler's module imports and that is
-    not installed, from what the project's ``requirements.txt`` lists.
-
-    A module is found in ``requirements.txt`` under its own name or a parent package's,
-    compared as package names are (PEP 503: case, ``-``, ``_`` and ``.`` alike, so that
-    ``google.cloud.storage`` is ``google-cloud-storage``); a package whose name differs from
-    its module's (Pillow's ``PIL``) is not recognised, and the advice says that it may be so."""
+    not installed: looked up in ``requirements.txt`` under its own name or a parent package's
+    (``google.cloud.storage`` is ``google-cloud-storage``)."""
     listed = _requirements(workdir / "requirements.txt")
     if listed is None:
         return "Add the missing package to requirements.txt."
@@ -180,9 +170,8 @@ def _missing_package_advice(missing: str, workdir: Path, installed_at_start: boo
 
 
 def _requirements(path: Path) -> dict[str, str] | None:
-    """The packages that a ``requirements.txt`` lists, by :func:`_package_key`, each as
-    written; ``None`` when the project has none. Options (``-r``, ``-e``), paths and URLs are
-    left out: their package's name is not on the line."""
+    """The packages that a ``requirements.txt`` lists (not its options, paths and URLs), by
+    :func:`_package_key`, each as written; ``None`` when the project has none."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -196,6 +185,5 @@ def _requirements(path: Path) -> dict[str, str] | None:
 
 
 def _package_key(name: str) -> str:
-    """A package's name as package names are compared (PEP 503): ``Abeja.Missing-Dependency``
-    and ``abeja_missing_dependency`` are the same."""
+    """A package's name as PEP 503 compares them (case, ``-``, ``_`` and ``.`` alike)."""
     return re.sub(r"[-_.]+", "-", name).lower()

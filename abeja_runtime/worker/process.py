@@ -1,18 +1,10 @@
-"""A handler process: load the handler, then answer the front's calls.
+"""A handler process (``python -m abeja_runtime.worker FD FRONT_PID``), started by the front
+(``front/processes.py``) with its end of a socket pair (``frames.py``): it loads the handler
+(``loader.py``), warms it up (``warmup.py``), says :class:`~abeja_runtime.frames.Ready`, and runs
+the calls (``runner.py``) on the executor chosen at start (``executors.py``, ``event_loop.py``).
 
-``python -m abeja_runtime.worker FD FRONT_PID``, started by the front (``front/processes.py``) with
-its end of a socket pair, on which frames travel (``frames.py``). This process imports no HTTP
-server: it loads the handler (``loader.py``), warms it up (``warmup.py``), says
-:class:`~abeja_runtime.frames.Ready`, and runs the calls (``runner.py``) where the executor chosen
-at start runs them (``executors.py``, ``event_loop.py``): a ``def`` handler's on the main thread
-at ``--concurrency 1`` (the default), each answered before the next call is read, so that a crash
-(``os._exit``, a segfault, the OOM killer) loses only the call that ran; on N threads at
-``--concurrency N``; an ``async def`` handler's on this process's event loop, at most N at once.
-
-Deadlines, admission and every decision about this process's life are the front's: it answers
-``504`` when a call is late and kills this process when the call is still running long after.
-SIGTERM and SIGINT are ignored (the front decides when to stop); the front closing the socket
-means "stop": the handler's teardown (KServe's ``Model.stop()``) runs, and the process exits.
+Every decision about this process's life is the front's: SIGTERM and SIGINT are ignored, and the
+front closing the socket means "stop": the handler's teardown runs, and the process exits.
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Final, NoReturn
 
 from abeja_runtime.batched import declared_batch
@@ -127,8 +118,7 @@ def _do_nothing(signum: int, frame: object) -> None:
 
 def _default_stop_signals() -> None:
     """In a child forked from Python (multiprocessing's), the stop signals as usual."""
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt
 
 
@@ -141,7 +131,7 @@ def _serve(
 ) -> int:
     loading = time.monotonic()
     try:
-        handler = load_handler(config.handler, Path.cwd(), config)
+        handler = load_handler(config)
         batch = declared_batch(handler.func) if config.max_batch_size == 1 else None
         if batch is not None:  # @abeja_runtime.batched, the settings silent
             config = dataclasses.replace(config, max_batch_size=batch[0], max_batch_wait=batch[1])
@@ -160,14 +150,12 @@ def _serve(
         return 1
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
     ready = Ready(VERSION, handler.style, handler.front_paths, rpc_methods, batch)
-    invoker = Invoker(config, handler)
-    runner = Runner(config, invoker, channel, cancellations, credits)
-    if tracing is not None:
-        runner.trace(tracing)
+    invoker = Invoker(config, handler, tracing)
+    runner = Runner(config, invoker, channel, cancellations, credits, tracing)
     warmup = Warmup(config, invoker, channel, ready, time.monotonic() - loading)
     code = 0
     try:
-        _executor(handler, config, runner, credits).serve(warmup)
+        _executor(handler, config, runner).serve(warmup)
     except WarmupFailed as exc:
         _log.error("%s", exc)
         code = EXIT_WARMUP_FAILED
@@ -179,16 +167,13 @@ def _serve(
     return code
 
 
-def _executor(
-    handler: LoadedHandler, config: Config, runner: Runner, credits: StreamCredits
-) -> Executor:
+def _executor(handler: LoadedHandler, config: Config, runner: Runner) -> Executor:
     """Where the calls run, chosen once: an ``async def`` handler's (or an async gRPC
-    service's) on the event loop, at most ``--concurrency`` at once; a ``def`` handler's on the
-    main thread at ``--concurrency 1``, else on that many threads."""
+    service's) on the event loop; a ``def`` handler's on the main thread, or on threads."""
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         from abeja_runtime.worker.event_loop import EventLoop  # asyncio only then
 
-        return EventLoop(runner, credits, config.concurrency, config.event_loop)
+        return EventLoop(runner, config.concurrency, config.event_loop)
     if config.concurrency == 1:
-        return MainThread(runner, credits)
+        return MainThread(runner)
     return Threads(runner, config.concurrency)

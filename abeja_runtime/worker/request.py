@@ -1,20 +1,16 @@
 """The request a handler receives: ABEJA's read-only mapping, parts and header view.
 
-Users' handlers were written against ``abejaruntime`` 1.1.1 (contract Part B 2.3), so the shapes
-here copy it exactly: the mapping has exactly five keys, ``request['metadata']`` is special,
-``request.read()`` reads the first body, ``json.load(request)`` works. What ABEJA Platform lost
-(path, decoded query) is offered as attributes, never as keys, because code checks
-``'key' in request``.
-
-Bodies are file objects (in memory, or spooled to a per-request directory) that the runtime closes
-after the response has been sent; each can be read once from the start, like ABEJA's files.
+The shapes copy ``abejaruntime`` 1.1.1 exactly (contract Part B 2.3), which users' handlers were
+written against; what ABEJA Platform lost (path, decoded query) is offered as attributes, never
+as keys, because code checks ``'key' in request``. Bodies are file objects, read once from the
+start, that the runtime closes after the response has been sent.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final, cast
 
 from multidict import MultiDict, MultiDictProxy
 
@@ -42,8 +38,7 @@ class HttpHeaders:
         self._pairs = tuple((name.lower(), value) for name, value in pairs)
 
     def __getitem__(self, name: str) -> str | None:
-        value: str | None = self.get(name)
-        return value
+        return cast("str | None", self.get(name))
 
     def get(self, name: str, default: Any = None) -> Any:
         wanted = name.lower()
@@ -86,12 +81,9 @@ class HttpHeaders:
 
 
 class Content(Mapping[str, Any]):
-    """One body: the whole request body, or one multipart part.
-
-    A mapping with the keys ``content_type``, ``metadata``, ``body`` (an open binary file object),
-    ``file_name`` and ``form_name``; absent values are ``None``. It equals a plain dict with the
-    same items, as on ABEJA Platform.
-    """
+    """One body: the whole request body, or one multipart part. A mapping of ``content_type``,
+    ``metadata``, ``body`` (an open binary file object), ``file_name`` and ``form_name`` (absent
+    values ``None``) that equals a plain dict with the same items, as on ABEJA Platform."""
 
     __slots__ = ("_values",)
 
@@ -124,11 +116,10 @@ class Content(Mapping[str, Any]):
     def read(self, size: int = -1) -> bytes:
         """Read from the body; ``ValueError('no body')`` when there is none, as on ABEJA
         Platform."""
-        body = self._values["body"]
+        body: IO[bytes] | None = self._values["body"]
         if body is None:
             raise ValueError("no body")
-        data: bytes = body.read(size)
-        return data
+        return body.read(size)
 
     def close(self) -> None:
         body = self._values["body"]
@@ -213,7 +204,10 @@ class Request(Mapping[str, Any]):
                 return self._values[key]
             if key == "metadata":
                 # ABEJA's special case: datalake metadata of the first body (None over HTTP).
-                return self._first_content()["metadata"]
+                contents = self._values["contents"]
+                if not contents:
+                    raise ValueError("no content") from None
+                return contents[0]["metadata"]
             raise
 
     def _build_header_views(self) -> None:
@@ -238,20 +232,12 @@ class Request(Mapping[str, Any]):
     __eq__ = object.__eq__
     __hash__ = object.__hash__
 
-    def _first_content(self) -> Content:
-        contents = self._values["contents"]
-        if not contents:
-            raise ValueError("no content")
-        first: Content = contents[0]
-        return first
-
     def read(self, size: int = -1) -> bytes:
         """Read from the first body, so that ``json.load(request)`` works."""
-        contents = self._values["contents"]
+        contents: list[Content] = self._values["contents"]
         if not contents:
             raise ValueError("no body")
-        data: bytes = contents[0].read(size)
-        return data
+        return contents[0].read(size)
 
     def close(self) -> None:
         """Close every body and remove the request's spool directory, if one was made."""

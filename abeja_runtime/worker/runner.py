@@ -1,11 +1,9 @@
 """Running the front's calls in a handler process: call frames in, answer frames out.
 
-:meth:`Runner.dispatch` says which calls run now for each frame the executor reads: a call alone
-(a batch of one), or the calls a :class:`~abeja_runtime.frames.RunBatch` names (the channel
-itself takes each :class:`~abeja_runtime.frames.Credit`, and marks each
-:class:`~abeja_runtime.frames.Cancel` as it reads it). :meth:`Runner.run` runs them: their
-requests built, the handler invoked once for all (``invoke.py``), each answer written whole (in
-the frame, or a memfd above the inline limit) or streamed as its credit allows (``credits.py``).
+:meth:`Runner.calls` reads the frames and says which calls run now: a call alone (a batch of
+one), or those a :class:`~abeja_runtime.frames.RunBatch` names. :meth:`Runner.run` runs them: the
+handler invoked once for all (``invoke.py``), each answer written whole (in the frame, or a memfd
+above the inline limit) or streamed as its credit allows (``credits.py``).
 """
 
 from __future__ import annotations
@@ -66,40 +64,46 @@ class Runner:
         channel: BlockingChannel,
         cancellations: Cancellations,
         credits: StreamCredits,
+        tracing: Tracing | None = None,
     ) -> None:
         self.channel = channel
         self._invoker = invoker
-        self._handler = invoker.handler
         self._cancellations = cancellations
-        self._credits = credits
+        self.credits = credits
         self._shared = SharedBodies()
+        #: Traced calls get their handler span (and their answers an encode span: the invoker's).
+        self._tracing = tracing
         #: ``--cancel-raises``: a ``def`` handler is interrupted when its call is cancelled.
         self._interrupts = config.cancel_raises and not invoker.handler.is_async
         if self._interrupts:
             cancellations.raise_in_handlers()
         #: Calls run in batches (``--max-batch-size``); those read wait for their RunBatch here.
         self.batching = invoker.batched
-        self._held: dict[int, tuple[Call, int | None]] | None = {} if invoker.batched else None
-        self._tracing: Tracing | None = None
+        self._held: dict[int, tuple[Call, int | None]] = {}
         #: The executor's part of a :class:`Cancel` or :class:`GiveBack` (the event loop's).
-        self.take_back: Callable[[int, bool], None] = _nothing
+        self.take_back: Callable[[int, bool], object] = lambda call_id, cancel: None
 
-    def trace(self, tracing: Tracing) -> None:
-        """Traced calls get their handler span, and their answers an encode span."""
-        self._tracing = tracing
-        self._invoker.trace_encoding(tracing)
+    def calls(self) -> Iterator[list[Held]]:
+        """The calls to run, as the frames read say, until the front closes the socket (then
+        the streams waiting for credit stop)."""
+        read, dispatch = self.channel.read, self.dispatch
+        while (item := read()) is not None:
+            calls = dispatch(item)
+            if calls is not None:
+                yield calls
+        self.credits.close()
 
     def dispatch(self, item: tuple[Frame, int | None]) -> list[Held] | None:
-        """The calls to run now for a frame the executor read, or ``None``: a call held for
-        its batch, a :class:`Cancel` or :class:`GiveBack` (told to :attr:`take_back`)."""
+        """The calls to run now for a frame read, or ``None``: a call held for its batch, a
+        :class:`Cancel` or :class:`GiveBack` (told to :attr:`take_back`)."""
         frame = item[0]
         if type(frame) is Call or type(frame) is RpcCall:
-            if type(frame) is Call and self._held is not None:
+            if type(frame) is Call and self.batching:
                 self._held[frame.id] = (frame, item[1])
                 return None
             self._cancellations.started(frame.id)
             return [item]  # type: ignore[list-item]  # a call's frame
-        if type(frame) is RunBatch and self._held is not None:
+        if type(frame) is RunBatch:
             held = self._held
             calls: list[Held] = [held.pop(call_id) for call_id in frame.ids if call_id in held]
             for call, _ in calls:
@@ -178,7 +182,7 @@ class Runner:
         assert self._tracing is not None
         spans = {}
         for call, _ in calls:
-            span = self._tracing.handler(call.trace, self._handler.name)
+            span = self._tracing.handler(call.trace, self._invoker.handler.name)
             if span is not None:
                 spans[call.id] = span.__enter__()
         return spans
@@ -224,12 +228,12 @@ class Runner:
             cancellations.uninterruptible(call_id)  # raised before it could say so itself
             _log.info(
                 "the handler %s was interrupted: nobody waits for its answer any more",
-                self._handler.name,
+                self._invoker.handler.name,
             )
             return [_CANCELLED]
 
     async def _rpc(self, call: RpcCall, fd: int | None, span: HandlerSpan | None) -> None:
-        rpc = self._handler.rpc
+        rpc = self._invoker.handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
         payload = call.payload
         if fd is not None:  # the message in the front's shared memory: one copy, to parse it
@@ -259,11 +263,11 @@ class Runner:
         :class:`End`; stopped, the generator closed, once the call is cancelled."""
         if span is not None:
             span.status(reply.status)
-        credits = self._credits
+        credits = self.credits
         credits.open(call_id)
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
         body = chunks(cast("Iterator[bytes] | AsyncIterator[bytes]", reply.body))
-        failed = False
+        failed = True  # until the loop ends: by an error, or its task cancelled
         try:
             async for chunk in body:
                 size = len(chunk)
@@ -275,13 +279,10 @@ class Runner:
                     self._write_memfd(Chunk(call_id, None), chunk)
                 elif chunk:
                     self.channel.write(Chunk(call_id, bytes(chunk)))
+            failed = False
         except Exception as exc:
             # Headers are out: the front can only cut the chunked body short.
             _log.error("the handler's streamed content failed after the response began: %s", exc)
-            failed = True
-        except BaseException:  # its task cancelled (not imported: asyncio only when needed)
-            failed = True
-            raise
         finally:
             credits.finished(call_id)
             await body.aclose()
@@ -307,11 +308,3 @@ class Runner:
             self.channel.write(Answer(frame.id, 504, (), b"", False))
         else:
             self.channel.write(RpcAnswer(frame.id, 4, b"", "cancelled", 504))
-
-    def front_gone(self) -> None:
-        """The front closed the socket: streams waiting for credit stop."""
-        self._credits.close()
-
-
-def _nothing(call_id: int, cancel: bool) -> None:
-    pass

@@ -1,20 +1,11 @@
 """The warm-up (``--warmup FILE``): request files sent through the handler in each handler
-process after it is loaded and before it says :class:`~abeja_runtime.frames.Ready`.
+process after it is loaded and before it says :class:`~abeja_runtime.frames.Ready`, so that a
+model slow on its first call is slow here, not on a client's first call.
 
-A model that is slow on its first call (lazy set-up, kernels compiled on first use, caches
-filled) is then slow here, not on a client's first call; every process warms up, replacements
-too. Each file is one request as ``abeja model run-local --input FILE`` sends it
-(:mod:`abeja_runtime.request_files`), invoked as a call is (``invoke.py``; other styles answer a
-POST to ``/`` as run-local's), where the calls will run (an ``async def`` handler's on its event
-loop), a batched handler's in batches of up to its batch size; a streamed body is read to its end.
-
-A warm-up fails when the handler raises, answers a status of 400 or more, or its stream fails:
-:class:`WarmupFailed`, one log line that names the file. The process then exits with
-:data:`~abeja_runtime.frames.EXIT_WARMUP_FAILED`, and the front replaces it with the back-off of
-processes that die before they are ready: readiness stays 503 until a worker is warm. A process
-that dies during its warm-up (a segfault, the OOM killer) cannot say so: at the very first start
-the front takes it for a handler that cannot be loaded. The log says how long each process took
-to load the handler and to warm it up.
+Each file is one request as ``abeja model run-local --input FILE`` sends it, invoked where the
+calls will run, a batched handler's in batches; a streamed body is read to its end. A request
+that fails (the handler raises, answers 400 or more, or its stream fails) fails the warm-up:
+:class:`WarmupFailed`, and the process exits for the front to replace it.
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import io
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -56,48 +48,40 @@ class WarmupFailed(AbejaRuntimeError):
         )
 
 
+@dataclass
 class Warmup:
     """One handler process's warm-up, then its :class:`Ready` to the front."""
 
-    def __init__(
-        self,
-        config: Config,
-        invoker: Invoker,
-        channel: BlockingChannel,
-        ready: Ready,
-        loaded_in: float,
-    ) -> None:
-        paths = config.warmup
-        size = config.max_batch_size if invoker.batched else 1
-        self._groups = [paths[start : start + size] for start in range(0, len(paths), size)]
-        self._count = len(paths)
-        self._invoker = invoker
-        self._channel = channel
-        self._ready = ready
-        self._loaded_in = loaded_in
+    config: Config
+    invoker: Invoker
+    channel: BlockingChannel
+    ready: Ready
+    loaded_in: float
 
     async def run(self) -> None:
         """Warm the handler up where its calls run, then say Ready; :class:`WarmupFailed`
         when a request failed."""
         started = time.monotonic()
-        for paths in self._groups:
-            await self._warm(paths)
-        if self._count:
+        paths, count = self.config.warmup, len(self.config.warmup)
+        size = self.config.max_batch_size if self.invoker.batched else 1
+        for start in range(0, count, size):
+            await self._warm(paths[start : start + size])
+        if count:
             _log.info(
                 "worker %d loaded the handler in %.2f s and warmed it up with %d request%s in "
                 "%.2f s",
                 os.getpid(),
-                self._loaded_in,
-                self._count,
-                "" if self._count == 1 else "s",
+                self.loaded_in,
+                count,
+                "" if count == 1 else "s",
                 time.monotonic() - started,
             )
         else:
-            _log.info("worker %d loaded the handler in %.2f s", os.getpid(), self._loaded_in)
+            _log.info("worker %d loaded the handler in %.2f s", os.getpid(), self.loaded_in)
         # A front that stopped meanwhile is gone: the process reads the end of its input next,
         # and the handler's teardown still runs.
         with contextlib.suppress(OSError):
-            self._channel.write(self._ready)
+            self.channel.write(self.ready)
 
     async def _warm(self, paths: tuple[str, ...]) -> None:
         """One group of files through the handler, their ids in the handler's log records
@@ -105,10 +89,10 @@ class Warmup:
         requests: list[Request] = []
         try:
             for path in paths:
-                requests.append(_request(self._invoker, path))
+                requests.append(_request(self.invoker, path))
             token = request_id_var.set(",".join(request.request_id for request in requests))
             try:
-                replies = await self._invoker.answer(requests)
+                replies = await self.invoker.answer(requests)
                 for path, reply in zip(paths, replies, strict=True):
                     if reply.status >= _FAILED_FROM:
                         raise WarmupFailed(_answered(path, reply))

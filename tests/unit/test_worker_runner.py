@@ -21,6 +21,10 @@ from abeja_runtime.worker.runner import Runner
 class Channel:
     def __init__(self) -> None:
         self.written: list[Any] = []
+        self.frames: list[Any] = []
+
+    def read(self) -> Any:
+        return self.frames.pop(0) if self.frames else None
 
     def write(self, frame: Any, fd: int | None = None) -> None:
         self.written.append(frame)
@@ -128,3 +132,10 @@ def test_cancels_and_give_backs_go_to_the_executor() -> None:
     assert run.dispatch((Cancel(3), None)) is None
     assert run.dispatch((GiveBack(4), None)) is None
     assert taken == [(3, True), (4, False)]
+
+
+def test_calls_are_read_until_the_front_closes_the_socket_then_streams_stop_waiting() -> None:
+    run, channel = runner(lambda request, context: {})
+    channel.frames = [call(1), (Cancel(1), None), call(2)]
+    assert [[frame.id for frame, _ in calls] for calls in run.calls()] == [[1], [2]]
+    assert finish(run.credits.take(9, 1)) is False  # closed: no wait for credit that never comes
