@@ -228,8 +228,10 @@ def test_a_warmup_that_fails_once_heals_in_the_replacement(make_server, tmp_path
 
     server.wait_healthy()
 
+    # The ready line is read from the server's output by a thread of the test's own, which may
+    # come to it after the health check saw the worker ready.
+    (ready,) = wait_for_ready_workers(server, 1)
     ((failed, _),) = [match.groups() for match in messages(server, FAILED)]
-    (ready,) = ready_workers(server)
     assert ready != int(failed)
     answer = server.request("GET", "/")
     assert pid_of(answer) == ready
