@@ -97,7 +97,7 @@ def _batch(inputs: tuple[Path, ...], output: Path, **options: Any) -> None:
     written under --output as the file's name plus the answer's extension
     (cat.jpg -> OUTPUT/cat.jpg.json). Exit code 1 when any answer is above 299.
     """
-    from abeja_runtime.worker.batch_job import BatchJobError, run_batch_job
+    from abeja_runtime.batch_job.job import BatchJobError, run_batch_job
 
     config = _config(**options)
     try:

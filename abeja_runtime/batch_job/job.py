@@ -4,8 +4,8 @@ The inputs are the platform's ``INPUT`` variable (JSON, or a DataLake file: :mod
 answered to stdout or uploaded to the channel ``OUTPUT`` names as ``<ABEJA_RUN_ID>_0<ext>``; or
 files and folders (hidden files skipped), one ``POST`` each, each answer written under
 ``--output`` as the input's path plus its content type's extension. Each is invoked as a handler
-process invokes it (``invoke.py``), within the timeout, ``concurrency`` at a time; the exit code
-is 1 when an answer's status is above 299 or the handler cannot be loaded.
+process invokes it (``worker/invoke.py``), within the timeout, ``concurrency`` at a time; the
+exit code is 1 when an answer's status is above 299 or the handler cannot be loaded.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import aiohttp
 import click
 
 from abeja_runtime.access_log import AccessLog
+from abeja_runtime.batch_job.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, status_reply
 from abeja_runtime.errors import AbejaRuntimeError, HandlerLoadError, HandlerTimeout
@@ -35,7 +36,6 @@ from abeja_runtime.logs import capture_prints, configure_logging, new_request_id
 from abeja_runtime.media import extension_for, guess_content_type
 from abeja_runtime.pixels import limit_image_pixels
 from abeja_runtime.project import install_dependencies, prepare_workdir
-from abeja_runtime.worker.datalake import DATALAKE_KEY, DataLake, DataLakeError, datalake_target
 from abeja_runtime.worker.invoke import Invoker, chunks, finish
 from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.request import Content, Request
