@@ -31,8 +31,11 @@ from abeja_runtime.errors import HandlerTimeout, HttpError, ServiceBusy, Service
 from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.stream_limits import StreamLimitReached
+from abeja_runtime.tracing import carrier
 
 if TYPE_CHECKING:
+    from yarl import URL
+
     from abeja_runtime.front.accounting import CallEntry
     from abeja_runtime.front.body import Body
     from abeja_runtime.front.deadlines import Deadlines
@@ -131,6 +134,23 @@ class FrontCall:
         return self._stage
 
     # -- the way in ---------------------------------------------------------------------------
+
+    def frame(
+        self,
+        method: str,
+        url: URL,
+        raw_headers: tuple[tuple[bytes, bytes], ...],
+        data: bytes | None,
+        size: int,
+        spool_path: str = "",
+    ) -> Call:
+        """The call frame of an HTTP request to ``url``: its body in the frame (``data``), or
+        ``size`` bytes sent beside it (a shared buffer, or the spool file at ``spool_path``)."""
+        entry = self.entry
+        return Call(
+            self.id, method, url.raw_path, url.raw_query_string, raw_headers, entry.request_id,
+            entry.requester_id, data, spool_path, size, carrier(entry.trace),
+        )  # fmt: skip
 
     def submit(self, frame: Call | RpcCall, body: Body) -> None:
         """Hand the call to the pool, its deadline watched; the answer (or the front's refusal)

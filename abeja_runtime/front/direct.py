@@ -43,7 +43,6 @@ from abeja_runtime.logs import (
     request_id_from,
     requester_id_from,
 )
-from abeja_runtime.tracing import carrier
 
 if TYPE_CHECKING:
     from abeja_runtime.front.service import CallService
@@ -145,19 +144,7 @@ class DirectRequests:
         else:
             body = b"" if payload is EMPTY_PAYLOAD or method == "GET" else whole_body(payload)
             size = len(body)
-        frame = Call(
-            call.id,
-            method,
-            url.raw_path,
-            url.raw_query_string,
-            message.raw_headers,
-            request_id,
-            requester_id,
-            body,
-            "",
-            size,
-            carrier(call.entry.trace),
-        )
+        frame = call.frame(method, url, message.raw_headers, body, size)
         if body is None:
             responder.read_body(frame, payload)
         else:

@@ -45,7 +45,6 @@ from abeja_runtime.logs import (
 from abeja_runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.spool import Scratch, Spool
-from abeja_runtime.tracing import carrier
 
 __all__ = [
     "HEALTH_PATH",
@@ -137,20 +136,9 @@ class HttpServer:
     @staticmethod
     def frame(request: web.BaseRequest, call: FrontCall, body: Body) -> Call:
         """The call frame of ``request``."""
-        url = request.rel_url
-        entry = call.entry
-        return Call(
-            call.id,
-            request.method,
-            url.raw_path,
-            url.raw_query_string,
-            request.raw_headers,
-            entry.request_id,
-            entry.requester_id,
-            body.data,
-            "" if body.file is None else body.file.name,
-            body.size,
-            carrier(entry.trace),
+        spool_path = "" if body.file is None else body.file.name
+        return call.frame(
+            request.method, request.rel_url, request.raw_headers, body.data, body.size, spool_path
         )
 
     async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
