@@ -9,6 +9,7 @@ other way, for the files that answers are written to (batch outputs, DataLake up
 
 from __future__ import annotations
 
+import functools
 import mimetypes
 from typing import Final
 
@@ -16,16 +17,22 @@ __all__ = ["DEFAULT_TYPE", "extension_for", "guess_content_type", "is_json_type"
 
 DEFAULT_TYPE: Final = "application/octet-stream"
 
-# Built-in table only: /etc/mime.types differs between machines, and the same file must get
-# the same Content-Type everywhere.
-_MIME: Final = mimetypes.MimeTypes(filenames=())
-for _ext, _type in {
-    ".jsonl": "application/x-ndjson",
-    ".ndjson": "application/x-ndjson",
-    ".webp": "image/webp",
-    ".npy": "application/octet-stream",
-}.items():
-    _MIME.add_type(_type, _ext)
+
+@functools.cache
+def _types() -> mimetypes.MimeTypes:
+    """The built-in table only (/etc/mime.types differs between machines, and the same file
+    must get the same Content-Type everywhere), made on first use: half a MiB that a process
+    serving no file's request never holds."""
+    types = mimetypes.MimeTypes(filenames=())
+    for extension, media_type in {
+        ".jsonl": "application/x-ndjson",
+        ".ndjson": "application/x-ndjson",
+        ".webp": "image/webp",
+        ".npy": "application/octet-stream",
+    }.items():
+        types.add_type(media_type, extension)
+    return types
+
 
 #: ABEJA's extensions for media types (``util/mimetype_helper.go``).
 _EXTENSIONS: Final = {
@@ -60,7 +67,7 @@ _EXTENSIONS: Final = {
 
 def guess_content_type(path: str) -> str:
     """The media type for a file name, from its extension; octet-stream when unknown."""
-    guessed, _encoding = _MIME.guess_type(path, strict=False)
+    guessed, _encoding = _types().guess_type(path, strict=False)
     return guessed or DEFAULT_TYPE
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib.metadata
 import logging
 import resource
 import time
@@ -153,6 +152,8 @@ def _aiohttp_lacks_private_names() -> bool:
 
 
 def _aiohttp_wanted() -> str:
+    import importlib.metadata  # only here: 0.6 MiB that the front otherwise never holds
+
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # a source tree's
         wanted = importlib.metadata.requires("abeja-runtime") or []
         return ", ".join(r for r in wanted if r.startswith("aiohttp"))
