@@ -183,3 +183,6 @@ def test_a_second_signal_within_the_delay_stops_at_once(make_server):
         assert post(connection) == (200, "close")  # within the delay, not stopped
     server.process.send_signal(signal.SIGINT)
     assert server.wait_exit(20) == 1
+    # The workers it killed are not replaced: the pool stops with them.
+    replaced = [r for r in server.records() if "replacement" in str(r.get("message", ""))]
+    assert not replaced, replaced

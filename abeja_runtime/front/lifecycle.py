@@ -287,6 +287,9 @@ class Lifecycle:
             self.all_gone.set()
 
     def kill_all(self) -> None:
+        """Kill every process now (a second signal, or the end): the pool stops, so that none
+        that exits is replaced."""
+        self.stopping = True
         for member in self.members:
             member.process.kill()
 
