@@ -231,10 +231,12 @@ class Lifecycle:
             os.close(process.exit_fd)
             process.exit_fd = None
         code = process.popen.wait()
+        # Out of the pool first: an answer read now frees a slot, and the queue's next call
+        # must not go to this process, which would fail it unrun.
+        self.members.remove(member)
         with contextlib.suppress(OSError):
             process.read_available()
         process.close_socket()
-        self.members.remove(member)
         if member.state is ProcessState.READY:
             self._ready_count -= 1
         if self.metrics is not None:
