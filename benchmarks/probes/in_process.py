@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import io
 import itertools
 import os
@@ -37,9 +38,11 @@ from aiohttp import web
 
 from benchmarks.load import run_wrk, wrk_script
 from benchmarks.processes import tree_snapshot
+from benchmarks.servers import ServerError, post
 
 BENCH = Path(__file__).resolve().parent.parent
 SMALL_JSON = BENCH / "handlers" / "small_json"
+SMALL_BODY = b'{"total_without_tax": 100}'
 
 
 async def _serve(port: int, on: str) -> None:
@@ -95,7 +98,7 @@ async def _serve(port: int, on: str) -> None:
 
 def _compare(rounds: int, seconds: int) -> None:
     """Each server pinned to CPU 0 in turn, wrk on CPU 1, ``rounds`` times interleaved."""
-    from abeja_runtime.launch import free_port
+    from abeja_runtime.launch import free_ports
 
     py = sys.executable
     # The children run in the handler's folder: they import this repository from the path.
@@ -108,34 +111,37 @@ def _compare(rounds: int, seconds: int) -> None:
     }
     rates: dict[str, list[float]] = {name: [] for name in servers}
     peaks: dict[str, list[float]] = {name: [] for name in servers}
-    tmp = Path(tempfile.mkdtemp(prefix="abeja-probe-"))
-    script = wrk_script(tmp, "small_json", "application/json", b'{"total_without_tax": 100}')
+    tmp = tempfile.TemporaryDirectory(prefix="abeja-probe-")
+    script = wrk_script(Path(tmp.name), "small_json", "application/json", SMALL_BODY)
 
     def wrk(port: int, path: str, seconds: float) -> float:
         url = f"http://127.0.0.1:{port}{path}"
         return run_wrk(url, script, duration=seconds, threads=1, connections=16, cpu="1").rps
 
-    for _, (name, (command, path)) in itertools.product(range(rounds), servers.items()):
-        port, health = free_port(), free_port()
-        args = ["--port", str(port)]
-        if name in ("bare-uvloop", "runtime"):
-            args += ["--host", "127.0.0.1", "--healthcheck-port", str(health)]
-        proc = subprocess.Popen(
-            ["taskset", "-c", "0", *command, *args],
-            cwd=SMALL_JSON,  # where the handler is (the repository's copy is not imported)
-            env={**os.environ, "PYTHONPATH": pythonpath},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            _wait_ready(port, path)
-            wrk(port, path, 2)
-            rates[name].append(wrk(port, path, seconds))
-            tree, _ = tree_snapshot(proc.pid, peak=True)  # (taskset runs the server as itself)
-            peaks[name].append(sum(tree.values()) / 1024)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    try:
+        for _, (name, (command, path)) in itertools.product(range(rounds), servers.items()):
+            port, health = free_ports(2)
+            args = ["--port", str(port)]
+            if name in ("bare-uvloop", "runtime"):
+                args += ["--host", "127.0.0.1", "--healthcheck-port", str(health)]
+            proc = subprocess.Popen(
+                ["taskset", "-c", "0", *command, *args],
+                cwd=SMALL_JSON,  # where the handler is (the repository's copy is not imported)
+                env={**os.environ, "PYTHONPATH": pythonpath},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                _wait_ready(port, path)
+                wrk(port, path, 2)
+                rates[name].append(wrk(port, path, seconds))
+                tree, _ = tree_snapshot(proc.pid, peak=True)  # (taskset runs the server as itself)
+                peaks[name].append(sum(tree.values()) / 1024)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    finally:
+        tmp.cleanup()
     bare = statistics.median(rates["bare-uvloop"])
     bare_peak = statistics.median(peaks["bare-uvloop"])
     print("| server | req/s (median) | runs | x bare on uvloop | peak RSS MiB | x bare |")
@@ -151,21 +157,10 @@ def _compare(rounds: int, seconds: int) -> None:
 
 def _wait_ready(port: int, path: str) -> None:
     """Until the server answers the small JSON request (a minute at most)."""
-    import urllib.error
-    import urllib.request
-
     for _ in range(600):
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}{path}",
-            data=b'{"total_without_tax": 100}',
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
+        with contextlib.suppress(OSError, ServerError):
+            post(port, path, "application/json", SMALL_BODY, timeout=5)
+            return
         time.sleep(0.1)
     raise RuntimeError(f"nothing answers on port {port}")
 
