@@ -31,8 +31,6 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import multipart
-
 from abeja_runtime.errors import HandlerResultError, HttpError
 
 if TYPE_CHECKING:
@@ -214,6 +212,9 @@ def _status(value: object) -> int:
 def _media_type(content_type: str) -> tuple[str, str]:
     if _FORBIDDEN_IN_VALUE.search(content_type):
         raise HandlerResultError(f"the handler's content_type {content_type!r} has a line break")
+    # Imported here: only handler processes use it; the front, which imports this module, never.
+    import multipart
+
     mime, options = multipart.parse_options_header(content_type)
     charset = options.get("charset") or "utf-8"
     try:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
-from dotenv import load_dotenv
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config, PlatformIds
@@ -140,7 +139,12 @@ def _command(name: str) -> click.Command | None:
 def cli() -> None:
     """Console-script entry: reads ``.env``, then runs :func:`main` (or ``batch`` or ``kserve``,
     when the first argument names one) with one-line usage errors."""
-    load_dotenv(Path.cwd() / ".env", override=False)
+    dotenv = Path.cwd() / ".env"
+    if dotenv.is_file():
+        # Imported here: the front holds python-dotenv only when there is a file to read.
+        from dotenv import load_dotenv
+
+        load_dotenv(dotenv, override=False)
     args = sys.argv[1:]
     command, name = main, "abeja-runtime"
     other = _command(args[0]) if args else None
