@@ -94,7 +94,9 @@ def two_slots(make_server: ServerFactory, size: int, wait: float) -> RunningServ
 
 
 def queued(server: RunningServer, count: int) -> Callable[[], bool]:
-    return lambda: server.in_flight() >= count
+    """``count`` calls in flight: the one running (the holder's) and the rest in the queue,
+    where a batch finds them (in flight alone, a call may still be on its way there)."""
+    return lambda: server.in_flight() >= count and server.queued() >= count - 1
 
 
 @pytest.mark.parametrize("style", ["def", "async"])

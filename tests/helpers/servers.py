@@ -121,11 +121,18 @@ class RunningServer:
 
     def in_flight(self) -> float:
         """The requests being answered now, as ``/metrics`` counts them."""
+        return self._gauge("abeja_runtime_in_flight_requests")
+
+    def queued(self) -> float:
+        """The calls waiting for a handler slot now, as ``/metrics`` counts them."""
+        return self._gauge("abeja_runtime_queued_requests")
+
+    def _gauge(self, name: str) -> float:
         metrics = self.request("GET", "/metrics", port=self.healthcheck_port).body.decode()
         for line in metrics.splitlines():
-            if line.startswith("abeja_runtime_in_flight_requests "):
+            if line.startswith(f"{name} "):
                 return float(line.split()[1])
-        raise AssertionError("no in-flight gauge in /metrics")
+        raise AssertionError(f"no {name} in /metrics")
 
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
         try:
