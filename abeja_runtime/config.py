@@ -147,7 +147,18 @@ class Config:
         kind="positive",
         envvar="ABEJA_RUNTIME_WORKERS",
         server_only=True,
-        help="worker processes, each with its own copy of the handler",
+        help="worker processes; with `--preload` (the default) they share one copy of the "
+        "loaded handler",
+    )
+    preload: bool = setting(
+        True,
+        kind="switch",
+        envvar="ABEJA_RUNTIME_PRELOAD",
+        server_only=True,
+        help="import the handler once, in a template process that every worker is forked from: "
+        "the workers share the loaded model's memory, and a replacement is ready in the time of "
+        "a fork and its warm-up; off (or where a fork is not safe, which the log says): each "
+        "worker imports the handler itself",
     )
     #: 1 keeps ABEJA's guarantee that non-thread-safe ML frameworks and module globals rely on.
     concurrency: int = setting(

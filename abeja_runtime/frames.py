@@ -76,12 +76,15 @@ __all__ = [
     "Chunk",
     "Credit",
     "End",
+    "Fork",
+    "Forked",
     "Frame",
     "FrameDecoder",
     "FrameKind",
     "GiveBack",
     "GivenBack",
     "LoadFailed",
+    "Loaded",
     "ProtocolError",
     "Ready",
     "RpcAnswer",
@@ -95,7 +98,7 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 8
+VERSION: Final = 9
 #: A handler process's exit code when its warm-up failed (``worker/warmup.py``; EX_TEMPFAIL of
 #: sysexits.h): the front replaces it with back-off, even before any process was ready.
 EXIT_WARMUP_FAILED: Final = 75
@@ -142,6 +145,9 @@ class FrameKind(enum.IntEnum):
     GIVEN_BACK = 11
     CREDIT = 12
     RUN_BATCH = 13
+    LOADED = 14
+    FORK = 15
+    FORKED = 16
 
 
 _F = TypeVar("_F", bound=type[tuple[Any, ...]])
@@ -169,6 +175,9 @@ class Start(NamedTuple):
 
     version: int
     config: Config
+    #: The process is the template that handler processes are forked from
+    #: (``worker/template.py``), not one itself.
+    template: bool = False
 
 
 @_kind(FrameKind.READY)
@@ -347,9 +356,35 @@ class RpcAnswer(NamedTuple):
     http_status: int
 
 
+@_kind(FrameKind.LOADED)
+class Loaded(NamedTuple):
+    """Template → front: the handler is loaded; workers may be forked from it, unless
+    ``hazard`` says why a fork would not be safe (the template exits then)."""
+
+    hazard: str
+
+
+@_kind(FrameKind.FORK)
+class Fork(NamedTuple):
+    """Front → template: fork a handler process whose end of its socket with the front is the
+    frame's descriptor, with these variables added to its environment (``--devices``)."""
+
+    environment: tuple[tuple[str, str], ...]
+
+
+@_kind(FrameKind.FORKED)
+class Forked(NamedTuple):
+    """Template → front, one for each :class:`Fork`, in order: the new process's pid, or 0 and
+    why the fork failed."""
+
+    pid: int
+    error: str
+
+
 Frame = (
     Start | Ready | LoadFailed | Call | RpcCall | Cancel | GiveBack
     | Answer | Chunk | End | RpcAnswer | GivenBack | Credit | RunBatch
+    | Loaded | Fork | Forked
 )  # fmt: skip
 #: The frame class of each kind byte, by index (every kind has one: a gap fails at import).
 _KINDS: Final[tuple[type[Any], ...]] = tuple(_CLASS_OF[kind] for kind in FrameKind)
@@ -546,6 +581,11 @@ class BlockingChannel:
         #: Held while reading (and while waiting for frames): :meth:`taken_back` runs on a
         #: thread of its own while the main thread runs a call.
         self._read_lock = threading.Lock()
+
+    def detach(self) -> int:
+        """The socket's descriptor, which the channel no longer uses or closes (a process forked
+        from the template takes its number for its own channel)."""
+        return self._sock.detach()
 
     def read(self) -> tuple[Frame, int | None] | None:
         """The next frame and its descriptor; ``None`` once the front has closed the socket."""

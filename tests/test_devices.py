@@ -1,8 +1,8 @@
-"""``--devices``: each worker gets one GPU as its ``CUDA_VISIBLE_DEVICES``, before it imports
-the handler, round-robin over the slots; a worker's replacement gets the same one (issue 31).
+"""``--devices``: each worker gets one GPU as its ``CUDA_VISIBLE_DEVICES``, round-robin over the
+slots, before it imports the handler (``--preload off``) or as soon as it is forked from the
+template; a worker's replacement gets the same one (issue 31).
 
-No GPU is needed: the ``dv_devices`` handler answers the variable as it was when the worker
-imported it, and its pid.
+No GPU is needed: the ``dv_devices`` handler answers the variable, and its pid.
 """
 
 from __future__ import annotations
@@ -47,12 +47,14 @@ def start_log(server: RunningServer) -> dict[int, str]:
     return found
 
 
+@pytest.mark.parametrize("preload", ["on", "off"])
 def test_three_workers_on_two_devices_and_a_replacement_keeps_its_device(
-    start: ServerFactory, tmp_path: Path
+    start: ServerFactory, tmp_path: Path, preload: str
 ) -> None:
     server = start(
-        "dv_devices", "--workers", "3", "--devices", "0,1", env={"MEET_DIR": str(tmp_path)}
-    )
+        "dv_devices", "--workers", "3", "--devices", "0,1", "--preload", preload,
+        env={"MEET_DIR": str(tmp_path)},
+    )  # fmt: skip
     pids = wait_for_ready_workers(server, 3)
     devices = meet(server, "first", 3)
     assert sorted(devices) == sorted(pids)

@@ -15,18 +15,32 @@ from pathlib import Path
 import pytest
 from helpers.servers import TIMED_OUT_AFTER_1_S, ServerFactory, call_all
 from helpers.waiting import wait_until
-from helpers.workers import alive, crash_a_worker, pid_of, wait_for_ready_workers
+from helpers.workers import alive, comm, crash_a_worker, pid_of, wait_for_ready_workers
 
 
 def test_one_worker_means_two_processes_and_no_helper(start):
     """No process the service does not need: no multiprocessing resource tracker, no fork
-    server; the worker is a fresh interpreter running abeja_runtime.worker."""
-    server = start("sv_pid")
+    server; with ``--preload off`` the worker is a fresh interpreter running
+    abeja_runtime.worker."""
+    server = start("sv_pid", "--preload", "off")
     (worker,) = wait_for_ready_workers(server, 1)
 
     assert children_of(server.process.pid) == [worker]
     assert children_of(worker) == []
     assert b"abeja_runtime.worker" in Path(f"/proc/{worker}/cmdline").read_bytes()
+
+
+def test_preloaded_one_worker_means_a_template_and_a_worker(start):
+    """With ``--preload`` (the default) the template the worker was forked from is the one
+    more process; the worker is the front's child, as a fresh one is."""
+    server = start("sv_pid")
+    (worker,) = wait_for_ready_workers(server, 1)
+
+    children = children_of(server.process.pid)
+    assert len(children) == 2 and worker in children
+    (template,) = set(children) - {worker}
+    assert children_of(worker) == [] and children_of(template) == []
+    assert (comm(template), comm(worker)) == ("abeja-template", "abeja-worker")
 
 
 def test_the_front_and_its_workers_do_not_preempt_one_another(start):

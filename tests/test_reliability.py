@@ -20,17 +20,24 @@ from urllib.parse import quote
 import pytest
 from helpers.servers import Response, RunningServer
 from helpers.waiting import wait_until
-from helpers.workers import alive, crash_a_worker, pid_of, ready_workers, wait_for_ready_workers
+from helpers.workers import (
+    alive,
+    crash_a_worker,
+    handler_processes,
+    pid_of,
+    ready_workers,
+    wait_for_ready_workers,
+)
 
+#: The faults here are a worker's own import (slow, or killing it): each worker imports the
+#: handler itself, as without --preload (``test_preload.py`` has the forked workers' faults).
+OWN_IMPORTS = ("--preload", "off")
 DIED = re.compile(r"worker (\d+) exited unexpectedly \((.+?)\); starting a replacement(.*)")
 
 
 def children(pid: int) -> set[int]:
-    """The supervisor's child processes: its workers, and nothing else."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.update(int(child) for child in (task / "children").read_text().split())
-    return found
+    """The supervisor's handler processes (its children but the template)."""
+    return handler_processes(pid)
 
 
 def deaths(server: RunningServer) -> list[tuple[int, str, str]]:
@@ -47,7 +54,7 @@ def marker(tmp_path: Path) -> dict[str, str]:
 
 
 def test_ready_means_no_503_while_another_worker_loads(make_server, marker):
-    server = make_server("rl_slow_replacements", "--workers", "2", env=marker)
+    server = make_server("rl_slow_replacements", "--workers", "2", *OWN_IMPORTS, env=marker)
     # Health said 200; the log line of that ready worker may still be on its way to us.
     assert len(wait_for_ready_workers(server, 1)) == 1, "the second worker should still be loading"
 
@@ -58,7 +65,9 @@ def test_ready_means_no_503_while_another_worker_loads(make_server, marker):
 
 
 def test_a_replacement_killed_while_it_loads_is_replaced_again(make_server, marker):
-    server = make_server("rl_slow_replacements", "--workers", "2", env={**marker, "RL_SLOW": "3"})
+    server = make_server(
+        "rl_slow_replacements", "--workers", "2", *OWN_IMPORTS, env={**marker, "RL_SLOW": "3"}
+    )
     first, second = wait_for_ready_workers(server, 2)
 
     os.kill(first, signal.SIGKILL)
@@ -80,7 +89,7 @@ def test_a_replacement_killed_while_it_loads_is_replaced_again(make_server, mark
 
 
 def test_replacements_that_keep_dying_back_off_and_answer_503(make_server, marker):
-    server = make_server("rl_replacements_die", env=marker)
+    server = make_server("rl_replacements_die", *OWN_IMPORTS, env=marker)
     crash = threading.Thread(target=crash_a_worker, args=(server,), daemon=True)
     crash.start()
 
@@ -225,7 +234,9 @@ def test_a_worker_holding_every_connection_sheds_its_excess_once_another_is_read
 ):
     """Connections stay with the worker that accepted them: without rebalancing, the clients
     that reconnected to a crash's survivor would all be lost at its next crash."""
-    server = make_server("rl_slow_replacements", "--workers", "2", env={**marker, "RL_SLOW": "2"})
+    server = make_server(
+        "rl_slow_replacements", "--workers", "2", *OWN_IMPORTS, env={**marker, "RL_SLOW": "2"}
+    )
     (first,) = wait_for_ready_workers(server, 1)  # the second is still loading
     clients = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=10) for _ in range(8)]
     try:

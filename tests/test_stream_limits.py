@@ -24,13 +24,13 @@ from helpers.metrics import scrape, total
 from helpers.raw_http import events, get, read_until, records_of, send_and_leave
 from helpers.servers import RunningServer, ServerFactory, front_memory_mib
 from helpers.waiting import wait_until
+from helpers.workers import handler_processes
 
 MiB = 1024 * 1024
 
 
 def worker_pids(server: RunningServer) -> set[int]:
-    children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children")
-    return {int(pid) for pid in children.read_text().split()}
+    return handler_processes(server.process.pid)
 
 
 def stuck_restarts(server: RunningServer) -> float:

@@ -16,6 +16,7 @@ import pytest
 from helpers.cortex import build_model
 from helpers.servers import TIMED_OUT_AFTER_1_S
 from helpers.waiting import wait_until
+from helpers.workers import wait_for_ready_workers
 
 EXIT_TIMEOUT = 20.0
 
@@ -111,12 +112,14 @@ def test_the_abeja_runtime_applies_to_every_style(make_server, tmp_path, style):
     if style == "cortex":
         build_model(project / "iris.onnx")
     server = make_server(project, "--workers", "2", "--timeout", "1", "--max-body-size", "1KiB")
-    # Each worker loads the handler with the detected style (HANDLER is the default main:handler).
+    # The handler is loaded with the detected style (HANDLER is the default main:handler), once
+    # (--preload), and both workers serve it.
     wait_until(
-        lambda: len([r for r in server.records() if r.get("style") == style]) >= 2,
+        lambda: [r for r in server.records() if r.get("style") == style],
         EXIT_TIMEOUT,
-        "both workers to log the style",
+        "the style to be logged",
     )
+    wait_for_ready_workers(server, 2)
 
     headers = {"x-abeja-request-id": f"req-{style}"}
     answer = server.post_json(body(0), path=path, headers=headers)

@@ -36,8 +36,9 @@ FILES = {"a.json": b'{"warm": true}', "b.jpg": b"\xff\xd8\xff\xe0 not really a J
 JSON_POST = ["POST", "application/json"]
 JPEG_POST = ["POST", "image/jpeg"]
 LOADED = re.compile(
-    r"worker (\d+) loaded the handler in \d+\.\d\d s and warmed it up with (\d+) requests? in "
-    r"\d+\.\d\d s"
+    r"worker (\d+) (?:loaded the handler in \d+\.\d\d s|was forked from the template in "
+    r"\d+\.\d{3} s \(the template loaded the handler in \d+\.\d\d s\)) and warmed it up "
+    r"with (\d+) requests? in \d+\.\d\d s"
 )
 FAILED = re.compile(r"worker (\d+) failed its warm-up: (.*)")
 

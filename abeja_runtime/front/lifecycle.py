@@ -22,11 +22,14 @@ from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, Ready
 from abeja_runtime.front.members import Member, ProcessState
 from abeja_runtime.front.processes import (
     FrameSink,
+    FreshInterpreter,
     HandlerProcess,
+    Launcher,
     describe_exit,
     device_environment,
 )
 from abeja_runtime.front.scheduler import Scheduler
+from abeja_runtime.front.template import Template, adopt_orphans
 from abeja_runtime.metrics import FrontMetrics
 
 __all__ = ["Lifecycle", "ProcessFactory", "devices_held"]
@@ -52,15 +55,31 @@ class Lifecycle:
         received: Callable[[Member, Frame, int | None], None],
         on_first_ready: Callable[[], None],
         on_load_failed: Callable[[str, str], None],
-        process_factory: ProcessFactory = HandlerProcess,
+        process_factory: ProcessFactory | None = None,
     ) -> None:
+        """``process_factory``: the unit tests' fakes; by default, processes started by the
+        template (``--preload``) or as fresh interpreters."""
         self._config = config
         self._environment = environment
         self._scheduler = scheduler
         self._received = received
         self._on_first_ready = on_first_ready
         self._on_load_failed = on_load_failed
-        self._process_factory = process_factory
+        self._template: Template | None = None
+        launcher: Launcher = FreshInterpreter()
+        if config.preload and process_factory is None:
+            if adopt_orphans():
+                launcher = self._template = Template(config, environment, self._load_failed_once)
+            else:
+                _log.warning(
+                    "each worker imports the handler itself (no --preload): this system cannot "
+                    "make the runtime the parent of the processes forked for it"
+                )
+
+        def started(config: Config, environment: dict[str, str], sink: FrameSink) -> HandlerProcess:
+            return HandlerProcess(config, environment, sink, launcher)
+
+        self._process_factory = process_factory or started
         #: The scheduler's list too: it places calls on the ready ones.
         self.members = members
         self._ready_count = 0
@@ -75,6 +94,8 @@ class Lifecycle:
         self.rpc_methods: tuple[str, ...] = ()
 
     def start(self) -> None:
+        if self._template is not None:
+            self._template.start()
         for _ in range(self._config.workers):
             self.spawn()
 
@@ -119,7 +140,7 @@ class Lifecycle:
     def _spawn(self, retiree: Member | None) -> Member | None:
         held = devices_held(self.members)
         environment = device_environment(self._environment, self._config.devices, held)
-        member = Member(self._received)
+        member = Member(self._received, self.exited)
         try:
             member.process = self._process_factory(self._config, environment, member)
         except OSError as exc:
@@ -127,10 +148,6 @@ class Lifecycle:
             return None
         member.replaces = retiree
         self.members.append(member)
-        exit_fd = member.process.exit_fd
-        if exit_fd is not None:
-            asyncio.get_running_loop().add_reader(exit_fd, self.exited, member)
-        _log.debug("started worker %s", member.pid)
         return member
 
     def ready(self, member: Member, ready: Ready) -> None:
@@ -192,7 +209,11 @@ class Lifecycle:
         ABEJA Platform (reported once)."""
         if self.ever_ready:
             _log.error("worker %s could not load the handler: %s", member.pid, text)
-        elif not self.stopping:
+        else:
+            self._load_failed_once(text, details)
+
+    def _load_failed_once(self, text: str, details: str) -> None:
+        if not self.stopping:
             self.stopping = True
             self._on_load_failed(text, details)
 
@@ -201,6 +222,8 @@ class Lifecycle:
     def exited(self, member: Member) -> None:
         """``member`` has exited (its pidfd said so, or the watch saw it): its running calls
         fail, the others go back to the queue, and it is replaced if it should be."""
+        if member not in self.members:
+            return  # (the watch and its pidfd may both see it)
         code = self._forget(member)
         how = describe_exit(code)
         self._scheduler.fail_or_requeue(member, how)
@@ -230,7 +253,8 @@ class Lifecycle:
             asyncio.get_running_loop().remove_reader(process.exit_fd)
             os.close(process.exit_fd)
             process.exit_fd = None
-        code = process.popen.wait()
+        assert process.child is not None, "it exited, so it was started"
+        code = process.child.wait()
         # Out of the pool first: an answer read now frees a slot, and the queue's next call
         # must not go to this process, which would fail it unrun.
         self.members.remove(member)
@@ -283,6 +307,8 @@ class Lifecycle:
     def stop(self) -> None:
         """No new calls; each process finishes once its calls are answered."""
         self.stopping = True
+        if self._template is not None:
+            self._template.stop()
         for member in self.members:
             self._stop(member)
         if not self.members:
@@ -292,6 +318,8 @@ class Lifecycle:
         """Kill every process now (a second signal, or the end): the pool stops, so that none
         that exits is replaced."""
         self.stopping = True
+        if self._template is not None:
+            self._template.kill()
         for member in self.members:
             member.process.kill()
 

@@ -31,16 +31,21 @@ class ProcessState(enum.Enum):
 
 
 class Member:
-    """One handler process of the pool, and the sink of its handle's frames: each goes to the
-    pool with this record."""
+    """One handler process of the pool, and the sink of its handle's frames and of its exit:
+    each goes to the pool with this record."""
 
     __slots__ = (
-        "_received", "answered", "answered_at", "batches", "process", "replaces",
+        "_exited", "_received", "answered", "answered_at", "batches", "process", "replaces",
         "request_limit", "retiring", "sent", "state", "take_back_timer",
     )  # fmt: skip
 
-    def __init__(self, received: Callable[[Member, Frame, int | None], None]) -> None:
+    def __init__(
+        self,
+        received: Callable[[Member, Frame, int | None], None],
+        exited: Callable[[Member], None],
+    ) -> None:
         self._received = received
+        self._exited = exited
         #: Set once its process is started (``Lifecycle.spawn``).
         self.process: HandlerProcess
         self.state = ProcessState.STARTING
@@ -69,6 +74,9 @@ class Member:
 
     def received(self, frame: Frame, fd: int | None) -> None:
         self._received(self, frame, fd)
+
+    def exited(self) -> None:
+        self._exited(self)
 
     def oldest_call_age(self, now: float) -> float:
         """How long ago its oldest call was sent (it holds one)."""

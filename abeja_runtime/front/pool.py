@@ -28,7 +28,6 @@ from abeja_runtime.front.answer_file import ANSWER_FILE_ABOVE, AnswerFile
 from abeja_runtime.front.lifecycle import Lifecycle, ProcessFactory
 from abeja_runtime.front.members import Member
 from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
-from abeja_runtime.front.processes import HandlerProcess
 from abeja_runtime.front.scheduler import Scheduler
 from abeja_runtime.front.watch import Watch
 from abeja_runtime.metrics import handler_environment
@@ -45,7 +44,7 @@ class HandlerPool:
         metrics_dir: str,
         on_first_ready: Callable[[], None],
         on_load_failed: Callable[[str, str], None],
-        process_factory: ProcessFactory = HandlerProcess,
+        process_factory: ProcessFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``process_factory`` and the scheduler's ``clock``: the unit tests give fakes."""

@@ -1,6 +1,7 @@
 """The front's handler processes, one :class:`HandlerProcess` each: its start, its socket, the
-frames that cross it, and its end. A process is a fresh interpreter (``python -m
-abeja_runtime.worker FD FRONT_PID``), never a fork: no state of the front is copied into it.
+frames that cross it, and its end. A process is started by a :class:`Launcher`: a fresh
+interpreter (:class:`FreshInterpreter`, ``python -m abeja_runtime.worker FD FRONT_PID``), or a
+fork of the template (``template.py``); never a fork of the front, whose state is not copied.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ from abeja_runtime.frames import (
 
 __all__ = [
     "DEVICE_VARIABLE",
+    "Adopted",
+    "Child",
     "FrameSink",
+    "FreshInterpreter",
     "HandlerProcess",
+    "Launcher",
     "describe_exit",
     "device_environment",
     "resident_memory",
@@ -47,30 +52,114 @@ DEVICE_VARIABLE: Final = "CUDA_VISIBLE_DEVICES"
 
 
 class FrameSink(Protocol):
-    """Where a process's frames go."""
+    """Where a process's frames go, and who hears of its exit."""
 
     def received(self, frame: Frame, fd: int | None) -> None: ...
+
+    def exited(self) -> None: ...
+
+
+class Child(Protocol):
+    """A started process as the front waits for it (``subprocess.Popen`` is one)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts the process of a :class:`HandlerProcess` on ``theirs`` (its end of the socket,
+    which the launcher closes), now or later: it calls :meth:`HandlerProcess.adopt` once the
+    process exists, or :meth:`HandlerProcess.launch_failed`."""
+
+    def launch(
+        self, process: HandlerProcess, theirs: socket.socket, environment: dict[str, str]
+    ) -> None: ...
+
+
+class FreshInterpreter:
+    """Each process a new interpreter that imports the handler itself."""
+
+    def launch(
+        self, process: HandlerProcess, theirs: socket.socket, environment: dict[str, str]
+    ) -> None:
+        with theirs:
+            fd = theirs.fileno()
+            command = [sys.executable, "-m", "abeja_runtime.worker", str(fd), str(os.getpid())]
+            popen = subprocess.Popen(command, pass_fds=(fd,), env=environment)
+        process.adopt(popen)
+
+
+class Adopted:
+    """A process forked from the template that the front adopted (a child subreaper): it waits
+    for it as for a child it started itself."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:  # until it is reaped, its pid is its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class _Unborn:
+    """A process whose launch failed: it has exited, code 1, before it began."""
+
+    pid = 0
+    returncode = 1
+
+    def poll(self) -> int:
+        return 1
+
+    def wait(self) -> int:
+        return 1
+
+    def kill(self) -> None:
+        pass
 
 
 class HandlerProcess:
     """One handler process: its start, its socket, its end."""
 
-    def __init__(self, config: Config, environment: dict[str, str], sink: FrameSink) -> None:
+    def __init__(
+        self,
+        config: Config,
+        environment: dict[str, str],
+        sink: FrameSink,
+        launcher: Launcher,
+        *,
+        template: bool = False,
+    ) -> None:
+        """``template``: the process is the template (``template.py``), not a handler process."""
         ours, theirs = socket.socketpair()
-        with theirs:
-            fd = theirs.fileno()
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "abeja_runtime.worker", str(fd), str(os.getpid())],
-                pass_fds=(fd,),
-                env=environment,
-            )
-        self.pid = self.popen.pid
+        self._config = config
+        self._template = template
+        #: Set once the process exists (:meth:`adopt`): a fork may come a little later.
+        self.child: Child | None = None
+        self.pid = 0
+        #: Readable once the process exits (``None``: not yet, or no pidfd on this system).
+        self.exit_fd: int | None = None
+        self._killed = False
         #: Its GPU, from ``--devices`` (None without: it sees what the front sees).
         self.device = environment.get(DEVICE_VARIABLE) if config.devices else None
-        if self.device is not None:
-            _log.info(
-                "worker %s starts with %s=%s (--devices)", self.pid, DEVICE_VARIABLE, self.device
-            )
         self._sink = sink
         self._sock = ours
         ours.setblocking(False)
@@ -82,12 +171,33 @@ class HandlerProcess:
         #: What the socket did not take yet.
         self._out: deque[tuple[memoryview, tuple[int, ...]]] = deque()
         self.loop = asyncio.get_running_loop()
-        try:  # readable once the process exits
-            self.exit_fd: int | None = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # none on this system
-            self.exit_fd = None
         self.loop.add_reader(ours.fileno(), self.read_available)
-        self.send(Start(VERSION, config))
+        launcher.launch(self, theirs, environment)
+
+    def adopt(self, child: Child) -> None:
+        """The process exists: it is watched, and told its settings."""
+        self.child, self.pid = child, child.pid
+        if self.device is not None:
+            _log.info(
+                "worker %s starts with %s=%s (--devices)", self.pid, DEVICE_VARIABLE, self.device
+            )
+        try:  # readable once the process exits
+            self.exit_fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # none on this system: the watch polls
+            self.exit_fd = None
+        else:
+            self.loop.add_reader(self.exit_fd, self._sink.exited)
+        if self._killed:  # killed while it was being forked
+            child.kill()
+        self.send(Start(VERSION, self._config, self._template))
+
+    def launch_failed(self, why: str = "") -> None:
+        """The process could not be started (``why``, for the log; empty: it is not started
+        because the runtime stops): it counts as one that exited at once."""
+        if why:
+            _log.error("cannot start a worker process: %s", why)
+        self.child = _Unborn()
+        self.loop.call_soon(self._sink.exited)
 
     # -- the socket ---------------------------------------------------------------------------
 
@@ -186,7 +296,10 @@ class HandlerProcess:
     # -- the process --------------------------------------------------------------------------
 
     def kill(self) -> None:
-        self.popen.kill()  # (a process that has exited already is left alone)
+        if self.child is None:
+            self._killed = True  # once it exists
+        else:
+            self.child.kill()  # (a process that has exited already is left alone)
 
 
 def device_environment(

@@ -42,7 +42,12 @@ class Watch:
             await asyncio.sleep(_TICK)
             now = time.monotonic()
             for member in list(lifecycle.members):
-                if member.process.exit_fd is None and member.process.popen.poll() is not None:
+                child = member.process.child
+                if (
+                    member.process.exit_fd is None
+                    and child is not None
+                    and child.poll() is not None
+                ):
                     lifecycle.exited(member)
                 elif member.state is not ProcessState.READY:
                     continue

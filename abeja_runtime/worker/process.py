@@ -1,6 +1,7 @@
 """A handler process (``python -m abeja_runtime.worker FD FRONT_PID``), started by the front
-(``front/processes.py``) with its end of a socket pair (``frames.py``): it loads the handler
-(``loader.py``), warms it up (``warmup.py``), says :class:`~abeja_runtime.frames.Ready`, and runs
+(``front/processes.py``) with its end of a socket pair (``frames.py``), or forked from the
+template that loaded the handler (``template.py``): it loads the handler (``loader.py``) unless
+the template did, warms it up (``warmup.py``), says :class:`~abeja_runtime.frames.Ready`, and runs
 the calls (``runner.py``) on the executor chosen at start (``executors.py``, ``event_loop.py``).
 
 Every decision about this process's life is the front's: SIGTERM and SIGINT are ignored, and the
@@ -46,7 +47,19 @@ from abeja_runtime.worker.loader import load_handler
 from abeja_runtime.worker.runner import Runner
 from abeja_runtime.worker.warmup import Warmup, WarmupFailed
 
-__all__ = ["main"]
+__all__ = [
+    "WORKER_NAME",
+    "ImportedHandler",
+    "WorkerChannel",
+    "end",
+    "load",
+    "main",
+    "name_this_process",
+    "obey",
+    "serve",
+    "set_up",
+    "start_frame",
+]
 
 _log = logging.getLogger("abeja_runtime")
 #: prctl(PR_SET_PDEATHSIG): the kernel kills this process when the front dies, whatever the
@@ -54,41 +67,85 @@ _log = logging.getLogger("abeja_runtime")
 _PR_SET_PDEATHSIG: Final = 1
 
 
-def main() -> None:
-    """Process entry point; ``os._exit`` at the end, so that a handler thread cannot hold it."""
+def prepare() -> tuple[socket.socket, int]:
+    """This process's socket with the front, and the front's pid (from its command line), once
+    the process obeys the front and runs as a batch process."""
     fd, front = int(sys.argv[1]), int(sys.argv[2])
     os.set_inheritable(fd, False)  # the handler's own subprocesses do not get it
-    for signum in _STOP_SIGNALS:  # the front decides when to stop (see _default_stop_signals)
-        signal.signal(signum, _do_nothing)
     os.register_at_fork(after_in_child=_default_stop_signals)
+    obey(front)
+    run_as_batch()
+    return socket.socket(fileno=fd), front
+
+
+def main(worker: WorkerChannel, config: Config) -> NoReturn:
+    """A handler process from its settings to its exit (``os._exit``, so that a handler thread
+    cannot hold it)."""
+    name_this_process(WORKER_NAME)
+    # Before the handler is imported: its own tracer provider is this one.
+    tracing = tracing_from(os.environ, "worker")
+    try:
+        code = serve(load(config), worker, tracing)
+    except Exception:
+        _log.exception("the worker failed")
+        code = 1
+    end(code, tracing)
+
+
+#: What ``ps -o comm``, ``top`` and ``/proc/PID/comm`` call a handler process.
+WORKER_NAME: Final = b"abeja-worker"
+_PR_SET_NAME: Final = 15
+
+
+def name_this_process(name: bytes) -> None:
+    """The name ``ps -o comm`` shows for this process (prctl PR_SET_NAME)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name)
+
+
+def obey(front: int) -> None:
+    """Every decision about this process's life is the front's: the stop signals do nothing
+    (:data:`_STOP_SIGNALS`), and the kernel kills it when the front dies."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _do_nothing)
     with contextlib.suppress(OSError, AttributeError):  # killed by the kernel when the front dies
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != front:  # the front died before the line above
         os._exit(1)
-    run_as_batch()
-    cancellations = Cancellations()
-    credits = StreamCredits(cancellations)
 
-    def cancelled(call_id: int) -> None:
-        cancellations.cancel(call_id)
-        credits.stop_waiting(call_id)
 
-    channel = BlockingChannel(socket.socket(fileno=fd), _channel_broken, cancelled, credits.grant)
+class WorkerChannel:
+    """A handler process's channel to the front, with what it says of the calls as it reads it:
+    a cancel stops its call, a credit lets its stream go on."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.cancellations = Cancellations()
+        self.credits = StreamCredits(self.cancellations)
+        self.channel = BlockingChannel(sock, _channel_broken, self._cancelled, self.credits.grant)
+
+    def _cancelled(self, call_id: int) -> None:
+        self.cancellations.cancel(call_id)
+        self.credits.stop_waiting(call_id)
+
+
+def start_frame(channel: BlockingChannel) -> Start | None:
+    """The front's first frame, or ``None`` if it is not a front of this version's
+    :class:`Start`."""
     first = channel.read()
     start = first[0] if first is not None else None
     if not isinstance(start, Start) or start.version != VERSION:
-        os._exit(2)  # not started by a front of this version
-    config = start.config
+        return None
+    return start
+
+
+def set_up(config: Config) -> None:
+    """The process as the settings say: its logs, its ``print``, its image limit."""
     configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     capture_prints()
     limit_image_pixels(config.max_image_pixels)
-    # Before the handler is imported: its own tracer provider is this one.
-    tracing = tracing_from(os.environ, "worker")
-    try:
-        code = _serve(config, channel, cancellations, credits, tracing)
-    except Exception:
-        _log.exception("the worker failed")
-        code = 1
+
+
+def end(code: int, tracing: Tracing | None) -> NoReturn:
     if tracing is not None:
         tracing.shutdown()  # its spans still buffered go out
     logging.shutdown()
@@ -122,13 +179,34 @@ def _default_stop_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt
 
 
-def _serve(
-    config: Config,
-    channel: BlockingChannel,
-    cancellations: Cancellations,
-    credits: StreamCredits,
-    tracing: Tracing | None,
-) -> int:
+@dataclasses.dataclass(frozen=True)
+class ImportedHandler:
+    """The handler, imported and adapted, with the settings it is served by."""
+
+    handler: LoadedHandler
+    #: The settings, with the batch size and wait the handler declared.
+    config: Config
+    #: What it declared itself (``@abeja_runtime.batched``), for :class:`Ready`.
+    batch: tuple[int, float] | None
+    #: Seconds its import took.
+    seconds: float
+    #: When this process was forked from the template that imported it (``time.monotonic``);
+    #: ``None``: it imported the handler itself.
+    forked_at: float | None = None
+
+    def how(self) -> str:
+        """How this process came by it, for its log."""
+        if self.forked_at is None:
+            return f"loaded the handler in {self.seconds:.2f} s"
+        return (
+            f"was forked from the template in {time.monotonic() - self.forked_at:.3f} s (the "
+            f"template loaded the handler in {self.seconds:.2f} s)"
+        )
+
+
+def load(config: Config) -> ImportedHandler | LoadFailed:
+    """Import the handler (``loader.py``): what was loaded, or what the front is told of why
+    it could not be."""
     loading = time.monotonic()
     try:
         handler = load_handler(config)
@@ -146,13 +224,25 @@ def _serve(
         details = "" if isinstance(exc, HandlerLoadError) else traceback.format_exc()
         if isinstance(exc, HandlerLoadError) and exc.__cause__ is not None:
             details = user_traceback(exc.__cause__)
-        channel.write(LoadFailed(str(exc), details))
+        return LoadFailed(str(exc), details)
+    return ImportedHandler(handler, config, batch, time.monotonic() - loading)
+
+
+def serve(
+    loaded: ImportedHandler | LoadFailed, worker: WorkerChannel, tracing: Tracing | None
+) -> int:
+    """Warm the handler up, say :class:`Ready`, run the calls until the front closes the
+    socket, then the style's teardown: the exit code."""
+    channel = worker.channel
+    if isinstance(loaded, LoadFailed):
+        channel.write(loaded)
         return 1
+    handler, config = loaded.handler, loaded.config
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
-    ready = Ready(VERSION, handler.style, handler.front_paths, rpc_methods, batch)
+    ready = Ready(VERSION, handler.style, handler.front_paths, rpc_methods, loaded.batch)
     invoker = Invoker(config, handler, tracing)
-    runner = Runner(config, invoker, channel, cancellations, credits, tracing)
-    warmup = Warmup(config, invoker, channel, ready, time.monotonic() - loading)
+    runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
+    warmup = Warmup(config, invoker, channel, ready, loaded.how())
     code = 0
     try:
         _executor(handler, config, runner).serve(warmup)

@@ -56,7 +56,8 @@ class Warmup:
     invoker: Invoker
     channel: BlockingChannel
     ready: Ready
-    loaded_in: float
+    #: How this process came by its handler, for its log line: "loaded the handler in 2.10 s".
+    loaded: str
 
     async def run(self) -> None:
         """Warm the handler up where its calls run, then say Ready; :class:`WarmupFailed`
@@ -68,16 +69,15 @@ class Warmup:
             await self._warm(paths[start : start + size])
         if count:
             _log.info(
-                "worker %d loaded the handler in %.2f s and warmed it up with %d request%s in "
-                "%.2f s",
+                "worker %d %s and warmed it up with %d request%s in %.2f s",
                 os.getpid(),
-                self.loaded_in,
+                self.loaded,
                 count,
                 "" if count == 1 else "s",
                 time.monotonic() - started,
             )
         else:
-            _log.info("worker %d loaded the handler in %.2f s", os.getpid(), self.loaded_in)
+            _log.info("worker %d %s", os.getpid(), self.loaded)
         # A front that stopped meanwhile is gone: the process reads the end of its input next,
         # and the handler's teardown still runs.
         with contextlib.suppress(OSError):

@@ -32,6 +32,24 @@ def wait_for_ready_workers(server: RunningServer, count: int) -> list[int]:
     return wait_until(enough, 15, f"{count} workers to be ready")
 
 
+def handler_processes(front: int) -> set[int]:
+    """The front's children that run the handler: all but the template (``--preload``)."""
+    children = {
+        int(child)
+        for task in Path(f"/proc/{front}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    }
+    return {pid for pid in children if comm(pid) != "abeja-template"}
+
+
+def comm(pid: int) -> str:
+    """The process's name (``ps -o comm``); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -27,7 +27,7 @@ class FakeClock:
         self.now += seconds
 
 
-class FakePopen:
+class FakeChild:
     def __init__(self) -> None:
         self.returncode: int | None = None
 
@@ -46,7 +46,7 @@ class FakeProcess:
         self.pool = pool
         self.sink = sink
         self.pid = next(_pids)
-        self.popen = FakePopen()
+        self.child = FakeChild()
         self.device: str | None = None
         self.exit_fd: int | None = None
         self.frames: list[Frame] = []
@@ -74,8 +74,8 @@ class FakeProcess:
         self.sink.received(Answer(call_id, status, (), b"ok", False), None)
 
     def exit(self, code: int) -> None:
-        self.popen.returncode = code
-        self.pool.lifecycle.exited(self.sink)
+        self.child.returncode = code
+        self.sink.exited()
 
 
 class FakePool:

@@ -1,4 +1,5 @@
-"""Answers the worker's pid and the CUDA_VISIBLE_DEVICES it had when it imported this module.
+"""Answers the worker's pid and its CUDA_VISIBLE_DEVICES (a worker started afresh imported this
+module with it; one forked from the template, ``--preload``, set it after its fork).
 
 ``?meet=ROUND&n=N`` first waits (up to 20 s) until N workers each have a call of that round
 here, met through files under ``MEET_DIR``: N such calls at once are answered by N different
@@ -8,8 +9,6 @@ workers (a worker runs one call at a time and gives back the calls waiting behin
 import os
 import time
 from pathlib import Path
-
-DEVICE_AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def handler(request, context):
@@ -25,5 +24,5 @@ def handler(request, context):
             time.sleep(0.01)
     return {
         "content_type": "application/json",
-        "content": {"pid": os.getpid(), "device": DEVICE_AT_IMPORT},
+        "content": {"pid": os.getpid(), "device": os.environ.get("CUDA_VISIBLE_DEVICES")},
     }

@@ -1,0 +1,211 @@
+"""The front's side of preforking (``--preload``, :class:`Template`): the template process that
+imports the handler once (``worker/template.py``), and the handler processes forked from it.
+
+A :class:`Template` is the pool's :class:`~abeja_runtime.front.processes.Launcher`. The processes
+asked for while the template loads wait; once it says :class:`~abeja_runtime.frames.Loaded`,
+each is a :class:`~abeja_runtime.frames.Fork` (with its socket's end), answered in order by a
+:class:`~abeja_runtime.frames.Forked` pid that the front adopts: the template forks through a
+middle process that exits, and the front, a child subreaper, becomes the parent of every
+handler process, as if it had started it. Where a fork is not safe (the template says why), or
+the front cannot adopt, every process is a fresh interpreter instead, as with ``--preload off``.
+A template that dies is started again (a full import), with back-off; the processes forked from
+it are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import enum
+import logging
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from abeja_runtime.config import Config
+from abeja_runtime.frames import Fork, Forked, Frame, Loaded, LoadFailed
+from abeja_runtime.front.processes import (
+    Adopted,
+    FreshInterpreter,
+    HandlerProcess,
+    describe_exit,
+)
+
+__all__ = ["Template", "adopt_orphans"]
+
+_log = logging.getLogger("abeja_runtime")
+#: prctl(PR_SET_CHILD_SUBREAPER): the processes the template forks become the front's children.
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_MAX_BACKOFF: Final = 30.0
+
+
+def adopt_orphans() -> bool:
+    """Make the front the parent of the orphans of its descendants (Linux 3.4): whether it is."""
+    with contextlib.suppress(OSError, AttributeError):
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0)
+    return False
+
+
+class _Stage(enum.Enum):
+    #: Importing the handler: processes asked for wait.
+    LOADING = "loading"
+    #: Loaded: each process asked for is forked.
+    FORKING = "forking"
+    #: A fork is not safe: each process is a fresh interpreter.
+    REFUSED = "refused"
+    #: Stopped: no process is started any more.
+    STOPPED = "stopped"
+
+
+class Template:
+    """The template process, and the handler processes the pool asks of it."""
+
+    def __init__(
+        self,
+        config: Config,
+        environment: dict[str, str],
+        load_failed: Callable[[str, str], None],
+    ) -> None:
+        self._config = config
+        self._environment = environment
+        #: The handler could not be loaded (its text and details), as a worker says it.
+        self._load_failed = load_failed
+        self._fresh = FreshInterpreter()
+        self._stage = _Stage.LOADING
+        self._process: HandlerProcess | None = None
+        #: Asked for while the template loads: each process, its end of its socket, and its
+        #: environment.
+        self._waiting: deque[tuple[HandlerProcess, socket.socket, dict[str, str]]] = deque()
+        #: Forks asked of the template and not answered yet, in order.
+        self._forking: deque[HandlerProcess] = deque()
+        self._loaded_once = False
+        self._deaths = 0
+
+    def start(self) -> None:
+        self._process = HandlerProcess(
+            self._config, self._environment, self, FreshInterpreter(), template=True
+        )
+
+    def stop(self) -> None:
+        """No process is started any more; those waiting count as failed launches, and the
+        template exits."""
+        self._stage = _Stage.STOPPED
+        while self._waiting:
+            process, theirs, _ = self._waiting.popleft()
+            theirs.close()
+            process.launch_failed()
+        if self._process is not None:
+            self._process.close_socket()
+
+    def kill(self) -> None:
+        self.stop()
+        if self._process is not None:
+            self._process.kill()
+
+    # -- the launcher -------------------------------------------------------------------------
+
+    def launch(
+        self, process: HandlerProcess, theirs: socket.socket, environment: dict[str, str]
+    ) -> None:
+        if self._stage is _Stage.REFUSED:
+            self._fresh.launch(process, theirs, environment)
+            return
+        if self._stage is _Stage.STOPPED:
+            theirs.close()
+            process.launch_failed()
+            return
+        self._waiting.append((process, theirs, environment))
+        if self._stage is _Stage.FORKING:
+            self._fork_waiting()
+
+    def _fork_waiting(self) -> None:
+        assert self._process is not None
+        while self._waiting:
+            process, theirs, environment = self._waiting.popleft()
+            added = tuple(
+                (name, value)
+                for name, value in environment.items()
+                if self._environment.get(name) != value
+            )
+            with theirs:
+                self._process.send(Fork(added), theirs.fileno())  # (sends a duplicate)
+            self._forking.append(process)
+
+    # -- the template's frames and exit -------------------------------------------------------
+
+    def received(self, frame: Frame, fd: int | None) -> None:
+        if isinstance(frame, Forked):
+            if self._forking:
+                process = self._forking.popleft()
+                if frame.pid:
+                    process.adopt(Adopted(frame.pid))
+                else:
+                    process.launch_failed(frame.error)
+        elif isinstance(frame, Loaded):
+            self._loaded(frame.hazard)
+        elif isinstance(frame, LoadFailed):
+            if self._loaded_once:  # started again, it failed: its exit starts it again
+                _log.error("the template process could not load the handler: %s", frame.text)
+                return
+            self._load_failed(frame.text, frame.details)
+            self.stop()
+
+    def _loaded(self, hazard: str) -> None:
+        if self._stage is not _Stage.LOADING:
+            return
+        assert self._process is not None
+        if hazard:
+            _log.warning(
+                "each worker imports the handler itself (no --preload): %s; start the runtime "
+                "with --preload off to say so and load it once less",
+                hazard,
+            )
+            self._stage = _Stage.REFUSED
+            self._process.close_socket()
+            while self._waiting:
+                self._fresh.launch(*self._waiting.popleft())
+            return
+        if not self._loaded_once:
+            _log.info(
+                "the handler is imported once, in the template process %s: every worker is "
+                "forked from it (--preload)",
+                self._process.pid,
+            )
+        self._loaded_once = True
+        self._deaths = 0
+        self._stage = _Stage.FORKING
+        self._fork_waiting()
+
+    def exited(self) -> None:
+        """The template exited: the forks it did not answer failed; a new one is started."""
+        process = self._process
+        if process is None or process.child is None:
+            return
+        if process.exit_fd is not None:
+            asyncio.get_running_loop().remove_reader(process.exit_fd)
+            process.exit_fd = None
+        with contextlib.suppress(OSError):
+            process.read_available()  # the Forked and Loaded it wrote before it exited
+        process.close_socket()
+        how = describe_exit(process.child.wait())
+        self._process = None
+        why = "" if self._stage is _Stage.STOPPED else f"the template exited ({how})"
+        while self._forking:
+            self._forking.popleft().launch_failed(why)
+        if self._stage is not _Stage.FORKING and self._stage is not _Stage.LOADING:
+            return  # stopped, or refused and gone as it should
+        if not self._loaded_once:
+            self._stage = _Stage.STOPPED
+            self._load_failed(f"the template exited ({how}) while loading the handler", "")
+            return
+        self._deaths += 1
+        delay = min(_MAX_BACKOFF, 0.5 * 2 ** (self._deaths - 1)) if self._deaths > 1 else 0.0
+        _log.error("the template process exited (%s); starting it again in %g s", how, delay)
+        self._stage = _Stage.LOADING
+        asyncio.get_running_loop().call_later(delay, self._restart)
+
+    def _restart(self) -> None:
+        if self._stage is _Stage.LOADING and self._process is None:
+            self.start()

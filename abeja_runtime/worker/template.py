@@ -1,0 +1,204 @@
+"""The template (``python -m abeja_runtime.worker FD FRONT_PID``, told so by its first frame;
+``abeja-template`` in ``ps -o comm``): a process that imports the handler once and serves
+nothing. Every handler process is forked from it, the first ones and their replacements alike,
+so that the pages of a loaded model are shared copy-on-write by all of them, and a replacement
+is ready in the time of a fork and its warm-up (gunicorn's ``--preload``, Android's zygote).
+
+The front sends :class:`~abeja_runtime.frames.Start`; the template loads the handler
+(``process.load``), looks for what would make a fork unsafe (:func:`fork_hazard`), and says
+:class:`~abeja_runtime.frames.Loaded`. Then, for each :class:`~abeja_runtime.frames.Fork` and the
+descriptor of the new process's socket, it forks twice: the middle process exits at once, so
+that the handler process is adopted by the front (a child subreaper), which watches and reaps it
+as one it started itself; the template answers :class:`~abeja_runtime.frames.Forked` with its
+pid. The front closing the socket ends the template; the processes forked from it live on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Final, NoReturn
+
+from abeja_runtime.config import Config
+from abeja_runtime.frames import BlockingChannel, Fork, Forked, Loaded, LoadFailed
+from abeja_runtime.tracing import Tracing, tracing_from
+from abeja_runtime.worker.process import (
+    WORKER_NAME,
+    ImportedHandler,
+    WorkerChannel,
+    end,
+    load,
+    name_this_process,
+    obey,
+    serve,
+    start_frame,
+)
+
+__all__ = ["fork_hazard", "serve_template"]
+
+_log = logging.getLogger("abeja_runtime")
+#: Seconds a forked process waits for the middle process to exit (it exits at once).
+_ADOPTION_WAIT: Final = 10.0
+
+
+def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
+    """Load the handler, then fork handler processes as the front asks: the exit code."""
+    name_this_process(b"abeja-template")
+    # Before the handler is imported: its own tracer provider is this one.
+    tracing = tracing_from(os.environ, "worker")
+    threads, tasks = _python_threads(), _tasks()
+    loaded = load(config)
+    if isinstance(loaded, LoadFailed):
+        channel.write(loaded)
+        return 1
+    hazard = fork_hazard(threads, tasks)
+    channel.write(Loaded(hazard))
+    if hazard:
+        return 0
+    gc.collect()
+    gc.freeze()  # the collector's bookkeeping does not write to the pages the forks share
+    while (item := channel.read()) is not None:
+        frame, fd = item
+        if isinstance(frame, Fork) and fd is not None:
+            channel.write(_fork(frame, fd, loaded, tracing, front, channel))
+        elif fd is not None:
+            os.close(fd)
+    return 0
+
+
+#: Libraries whose thread pools do not survive a fork (the forked process waits for threads it
+#: does not have): OpenMP's (GNU, Intel), TensorFlow's, ONNX Runtime's, PyTorch's. OpenBLAS's
+#: pool, numpy's, is started again in a forked process (``pthread_atfork``).
+_POOLS_LOST_IN_A_FORK: Final = {
+    "/libgomp": "OpenMP (libgomp)",
+    "/libiomp": "OpenMP (libiomp)",
+    "tensorflow": "TensorFlow",
+    "onnxruntime": "ONNX Runtime",
+    "/libtorch": "PyTorch",
+}
+
+
+def fork_hazard(threads: set[int], tasks: set[str]) -> str:
+    """Why a process forked from this one would not work (empty: it would), given the Python
+    threads and the system's threads of this process from before the handler's import."""
+    started = [thread.name for thread in threading.enumerate() if thread.ident not in threads]
+    if started:
+        return (
+            f"the handler's import started {len(started)} Python thread(s) "
+            f"({', '.join(started)}), which a forked process would not have"
+        )
+    maps = _maps()
+    if "/libcuda.so" in maps:
+        return "the handler's import initialised CUDA, which a forked process cannot use"
+    if _tasks() - tasks:
+        for library, name in _POOLS_LOST_IN_A_FORK.items():
+            if library in maps:
+                return (
+                    f"the handler's import started threads, and {name} is loaded, whose "
+                    "threads a forked process would not have"
+                )
+    return ""
+
+
+def _fork(
+    fork: Fork,
+    fd: int,
+    loaded: ImportedHandler,
+    tracing: Tracing | None,
+    front: int,
+    template: BlockingChannel,
+) -> Forked:
+    """Fork a handler process that serves on ``fd``, through a middle process that exits at
+    once (so that the front adopts it): its pid."""
+    read_end, write_end = os.pipe()
+    loaded = dataclasses.replace(loaded, forked_at=time.monotonic())
+    try:
+        middle = os.fork()
+    except OSError as exc:
+        for end_fd in (read_end, write_end, fd):
+            os.close(end_fd)
+        return Forked(0, f"the template could not fork: {exc}")
+    if middle == 0:
+        try:
+            os.close(read_end)
+            pid = os.fork()
+            if pid == 0:
+                os.close(write_end)
+                _handler_process(fork, fd, loaded, tracing, front, template)
+            os.write(write_end, pid.to_bytes(4, "little"))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.close(fd)
+    os.waitpid(middle, 0)
+    with open(read_end, "rb") as pid_from_middle:
+        said = pid_from_middle.read()
+    if len(said) != 4:
+        return Forked(0, "the template could not fork a handler process (its log says why)")
+    return Forked(int.from_bytes(said, "little"), "")
+
+
+def _handler_process(
+    fork: Fork,
+    fd: int,
+    loaded: ImportedHandler,
+    tracing: Tracing | None,
+    front: int,
+    template: BlockingChannel,
+) -> NoReturn:
+    """The forked handler process, from its fork to its exit."""
+    code = 1
+    try:
+        # Its channel takes the descriptor of the template's (which is not this process's):
+        # the number its command line says, as in a process started afresh.
+        channel = template.detach()
+        os.dup2(fd, channel, inheritable=False)
+        os.close(fd)
+        _wait_for_adoption(front)
+        obey(front)
+        name_this_process(WORKER_NAME)
+        os.environ.update(fork.environment)
+        worker = WorkerChannel(socket.socket(fileno=channel))
+        if start_frame(worker.channel) is None:
+            end(2, tracing)
+        code = serve(loaded, worker, tracing)
+    except Exception:
+        _log.exception("the worker failed")
+    end(code, tracing)
+
+
+def _wait_for_adoption(front: int) -> None:
+    """Until the middle process has exited, and this one is the front's (bounded)."""
+    parent = os.getppid()
+    if parent == front:
+        return
+    with contextlib.suppress(OSError):
+        exited = os.pidfd_open(parent)
+        try:
+            select.select([exited], [], [], _ADOPTION_WAIT)  # readable once it has exited
+        finally:
+            os.close(exited)
+
+
+def _python_threads() -> set[int]:
+    return {ident for thread in threading.enumerate() if (ident := thread.ident) is not None}
+
+
+def _tasks() -> set[str]:
+    with contextlib.suppress(OSError):
+        return set(os.listdir("/proc/self/task"))
+    return set()
+
+
+def _maps() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/self/maps").read_text()
+    return ""
