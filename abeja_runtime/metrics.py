@@ -98,12 +98,23 @@ class FrontMetrics:
             f"{_PREFIX}_worker_restarts",
             "Workers replaced after they died (crashed), exited after a failed warm-up "
             "(warmup_failed), their handler got stuck past timeout + grace (stuck), they served "
-            "--max-requests (max_requests) or grew past --max-worker-memory (memory).",
+            "--max-requests (max_requests), grew past --max-worker-memory (memory), or a new "
+            "version of the handler replaced them (reload).",
             ["reason"],
             registry=registry,
         )
-        for reason in ("crashed", "warmup_failed", "stuck", "max_requests", "memory"):
+        for reason in ("crashed", "warmup_failed", "stuck", "max_requests", "memory", "reload"):
             self._restarts.labels(reason=reason)  # present at 0 from the first scrape
+        self._reloads = Counter(
+            f"{_PREFIX}_reloads",
+            "Reloads of the handler (SIGHUP): done (every worker serves the new version) or "
+            "failed (the new version could not be loaded, or its first worker did not get "
+            "ready; the old version serves on).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("done", "failed"):
+            self._reloads.labels(outcome=outcome)
         self._abandoned = Counter(
             f"{_PREFIX}_abandoned_requests",
             "Calls whose client left before their whole answer (each counted 499), by the stage "
@@ -156,6 +167,9 @@ class FrontMetrics:
 
     def worker_restarted(self, reason: str) -> None:
         self._restarts.labels(reason=reason).inc()
+
+    def reloaded(self, outcome: str) -> None:
+        self._reloads.labels(outcome=outcome).inc()
 
     def worker_gone(self, pid: int) -> None:
         """Drop a dead handler process's live gauges; its counters stay in the sums."""

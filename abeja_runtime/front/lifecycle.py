@@ -28,6 +28,7 @@ from abeja_runtime.front.processes import (
     describe_exit,
     device_environment,
 )
+from abeja_runtime.front.reload import Reload
 from abeja_runtime.front.scheduler import Scheduler
 from abeja_runtime.front.template import Template, adopt_orphans
 from abeja_runtime.metrics import FrontMetrics
@@ -65,11 +66,14 @@ class Lifecycle:
         self._received = received
         self._on_first_ready = on_first_ready
         self._on_load_failed = on_load_failed
-        self._template: Template | None = None
-        launcher: Launcher = FreshInterpreter()
+        #: What starts the next processes; the template they are forked from (--preload).
+        self.launcher: Launcher = FreshInterpreter()
+        self.template: Template | None = None
         if config.preload and process_factory is None:
             if adopt_orphans():
-                launcher = self._template = Template(config, environment, self._load_failed_once)
+                self.launcher = self.template = Template(
+                    config, environment, self._load_failed_once
+                )
             else:
                 _log.warning(
                     "each worker imports the handler itself (no --preload): this system cannot "
@@ -77,9 +81,10 @@ class Lifecycle:
                 )
 
         def started(config: Config, environment: dict[str, str], sink: FrameSink) -> HandlerProcess:
-            return HandlerProcess(config, environment, sink, launcher)
+            return HandlerProcess(config, environment, sink, self.launcher)
 
         self._process_factory = process_factory or started
+        self._reload: Reload | None = None
         #: The scheduler's list too: it places calls on the ready ones.
         self.members = members
         self._ready_count = 0
@@ -94,8 +99,8 @@ class Lifecycle:
         self.rpc_methods: tuple[str, ...] = ()
 
     def start(self) -> None:
-        if self._template is not None:
-            self._template.start()
+        if self.template is not None:
+            self.template.start()
         for _ in range(self._config.workers):
             self.spawn()
 
@@ -171,6 +176,8 @@ class Lifecycle:
         if retired in self.members and retired.state is ProcessState.READY:
             self._stop(retired)
         self._scheduler.dispatch()
+        if self._reload is not None:
+            self._reload.replaced(retired)
 
     def answered(self, member: Member) -> None:
         """``member`` answered a call: retired at its request limit."""
@@ -235,6 +242,8 @@ class Lifecycle:
         warmup_failed = code == EXIT_WARMUP_FAILED
         if member.state is ProcessState.STARTING and not self.ever_ready and not warmup_failed:
             self.load_failed(member, f"the worker exited ({how}) while loading the handler", "")
+            return
+        if self._reload is not None and self._reload.failed_to_start(member, how):
             return
         self._replace(member, "after its failed warm-up" if warmup_failed else None, how)
         if not self.admitting:  # no process will take the queued calls soon
@@ -302,13 +311,30 @@ class Lifecycle:
         if not member.retiring:  # a retiree's replacement is coming
             self.spawn()
 
+    # -- reload ------------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """A new version of the handler replaces the old one, worker by worker (``reload.py``)."""
+        if self.stopping or not self.ever_ready:
+            _log.warning("SIGHUP ignored: the runtime reloads the handler once it serves")
+        elif self._reload is not None:
+            _log.warning("SIGHUP ignored: a reload is under way")
+        else:
+            self._reload = Reload(self, self._config, self._environment, self._reloaded)
+            self._reload.start()
+
+    def _reloaded(self) -> None:
+        self._reload = None
+
     # -- shutdown -----------------------------------------------------------------------------
 
     def stop(self) -> None:
         """No new calls; each process finishes once its calls are answered."""
         self.stopping = True
-        if self._template is not None:
-            self._template.stop()
+        if self._reload is not None:
+            self._reload.stop()
+        if self.template is not None:
+            self.template.stop()
         for member in self.members:
             self._stop(member)
         if not self.members:
@@ -318,8 +344,10 @@ class Lifecycle:
         """Kill every process now (a second signal, or the end): the pool stops, so that none
         that exits is replaced."""
         self.stopping = True
-        if self._template is not None:
-            self._template.kill()
+        if self._reload is not None:
+            self._reload.stop()
+        if self.template is not None:
+            self.template.kill()
         for member in self.members:
             member.process.kill()
 

@@ -155,6 +155,7 @@ class _Front:
             config, self._metrics_dir, self._on_first_ready, self._on_load_failed
         )
         pool.start()
+        loop.add_signal_handler(signal.SIGHUP, pool.lifecycle.reload)
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 
@@ -199,7 +200,7 @@ class _Front:
             await service.cleanup()
             await health.cleanup()
             call_service.close()  # the access records kept, the spans buffered
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
         return self._exit_code
 

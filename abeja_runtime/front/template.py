@@ -67,11 +67,17 @@ class Template:
         config: Config,
         environment: dict[str, str],
         load_failed: Callable[[str, str], None],
+        loaded: Callable[[], None] | None = None,
     ) -> None:
+        """``loaded``: called once the handler is loaded the first time (a reload's template:
+        the reload says so then; the first template says it itself)."""
         self._config = config
         self._environment = environment
         #: The handler could not be loaded (its text and details), as a worker says it.
         self._load_failed = load_failed
+        #: The handler is loaded (the first time): the processes asked for from now are started.
+        self._on_loaded = loaded or (lambda: None)
+        self._announce = loaded is None
         self._fresh = FreshInterpreter()
         self._stage = _Stage.LOADING
         self._process: HandlerProcess | None = None
@@ -166,8 +172,10 @@ class Template:
             self._process.close_socket()
             while self._waiting:
                 self._fresh.launch(*self._waiting.popleft())
+            self._on_loaded()
             return
-        if not self._loaded_once:
+        first = not self._loaded_once
+        if first and self._announce:
             _log.info(
                 "the handler is imported once, in the template process %s: every worker is "
                 "forked from it (--preload)",
@@ -177,6 +185,8 @@ class Template:
         self._deaths = 0
         self._stage = _Stage.FORKING
         self._fork_waiting()
+        if first:
+            self._on_loaded()
 
     def exited(self) -> None:
         """The template exited: the forks it did not answer failed; a new one is started."""
