@@ -582,6 +582,14 @@ class BlockingChannel:
         #: thread of its own while the main thread runs a call.
         self._read_lock = threading.Lock()
 
+    def close_pending(self) -> None:
+        """Close the descriptors of the frames read and not taken yet (a process forked from
+        the template must not hold the sockets of the forks asked after its own)."""
+        while self._ready:
+            _, fd = self._ready.popleft()
+            if fd is not None:
+                os.close(fd)
+
     def detach(self) -> int:
         """The socket's descriptor, which the channel no longer uses or closes (a process forked
         from the template takes its number for its own channel)."""

@@ -217,7 +217,7 @@ class _ExportWatch(logging.Filter):
         self._exporter = exporter
         self._success = SpanExportResult.SUCCESS
         self._endpoint, self._variable = _endpoint(environ)
-        self._who = "the front" if process == "front" else f"handler process {os.getpid()}"
+        self._process = process
         self._lock = threading.Lock()
         #: The spans could not be sent, and that was said; not yet sent again since.
         self._failing = False
@@ -228,6 +228,11 @@ class _ExportWatch(logging.Filter):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._exporter, name)
+
+    def _who(self) -> str:
+        """This process, as the log names it (a process forked from the template has a pid of
+        its own)."""
+        return "the front" if self._process == "front" else f"handler process {os.getpid()}"
 
     def export(self, spans: Any) -> Any:
         result = self._exporter.export(spans)
@@ -255,7 +260,7 @@ class _ExportWatch(logging.Filter):
             "%s cannot send its spans to %s%s: they are dropped until an OTLP collector there "
             "takes them. Start one, or set %s to where yours listens (or unset it: no "
             "tracing). Said once, not at every retry.",
-            self._who,
+            self._who(),
             self._endpoint,
             said,
             self._variable,
@@ -266,7 +271,7 @@ class _ExportWatch(logging.Filter):
             if not self._failing:
                 return
             self._failing = False
-        _log.info("%s sends its spans to %s again", self._who, self._endpoint)
+        _log.info("%s sends its spans to %s again", self._who(), self._endpoint)
 
 
 class Tracing:
@@ -480,11 +485,12 @@ class HandlerSpan:
     """A call's handler span in its handler process: current while the handler runs (its own
     spans are children), its ids in the handler's log records."""
 
-    __slots__ = ("_ids_token", "_span", "_token", "_tracing")
+    __slots__ = ("_ended", "_ids_token", "_span", "_token", "_tracing")
 
     def __init__(self, tracing: Tracing, span: Span) -> None:
         self._tracing = tracing
         self._span = span
+        self._ended = False
         self._token: Token[Context] | None = None
         self._ids_token: Token[tuple[str, str] | None] | None = None
 
@@ -504,9 +510,17 @@ class HandlerSpan:
     def status(self, status: int) -> None:
         _answered(self._tracing, self._span, status)
 
+    def end(self) -> None:
+        """The span ends now: before the call's last frame goes to the front, so that it ends
+        within the front's server span, which ends once that frame is in. Its context is left
+        later (``__exit__``), in the order the calls' spans were entered."""
+        if not self._ended:
+            self._ended = True
+            self._span.end()
+
     def __exit__(self, *exc_info: object) -> None:
         if self._ids_token is not None:
             trace_ids_var.reset(self._ids_token)
         if self._token is not None:
             self._tracing._context.detach(self._token)
-        self._span.end()
+        self.end()

@@ -11,7 +11,8 @@ starts with one worker and ``--preload off`` (the reference: one worker, one cop
 read. Printed: the sum, the front and the template, a worker, and the ratio to the reference.
 
 **Replacement.** The handler's import takes ``--import-seconds``. Under load from
-``--connections`` keep-alive clients, a worker is killed with SIGKILL, ``--kills`` times; the time
+``--connections`` keep-alive clients, a worker is killed with SIGKILL, ``--kills`` times, a second
+apart; the time
 from the kill to its replacement's ``worker N is ready`` log line, and every request that was
 not answered 200. Then once more with ``--preload off``, where a replacement imports again.
 
@@ -124,6 +125,7 @@ def replacements(
         took = []
         try:
             for kill in range(kills):
+                time.sleep(1.0)  # load between kills: the scenario's pace, not a synchronisation
                 victim = list(runtime.ready)[-1]
                 killed_at = time.monotonic()
                 os.kill(victim, signal.SIGKILL)

@@ -143,8 +143,13 @@ def test_a_template_that_dies_is_started_again_and_the_workers_serve_on(
             {"PL_FAKE_CUDA": "cuda"},
             "the handler's import initialised CUDA, which a forked process cannot use",
         ),
+        (
+            {"PL_NATIVE_THREAD": "1", "PL_GOMP": "1"},
+            "the handler's import started 1 thread(s) of a native library (OpenMP (libgomp) "
+            "loaded), which a forked process would not have",
+        ),
     ],
-    ids=["thread", "cuda"],
+    ids=["thread", "cuda", "native-thread"],
 )
 def test_where_a_fork_is_not_safe_each_worker_imports_the_handler(
     start: ServerFactory, tmp_path: Path, env: dict[str, str], hazard: str
@@ -187,3 +192,46 @@ def test_each_forked_worker_is_given_its_device(start: ServerFactory, tmp_path: 
     assert sorted(seen) == sorted(workers)
     assert sorted(seen.values()) == ["0", "1"]
     assert forked(server) == set(workers)
+
+
+def test_numpy_and_openmp_loaded_without_a_pool_are_forked(
+    start: ServerFactory, tmp_path: Path
+) -> None:
+    """numpy's OpenBLAS starts its threads at import (and again in a forked process); OpenMP
+    loaded but not used started none: a fork is safe (scikit-learn, torch on CPU)."""
+    server = serve(start, tmp_path, "--workers", "2", PL_GOMP="1")
+    workers = wait_for_ready_workers(server, 2)
+    assert forked(server) == set(workers)
+    assert len(imports(tmp_path / "imports")) == 1
+
+
+def test_forked_workers_hold_no_socket_of_another(start: ServerFactory, tmp_path: Path) -> None:
+    """Forks asked for at once arrive in one read of the template: each forked process closes
+    the sockets of the others."""
+    server = serve(start, tmp_path, "--workers", "3")
+    workers = wait_for_ready_workers(server, 3)
+    sockets = {pid: _sockets(pid) for pid in [template_of(server, workers), *workers]}
+    for pid, held in sockets.items():
+        others = set().union(*(theirs for other, theirs in sockets.items() if other != pid))
+        assert not held & others, (pid, sockets)
+
+
+def test_the_orphans_the_front_adopts_are_reaped(start: ServerFactory, tmp_path: Path) -> None:
+    """The front adopts its descendants' orphans (a child subreaper, for the forked workers):
+    a handler's subprocess's child left behind is reaped once it exits, not left a zombie."""
+    server = serve(start, tmp_path)
+    wait_for_ready_workers(server, 1)
+    orphan = server.request("GET", "/?orphan=1").json()["orphan"]
+    wait_until(lambda: not Path(f"/proc/{orphan}").exists(), 30, f"orphan {orphan} to be reaped")
+
+
+def _sockets(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found

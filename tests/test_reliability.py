@@ -268,7 +268,7 @@ def test_a_worker_that_crashes_while_it_is_retired_is_replaced_once(make_server,
     """--max-requests has a replacement starting when the retiring worker crashes: that
     replacement stands for it; starting one more would leave a worker too many for good."""
     server = make_server(
-        "rl_slow_replacements", "--max-requests", "1", env={**marker, "RL_SLOW": "2"}
+        "rl_slow_replacements", "--max-requests", "1", *OWN_IMPORTS, env={**marker, "RL_SLOW": "2"}
     )
     (first,) = wait_for_ready_workers(server, 1)
     assert server.request("GET", "/").status == 200  # its one request: a replacement loads 2 s

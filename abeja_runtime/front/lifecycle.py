@@ -27,6 +27,7 @@ from abeja_runtime.front.processes import (
     Launcher,
     describe_exit,
     device_environment,
+    reap_orphans,
 )
 from abeja_runtime.front.reload import Reload
 from abeja_runtime.front.scheduler import Scheduler
@@ -146,6 +147,7 @@ class Lifecycle:
         held = devices_held(self.members)
         environment = device_environment(self._environment, self._config.devices, held)
         member = Member(self._received, self.exited)
+        member.launcher = self.launcher
         try:
             member.process = self._process_factory(self._config, environment, member)
         except OSError as exc:
@@ -177,7 +179,7 @@ class Lifecycle:
             self._stop(retired)
         self._scheduler.dispatch()
         if self._reload is not None:
-            self._reload.replaced(retired)
+            self._reload.ready(retired)
 
     def answered(self, member: Member) -> None:
         """``member`` answered a call: retired at its request limit."""
@@ -325,6 +327,14 @@ class Lifecycle:
 
     def _reloaded(self) -> None:
         self._reload = None
+
+    def reap_orphans(self) -> None:
+        """Reap the front's exited children that are none of its processes (``processes.py``)."""
+        known = {member.pid for member in self.members}
+        for template in (self.template, self._reload.template if self._reload else None):
+            if template is not None:
+                known.add(template.pid)
+        reap_orphans(known)
 
     # -- shutdown -----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from abeja_runtime.frames import Frame
 
 if TYPE_CHECKING:
     from abeja_runtime.front.pending import PendingCall
-    from abeja_runtime.front.processes import HandlerProcess
+    from abeja_runtime.front.processes import HandlerProcess, Launcher
 
 __all__ = ["Member", "ProcessState"]
 
@@ -35,8 +35,8 @@ class Member:
     each goes to the pool with this record."""
 
     __slots__ = (
-        "_exited", "_received", "answered", "answered_at", "batches", "process", "replaces",
-        "request_limit", "retiring", "sent", "state", "take_back_timer",
+        "_exited", "_received", "answered", "answered_at", "batches", "launcher", "process",
+        "replaces", "request_limit", "retiring", "sent", "state", "take_back_timer",
     )  # fmt: skip
 
     def __init__(
@@ -46,8 +46,10 @@ class Member:
     ) -> None:
         self._received = received
         self._exited = exited
-        #: Set once its process is started (``Lifecycle.spawn``).
+        #: Set once its process is started (``Lifecycle.spawn``), and what started it (a reload
+        #: tells the old version's processes by it).
         self.process: HandlerProcess
+        self.launcher: Launcher
         self.state = ProcessState.STARTING
         #: Calls sent and not answered, in the order they were sent.
         self.sent: dict[int, PendingCall] = {}

@@ -41,6 +41,7 @@ __all__ = [
     "Launcher",
     "describe_exit",
     "device_environment",
+    "reap_orphans",
     "resident_memory",
 ]
 
@@ -104,20 +105,53 @@ class Adopted:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped as an orphan before its pid was known
+                self.returncode = _UNKNOWN_EXIT
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self) -> int:
         if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            try:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            except ChildProcessError:  # reaped as an orphan before its pid was known
+                self.returncode = _UNKNOWN_EXIT
         return self.returncode
 
     def kill(self) -> None:
         if self.returncode is None:  # until it is reaped, its pid is its own
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+
+
+#: The exit code of an adopted process whose own was lost (:func:`reap_orphans` took it).
+_UNKNOWN_EXIT: Final = 1
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Reap the front's exited children that are not ``known``: the orphans of its descendants
+    (a handler's subprocesses, a template's middle processes), which come to the front as a
+    child subreaper, and would stay zombies, each holding a pid."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids = [int(pid) for pid in children.read().split()]
+            for pid in pids:
+                if pid not in known and _exited(pid):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 class _Unborn:

@@ -58,94 +58,112 @@ class Reload:
         self._ended = ended
         self._old_launcher = pool.launcher
         self._old_template = pool.template
-        #: The workers of the old version, replaced in this order.
-        self._old = [
-            member
-            for member in pool.members
-            if member.state is ProcessState.READY and not member.retiring
-        ]
-        self._count = len(self._old)
+        #: What starts the new version's processes, once it is loaded.
+        self._launcher: Launcher | None = None
         #: The old worker whose replacement is starting.
         self._replacing: Member | None = None
-        self._template: Template | None = None
+        #: The new version's template (``--preload``).
+        self.template: Template | None = None
 
     def start(self) -> None:
+        workers = sum(1 for member in self._pool.members if member.state is ProcessState.READY)
         _log.info(
             "reloading the handler (SIGHUP): the new version replaces the %d worker(s) one by "
             "one once it is loaded; the old one serves until then",
-            self._count,
+            workers,
         )
-        if self._old_template is None:  # --preload off: each new worker loads it
+        old = self._old_template
+        if old is None or old.refused:  # each new worker loads it (a template would refuse)
             self._loaded()
             return
-        self._template = Template(self._config, self._environment, self._load_failed, self._loaded)
-        self._template.start()
+        self.template = Template(self._config, self._environment, self._load_failed, self._loaded)
+        self.template.start()
 
     def stop(self) -> None:
         """The runtime stops: the new template, if any, with it."""
-        if self._template is not None:
-            self._template.kill()
+        if self.template is not None:
+            self.template.kill()
 
     # -- the sequence -------------------------------------------------------------------------
 
     def _loaded(self) -> None:
-        if self._template is not None:
+        if self.template is not None:
             _log.info("the new version of the handler is loaded; replacing the workers")
-        self._pool.launcher = self._template or FreshInterpreter()
+        self._launcher = self._pool.launcher = self.template or FreshInterpreter()
         self._next()
 
     def _next(self) -> None:
-        while self._old:
-            member = self._old.pop(0)
-            if member not in self._pool.members or member.state is not ProcessState.READY:
-                continue  # it died meanwhile: its replacement is of the new version already
-            self._replacing = member
-            self._pool.retire(member, "reload", "a new version of the handler replaces it")
-            if member.retiring:
-                return
-        self._finish()
+        """The next worker of the old version is replaced, once none is being replaced; done
+        once every worker is of the new version (one of the old version still starting is
+        replaced once it is ready)."""
+        if self._launcher is None or self._replacing is not None:
+            return
+        old = [
+            member
+            for member in self._pool.members
+            if member.launcher is not self._launcher and member.state is not ProcessState.STOPPING
+        ]
+        for member in old:
+            if member.state is ProcessState.READY and not member.retiring:
+                self._replacing = member
+                self._pool.retire(member, "reload", "a new version of the handler replaces it")
+                if member.retiring:
+                    return
+                self._replacing = None
+        if not old:
+            self._finish()
 
-    def replaced(self, retired: Member | None) -> None:
-        """A process became ready in place of ``retired``: the next old one is replaced."""
+    def ready(self, retired: Member | None) -> None:
+        """A process became ready (in place of ``retired``): the next old one is replaced."""
         if retired is not None and retired is self._replacing:
             self._replacing = None
-            self._next()
+        self._next()
 
     def failed_to_start(self, member: Member, how: str) -> bool:
         """``member`` exited before it was ready: if it was this reload's, the new version
-        failed and the reload ends (``True``: it is not replaced; the old one serves on)."""
+        failed and the reload ends (``True``: it is not replaced, the old one it was to replace
+        serves on; ``False`` if that one died meanwhile: the pool replaces it)."""
         replacing = self._replacing
         if replacing is None or member.replaces is not replacing:
             return False
-        replacing.retiring = False
+        self._replacing = None
+        alive = replacing in self._pool.members
+        if alive:
+            replacing.retiring = False
         self._fail(f"a worker of the new version exited before it was ready ({how})")
-        return True
+        return alive
 
     def _load_failed(self, text: str, details: str) -> None:
         self._fail(f"the new version could not be loaded: {text}")
 
     def _fail(self, why: str) -> None:
-        replaced = self._count - len(self._old) - 1
+        replaced = sum(
+            1
+            for member in self._pool.members
+            if self._launcher is not None
+            and member.launcher is self._launcher
+            and member.state is ProcessState.READY
+        )
         _log.error(
             "the reload failed: %s; the old version serves on%s",
             why,
-            f" (in all but the {replaced} worker(s) replaced before)" if replaced > 0 else "",
+            f" (in all but the {replaced} worker(s) replaced before)" if replaced else "",
         )
         self._pool.launcher = self._old_launcher
-        if self._template is not None:
-            self._template.stop()
+        if self.template is not None:
+            self.template.stop()
         self._end("failed")
 
     def _finish(self) -> None:
-        if self._template is not None and self._old_template is not None:
-            self._old_template.stop()
-            self._pool.template = self._template
+        if self.template is not None:
+            if self._old_template is not None:
+                self._old_template.stop()
+            self._pool.template = self.template
         _log.info("reloaded: every worker serves the new version of the handler")
         self._end("done")
 
     def _end(self, outcome: str) -> None:
-        self._old.clear()
-        self._replacing = None
+        self._launcher = self._replacing = None
         if self._pool.metrics is not None:
             self._pool.metrics.reloaded(outcome)
         self._ended()

@@ -148,14 +148,14 @@ class _Front:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signum)
         config = self._config
         pool = self._pool = HandlerPool(
             config, self._metrics_dir, self._on_first_ready, self._on_load_failed
         )
-        pool.start()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, pool.lifecycle.reload)
+        pool.start()
         # Imported while the handler processes start: aiohttp takes a while to import.
         from aiohttp import web
 

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import enum
 import logging
+import os
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -42,8 +43,10 @@ _MAX_BACKOFF: Final = 30.0
 
 
 def adopt_orphans() -> bool:
-    """Make the front the parent of the orphans of its descendants (Linux 3.4): whether it is."""
+    """Make the front the parent of the orphans of its descendants (Linux 3.4), which it watches
+    through pidfds (Linux 5.3): whether it can."""
     with contextlib.suppress(OSError, AttributeError):
+        os.close(os.pidfd_open(os.getpid()))
         return bool(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0)
     return False
 
@@ -94,9 +97,20 @@ class Template:
             self._config, self._environment, self, FreshInterpreter(), template=True
         )
 
+    @property
+    def pid(self) -> int:
+        """The template process's pid (0: none now)."""
+        return self._process.pid if self._process is not None else 0
+
+    @property
+    def refused(self) -> bool:
+        """A fork was not safe: each process is a fresh interpreter."""
+        return self._stage is _Stage.REFUSED
+
     def stop(self) -> None:
         """No process is started any more; those waiting count as failed launches, and the
-        template exits."""
+        template exits (at once if it is still importing the handler)."""
+        loading = self._stage is _Stage.LOADING
         self._stage = _Stage.STOPPED
         while self._waiting:
             process, theirs, _ = self._waiting.popleft()
@@ -104,6 +118,8 @@ class Template:
             process.launch_failed()
         if self._process is not None:
             self._process.close_socket()
+            if loading:
+                self._process.kill()
 
     def kill(self) -> None:
         self.stop()
@@ -171,7 +187,11 @@ class Template:
             self._stage = _Stage.REFUSED
             self._process.close_socket()
             while self._waiting:
-                self._fresh.launch(*self._waiting.popleft())
+                process, theirs, environment = self._waiting.popleft()
+                try:
+                    self._fresh.launch(process, theirs, environment)
+                except OSError as exc:
+                    process.launch_failed(str(exc))
             self._on_loaded()
             return
         first = not self._loaded_once
@@ -195,6 +215,7 @@ class Template:
             return
         if process.exit_fd is not None:
             asyncio.get_running_loop().remove_reader(process.exit_fd)
+            os.close(process.exit_fd)
             process.exit_fd = None
         with contextlib.suppress(OSError):
             process.read_available()  # the Forked and Loaded it wrote before it exited

@@ -1,6 +1,6 @@
 """The watch over the handler processes (:class:`Watch`): a process that exited without a pidfd
 to say so, a handler stuck past its limits, a worker grown past ``--max-worker-memory``, for the
-lifecycle to act on (``lifecycle.py``)."""
+lifecycle to act on (``lifecycle.py``); and the orphans the front adopted, reaped."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class Watch:
         lifecycle = self._lifecycle
         while True:
             await asyncio.sleep(_TICK)
+            lifecycle.reap_orphans()
             now = time.monotonic()
             for member in list(lifecycle.members):
                 child = member.process.child

@@ -164,8 +164,9 @@ def _channel_broken(exc: ProtocolError) -> NoReturn:
 #: The exit code of a worker whose channel broke (EX_PROTOCOL of sysexits.h).
 _EXIT_CHANNEL_BROKEN: Final = 76
 #: SIGTERM and SIGINT (a Ctrl-C reaches the whole process group) do nothing here: the front
-#: drains, then closes this process's socket.
-_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+#: drains, then closes this process's socket; SIGHUP (a terminal's hang-up reaches the group)
+#: is the front's reload.
+_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _do_nothing(signum: int, frame: object) -> None:
@@ -176,6 +177,7 @@ def _do_nothing(signum: int, frame: object) -> None:
 def _default_stop_signals() -> None:
     """In a child forked from Python (multiprocessing's), the stop signals as usual."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt
 
 

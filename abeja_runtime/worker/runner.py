@@ -242,6 +242,7 @@ class Runner:
         answer = RpcAnswer(call.id, *await settled(rpc.call(call.method, payload, call.metadata)))
         if span is not None:
             span.status(answer.http_status)
+            span.end()
         if len(answer.payload) <= INLINE_LIMIT:
             self.channel.write(answer)
         else:
@@ -250,6 +251,7 @@ class Runner:
     def _whole(self, call_id: int, reply: EncodedResponse, span: HandlerSpan | None) -> None:
         if span is not None:
             span.status(reply.status)
+            span.end()
         body = reply.body
         assert type(body) is bytes
         if len(body) <= INLINE_LIMIT:
@@ -286,6 +288,8 @@ class Runner:
         finally:
             credits.finished(call_id)
             await body.aclose()
+            if span is not None:
+                span.end()
             self.channel.write(End(call_id, failed))
 
     def _write_memfd(self, frame: Frame, data: bytes) -> None:

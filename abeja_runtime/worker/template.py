@@ -16,6 +16,7 @@ pid. The front closing the socket ends the template; the processes forked from i
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import logging
@@ -68,15 +69,18 @@ def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
     while (item := channel.read()) is not None:
         frame, fd = item
         if isinstance(frame, Fork) and fd is not None:
-            channel.write(_fork(frame, fd, loaded, tracing, front, channel))
+            forked = _fork(frame, fd, loaded, tracing, front, channel)
+            try:
+                channel.write(forked)
+            except OSError:  # the front stopped meanwhile: the process reads the end of its input
+                return 0
         elif fd is not None:
             os.close(fd)
     return 0
 
 
 #: Libraries whose thread pools do not survive a fork (the forked process waits for threads it
-#: does not have): OpenMP's (GNU, Intel), TensorFlow's, ONNX Runtime's, PyTorch's. OpenBLAS's
-#: pool, numpy's, is started again in a forked process (``pthread_atfork``).
+#: does not have), named in the warning when their threads may be the ones started.
 _POOLS_LOST_IN_A_FORK: Final = {
     "/libgomp": "OpenMP (libgomp)",
     "/libiomp": "OpenMP (libiomp)",
@@ -84,11 +88,23 @@ _POOLS_LOST_IN_A_FORK: Final = {
     "onnxruntime": "ONNX Runtime",
     "/libtorch": "PyTorch",
 }
+#: How OpenBLAS says how many threads its pool has, by the names its builds give it (numpy's
+#: and scipy's wheels: ``scipy_openblas``).
+_OPENBLAS_THREADS: Final = (
+    "openblas_get_num_threads",
+    "openblas_get_num_threads64_",
+    "scipy_openblas_get_num_threads64_",
+    "scipy_openblas_get_num_threads",
+)
 
 
 def fork_hazard(threads: set[int], tasks: set[str]) -> str:
     """Why a process forked from this one would not work (empty: it would), given the Python
-    threads and the system's threads of this process from before the handler's import."""
+    threads and the system's threads of this process from before the handler's import.
+
+    A thread the import started is not in a forked process, and what waits for it there hangs;
+    OpenBLAS's pool (numpy's) is the exception: it stops its threads before a fork and starts
+    them again after (``pthread_atfork``)."""
     started = [thread.name for thread in threading.enumerate() if thread.ident not in threads]
     if started:
         return (
@@ -98,14 +114,32 @@ def fork_hazard(threads: set[int], tasks: set[str]) -> str:
     maps = _maps()
     if "/libcuda.so" in maps:
         return "the handler's import initialised CUDA, which a forked process cannot use"
-    if _tasks() - tasks:
-        for library, name in _POOLS_LOST_IN_A_FORK.items():
-            if library in maps:
-                return (
-                    f"the handler's import started threads, and {name} is loaded, whose "
-                    "threads a forked process would not have"
-                )
+    native = len(_tasks() - tasks) - _openblas_pool(maps)
+    if native > 0:
+        pools = [name for library, name in _POOLS_LOST_IN_A_FORK.items() if library in maps]
+        return (
+            f"the handler's import started {native} thread(s) of a native library"
+            f"{' (' + ', '.join(pools) + ' loaded)' if pools else ''}, which a forked process "
+            "would not have"
+        )
     return ""
+
+
+def _openblas_pool(maps: str) -> int:
+    """The threads that the OpenBLAS pools loaded in this process started (its size less the
+    calling thread)."""
+    paths = {line.split()[-1] for line in maps.splitlines() if "openblas" in line}
+    count = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            library = ctypes.CDLL(path)  # loaded already: the same handle
+            size = next(
+                (getattr(library, name) for name in _OPENBLAS_THREADS if hasattr(library, name)),
+                None,
+            )
+            if size is not None:
+                count += max(0, int(size()) - 1)
+    return count
 
 
 def _fork(
@@ -134,6 +168,8 @@ def _fork(
                 os.close(write_end)
                 _handler_process(fork, fd, loaded, tracing, front, template)
             os.write(write_end, pid.to_bytes(4, "little"))
+        except BaseException:
+            _log.exception("the template could not fork a handler process")
         finally:
             os._exit(0)
     os.close(write_end)
@@ -157,6 +193,7 @@ def _handler_process(
     """The forked handler process, from its fork to its exit."""
     code = 1
     try:
+        template.close_pending()
         # Its channel takes the descriptor of the template's (which is not this process's):
         # the number its command line says, as in a process started afresh.
         channel = template.detach()
@@ -170,7 +207,7 @@ def _handler_process(
         if start_frame(worker.channel) is None:
             end(2, tracing)
         code = serve(loaded, worker, tracing)
-    except Exception:
+    except BaseException:  # (SystemExit too: this process ends here, never in the template's code)
         _log.exception("the worker failed")
     end(code, tracing)
 
