@@ -10,6 +10,11 @@ starts with one worker and ``--preload off`` (the reference: one worker, one cop
 (``/proc/PID/smaps_rollup``: a shared page counted once across the processes that share it) is
 read. Printed: the sum, the front and the template, a worker, and the ratio to the reference.
 
+**Reload.** Under load from ``--reload-connections`` keep-alive clients, the version file the
+handler reads at import is changed and the runtime is sent SIGHUP, ``--reloads`` times, then
+once with a version whose import fails: every answer's status and version, and whether the new
+version answered after each reload (and the old one after the failed one).
+
 **Replacement.** The handler's import takes ``--import-seconds``. Under load from
 ``--connections`` keep-alive clients, a worker is killed with SIGKILL, ``--kills`` times, a second
 apart; the time
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -32,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
@@ -49,6 +56,7 @@ class Runtime:
 
     def __init__(self, source: Path, workers: int, preload: bool, env: dict[str, str]) -> None:
         self.ready: dict[int, float] = {}
+        self.reloads: list[str] = []
         self._changed = threading.Condition()
         port, health = free_ports(2)
         flags = ["--host", "127.0.0.1", "--port", str(port), "--healthcheck-port", str(health)]
@@ -61,12 +69,22 @@ class Runtime:
         self.process.port, self.process.healthcheck_port = port, health
 
     def _line(self, line: str) -> None:
-        with contextlib.suppress(ValueError):
-            match = READY.fullmatch(json.loads(line).get("message", ""))
-            if match:
-                with self._changed:
+        with contextlib.suppress(ValueError, AttributeError):
+            message = json.loads(line).get("message", "")
+            match = READY.fullmatch(message)
+            with self._changed:
+                if match:
                     self.ready[int(match.group(1))] = time.monotonic()
-                    self._changed.notify_all()
+                elif message.startswith(("reloaded:", "the reload failed")):
+                    self.reloads.append(message)
+                self._changed.notify_all()
+
+    def wait_for_reloads(self, count: int, timeout: float) -> str:
+        """The ``count``-th reload's outcome line (bounded by ``timeout``)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self.reloads) >= count, timeout):
+                raise TimeoutError(f"reload {count} did not end within {timeout:g} s")
+            return self.reloads[count - 1]
 
     def wait_for_ready(self, count: int, timeout: float) -> list[int]:
         """The pids of the first ``count`` workers ready, in order (bounded by ``timeout``)."""
@@ -138,6 +156,76 @@ def replacements(
     return took, counts
 
 
+def ask_versions(port: int, stop: threading.Event, seen: list[tuple[int, str]]) -> None:
+    """A keep-alive client: each answer's status and version (``seen`` is shared)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    while not stop.is_set():
+        try:
+            connection.request("POST", "/", b"{}", {"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            body = answer.read()
+            got = (answer.status, json.loads(body).get("version", "") if body else "")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            got = (0, type(exc).__name__)
+        seen.append(got)
+    connection.close()
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """What the clients got through the reloads."""
+
+    answered: int
+    failed: int
+    versions: list[str]
+    #: The new version answered after each reload, and the old one after the failed one.
+    each_as_it_should: bool
+
+
+def reloads(source: Path, preload: bool, count: int, connections: int) -> Reloaded:
+    """``count`` reloads under load, then one of a version that cannot be loaded."""
+    with tempfile.TemporaryDirectory(prefix="abeja-reload-") as tmp:
+        version = Path(tmp, "version")
+        version.write_text("1")
+        env = {"WEIGHTS_MIB": "64", "WEIGHTS_VERSION": str(version)}
+        with running(source, 2, preload, **env) as runtime:
+            runtime.wait_for_ready(2, 120)
+            stop, seen = threading.Event(), list[tuple[int, str]]()
+            port = runtime.process.port
+            clients = [
+                threading.Thread(target=ask_versions, args=(port, stop, seen))
+                for _ in range(connections)
+            ]
+            for client in clients:
+                client.start()
+            newest_after_each: list[bool] = []
+            try:
+                for new in [*(str(n) for n in range(2, count + 2)), "broken"]:
+                    time.sleep(1.0)  # load between reloads: the scenario's pace
+                    version.write_text(new)
+                    os.kill(runtime.pid, signal.SIGHUP)
+                    outcome = runtime.wait_for_reloads(len(newest_after_each) + 1, 300)
+                    expected = str(count + 1) if new == "broken" else new
+                    probe = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    probe.request("POST", "/", b"{}", {"Content-Type": "application/json"})
+                    answered = json.loads(probe.getresponse().read()).get("version")
+                    probe.close()
+                    refused = outcome.startswith("the reload failed")
+                    newest_after_each.append(answered == expected and refused == (new == "broken"))
+            finally:
+                stop.set()
+                for client in clients:
+                    client.join(60)
+    return Reloaded(
+        answered=len(seen),
+        failed=sum(1 for status, _ in seen if status != 200),
+        versions=sorted({got for status, got in seen if status == 200}, key=int),
+        each_as_it_should=all(newest_after_each),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.preload", description=__doc__.splitlines()[0]
@@ -151,6 +239,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-replacement", action="store_true")
+    parser.add_argument("--reloads", type=int, default=5)
+    parser.add_argument("--reload-connections", type=int, default=64)
+    parser.add_argument("--skip-reload", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="abeja-preload-") as tmp:
         source, described = runtime_source(args.runtime_ref, Path(tmp))
@@ -159,6 +250,8 @@ def main() -> None:
             _print_memory(source, args)
         if not args.skip_replacement:
             _print_replacements(source, args)
+        if not args.skip_reload:
+            _print_reloads(source, args)
 
 
 def _print_memory(source: Path, args: argparse.Namespace) -> None:
@@ -201,3 +294,18 @@ def _print_replacements(source: Path, args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _print_reloads(source: Path, args: argparse.Namespace) -> None:
+    print(
+        f"\n{args.reloads} reloads (SIGHUP) under load from {args.reload_connections} clients, "
+        "then one of a version that cannot be loaded; 2 workers:"
+    )
+    print("| runtime | answered | not 200 | versions answered | each reload's version served |")
+    print("|---|---:|---:|---|---|")
+    for preload in (True, False):
+        found = reloads(source, preload, args.reloads, args.reload_connections)
+        print(
+            f"| --preload {'on' if preload else 'off'} | {found.answered:,} | {found.failed} "
+            f"| {', '.join(found.versions)} | {found.each_as_it_should} |"
+        )

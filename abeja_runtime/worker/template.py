@@ -66,10 +66,11 @@ def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
         return 0
     gc.collect()
     gc.freeze()  # the collector's bookkeeping does not write to the pages the forks share
+    forks = _Forks(loaded, tracing, front, channel)
     while (item := channel.read()) is not None:
         frame, fd = item
         if isinstance(frame, Fork) and fd is not None:
-            forked = _fork(frame, fd, loaded, tracing, front, channel)
+            forked = forks.fork(frame, fd)
             try:
                 channel.write(forked)
             except OSError:  # the front stopped meanwhile: the process reads the end of its input
@@ -142,74 +143,71 @@ def _openblas_pool(maps: str) -> int:
     return count
 
 
-def _fork(
-    fork: Fork,
-    fd: int,
-    loaded: ImportedHandler,
-    tracing: Tracing | None,
-    front: int,
-    template: BlockingChannel,
-) -> Forked:
-    """Fork a handler process that serves on ``fd``, through a middle process that exits at
-    once (so that the front adopts it): its pid."""
-    read_end, write_end = os.pipe()
-    loaded = dataclasses.replace(loaded, forked_at=time.monotonic())
-    try:
-        middle = os.fork()
-    except OSError as exc:
-        for end_fd in (read_end, write_end, fd):
-            os.close(end_fd)
-        return Forked(0, f"the template could not fork: {exc}")
-    if middle == 0:
+@dataclasses.dataclass(frozen=True)
+class _Forks:
+    """The handler processes forked from this template: what each one starts from."""
+
+    loaded: ImportedHandler
+    tracing: Tracing | None
+    #: The front's pid: a forked process is adopted by it, and dies with it.
+    front: int
+    #: The template's channel with the front (not a forked process's).
+    template: BlockingChannel
+
+    def fork(self, fork: Fork, fd: int) -> Forked:
+        """Fork a handler process that serves on ``fd``, through a middle process that exits
+        at once (so that the front adopts it): its pid."""
+        read_end, write_end = os.pipe()
+        forked_at = time.monotonic()
         try:
-            os.close(read_end)
-            pid = os.fork()
-            if pid == 0:
-                os.close(write_end)
-                _handler_process(fork, fd, loaded, tracing, front, template)
-            os.write(write_end, pid.to_bytes(4, "little"))
-        except BaseException:
-            _log.exception("the template could not fork a handler process")
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    os.close(fd)
-    os.waitpid(middle, 0)
-    with open(read_end, "rb") as pid_from_middle:
-        said = pid_from_middle.read()
-    if len(said) != 4:
-        return Forked(0, "the template could not fork a handler process (its log says why)")
-    return Forked(int.from_bytes(said, "little"), "")
-
-
-def _handler_process(
-    fork: Fork,
-    fd: int,
-    loaded: ImportedHandler,
-    tracing: Tracing | None,
-    front: int,
-    template: BlockingChannel,
-) -> NoReturn:
-    """The forked handler process, from its fork to its exit."""
-    code = 1
-    try:
-        template.close_pending()
-        # Its channel takes the descriptor of the template's (which is not this process's):
-        # the number its command line says, as in a process started afresh.
-        channel = template.detach()
-        os.dup2(fd, channel, inheritable=False)
+            middle = os.fork()
+        except OSError as exc:
+            for end_fd in (read_end, write_end, fd):
+                os.close(end_fd)
+            return Forked(0, f"the template could not fork: {exc}")
+        if middle == 0:
+            try:
+                os.close(read_end)
+                pid = os.fork()
+                if pid == 0:
+                    os.close(write_end)
+                    self._handler_process(fork, fd, forked_at)
+                os.write(write_end, pid.to_bytes(4, "little"))
+            except BaseException:
+                _log.exception("the template could not fork a handler process")
+            finally:
+                os._exit(0)
+        os.close(write_end)
         os.close(fd)
-        _wait_for_adoption(front)
-        obey(front)
-        name_this_process(WORKER_NAME)
-        os.environ.update(fork.environment)
-        worker = WorkerChannel(socket.socket(fileno=channel))
-        if start_frame(worker.channel) is None:
-            end(2, tracing)
-        code = serve(loaded, worker, tracing)
-    except BaseException:  # (SystemExit too: this process ends here, never in the template's code)
-        _log.exception("the worker failed")
-    end(code, tracing)
+        os.waitpid(middle, 0)
+        with open(read_end, "rb") as pid_from_middle:
+            said = pid_from_middle.read()
+        if len(said) != 4:
+            return Forked(0, "the template could not fork a handler process (its log says why)")
+        return Forked(int.from_bytes(said, "little"), "")
+
+    def _handler_process(self, fork: Fork, fd: int, forked_at: float) -> NoReturn:
+        """The forked handler process, from its fork to its exit."""
+        code, tracing = 1, self.tracing
+        try:
+            self.template.close_pending()
+            # Its channel takes the descriptor of the template's (not this process's): the
+            # number its command line says, as in a process started afresh.
+            channel = self.template.detach()
+            os.dup2(fd, channel, inheritable=False)
+            os.close(fd)
+            _wait_for_adoption(self.front)
+            obey(self.front)
+            name_this_process(WORKER_NAME)
+            os.environ.update(fork.environment)
+            worker = WorkerChannel(socket.socket(fileno=channel))
+            if start_frame(worker.channel) is None:
+                end(2, tracing)
+            loaded = dataclasses.replace(self.loaded, forked_at=forked_at)
+            code = serve(loaded, worker, tracing)
+        except BaseException:  # (SystemExit too: this process ends here, not in the template)
+            _log.exception("the worker failed")
+        end(code, tracing)
 
 
 def _wait_for_adoption(front: int) -> None:
