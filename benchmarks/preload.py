@@ -292,10 +292,6 @@ def _print_replacements(source: Path, args: argparse.Namespace) -> None:
         )
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _print_reloads(source: Path, args: argparse.Namespace) -> None:
     print(
         f"\n{args.reloads} reloads (SIGHUP) under load from {args.reload_connections} clients, "
@@ -309,3 +305,7 @@ def _print_reloads(source: Path, args: argparse.Namespace) -> None:
             f"| --preload {'on' if preload else 'off'} | {found.answered:,} | {found.failed} "
             f"| {', '.join(found.versions)} | {found.each_as_it_should} |"
         )
+
+
+if __name__ == "__main__":
+    main()
