@@ -195,6 +195,10 @@ class Ready(NamedTuple):
     #: The handler's own batch size and wait (``@abeja_runtime.batched``), when it declared
     #: them and the settings did not turn batching on.
     batch: tuple[int, float] | None = None
+    #: Seconds the handler's import took, in this process or in the template it was forked
+    #: from (``forked``).
+    load_seconds: float = 0.0
+    forked: bool = False
 
 
 @_kind(FrameKind.LOAD_FAILED)

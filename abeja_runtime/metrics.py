@@ -81,7 +81,7 @@ class FrontMetrics:
         directory: str,
         gauges: Callable[[], tuple[int, int]],
     ) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self._directory = directory
         self.registry = registry = CollectorRegistry()
@@ -115,6 +115,22 @@ class FrontMetrics:
         )
         for outcome in ("done", "failed"):
             self._reloads.labels(outcome=outcome)
+        self._worker_starts = Histogram(
+            f"{_PREFIX}_worker_start_seconds",
+            "Seconds from a worker's start to its readiness: forked from the template "
+            "(--preload) or importing the handler itself (imported), its warm-up included.",
+            ["how"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=registry,
+        )
+        self._start = Gauge(
+            f"{_PREFIX}_start_seconds",
+            "The runtime's start, in parts: runtime (its own: the interpreter, its imports and "
+            "set-up, until it starts the handler processes), handler (the handler's import, the "
+            "last one), ready (from the runtime's start to its first ready worker).",
+            ["part"],
+            registry=registry,
+        )
         self._abandoned = Counter(
             f"{_PREFIX}_abandoned_requests",
             "Calls whose client left before their whole answer (each counted 499), by the stage "
@@ -170,6 +186,12 @@ class FrontMetrics:
 
     def reloaded(self, outcome: str) -> None:
         self._reloads.labels(outcome=outcome).inc()
+
+    def worker_started(self, seconds: float, forked: bool) -> None:
+        self._worker_starts.labels(how="forked" if forked else "imported").observe(seconds)
+
+    def started(self, part: str, seconds: float) -> None:
+        self._start.labels(part=part).set(seconds)
 
     def worker_gone(self, pid: int) -> None:
         """Drop a dead handler process's live gauges; its counters stay in the sums."""

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers.metrics import scrape
+from helpers.metrics import total as total_of
 from helpers.servers import RunningServer, ServerFactory
 from helpers.waiting import wait_until
 from helpers.workers import alive, crash_a_worker, pid_of, wait_for_ready_workers
@@ -235,3 +237,33 @@ def _sockets(pid: int) -> set[str]:
         if target.startswith("socket:"):
             found.add(target)
     return found
+
+
+START = re.compile(
+    r"ready (\d+\.\d\d) s after the runtime started: (\d+\.\d\d) s the runtime's own start, "
+    r"(\d+\.\d\d) s the handler's import \((in the template|in the worker)\), (\d+\.\d\d) s the "
+    r"rest \((?:the template's start, the first worker's fork|the first worker's start) and "
+    r"warm-up\)"
+)
+
+
+@pytest.mark.parametrize("preload", ["on", "off"])
+def test_the_start_is_measured_and_split(
+    start: ServerFactory, tmp_path: Path, preload: str
+) -> None:
+    server = serve(start, tmp_path, "--workers", "2", "--preload", preload)
+    wait_for_ready_workers(server, 2)
+    record = server.wait_for_record(lambda r: START.fullmatch(r.get("message", "")))
+    total, own, load, where, rest = START.fullmatch(record["message"]).groups()  # type: ignore[union-attr]
+    assert where == ("in the template" if preload == "on" else "in the worker")
+    assert 0 < float(own) < float(total) and float(load) > 0
+    assert abs(float(own) + float(load) + float(rest) - float(total)) <= 0.02  # (rounding)
+    samples = scrape(server)
+    assert total_of(samples, "abeja_runtime_start_seconds", part="runtime") == pytest.approx(
+        float(own), abs=0.01
+    )
+    assert total_of(samples, "abeja_runtime_start_seconds", part="ready") == pytest.approx(
+        float(total), abs=0.01
+    )
+    how = "forked" if preload == "on" else "imported"
+    assert total_of(samples, "abeja_runtime_worker_start_seconds_count", how=how) == 2

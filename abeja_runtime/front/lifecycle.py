@@ -31,6 +31,7 @@ from abeja_runtime.front.processes import (
 )
 from abeja_runtime.front.reload import Reload
 from abeja_runtime.front.scheduler import Scheduler
+from abeja_runtime.front.startup import StartUp
 from abeja_runtime.front.template import Template, adopt_orphans
 from abeja_runtime.metrics import FrontMetrics
 
@@ -86,6 +87,7 @@ class Lifecycle:
 
         self._process_factory = process_factory or started
         self._reload: Reload | None = None
+        self._start_up = StartUp()
         #: The scheduler's list too: it places calls on the ready ones.
         self.members = members
         self._ready_count = 0
@@ -100,6 +102,7 @@ class Lifecycle:
         self.rpc_methods: tuple[str, ...] = ()
 
     def start(self) -> None:
+        self._start_up.spawning()
         if self.template is not None:
             self.template.start()
         for _ in range(self._config.workers):
@@ -161,6 +164,7 @@ class Lifecycle:
         """``member`` loaded its handler (and warmed it up): it takes calls."""
         if member.state is not ProcessState.STARTING:
             return
+        self._start_up.ready(member.started_at, ready, self.metrics)
         self._set_state(member, ProcessState.READY)
         if not self.ever_ready:  # every worker loads the same handler: the first one says
             self.style = ready.style

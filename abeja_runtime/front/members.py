@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,8 @@ class Member:
 
     __slots__ = (
         "_exited", "_received", "answered", "answered_at", "batches", "launcher", "process",
-        "replaces", "request_limit", "retiring", "sent", "state", "take_back_timer",
+        "replaces", "request_limit", "retiring", "sent", "started_at", "state",
+        "take_back_timer",
     )  # fmt: skip
 
     def __init__(
@@ -50,6 +52,8 @@ class Member:
         #: tells the old version's processes by it).
         self.process: HandlerProcess
         self.launcher: Launcher
+        #: When it was started (``time.monotonic``).
+        self.started_at = time.monotonic()
         self.state = ProcessState.STARTING
         #: Calls sent and not answered, in the order they were sent.
         self.sent: dict[int, PendingCall] = {}

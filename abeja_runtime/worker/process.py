@@ -241,7 +241,15 @@ def serve(
         return 1
     handler, config = loaded.handler, loaded.config
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
-    ready = Ready(VERSION, handler.style, handler.front_paths, rpc_methods, loaded.batch)
+    ready = Ready(
+        VERSION,
+        handler.style,
+        handler.front_paths,
+        rpc_methods,
+        loaded.batch,
+        loaded.seconds,
+        loaded.forked_at is not None,
+    )
     invoker = Invoker(config, handler, tracing)
     runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
     warmup = Warmup(config, invoker, channel, ready, loaded.how())
