@@ -150,8 +150,13 @@ def test_a_template_that_dies_is_started_again_and_the_workers_serve_on(
             "the handler's import started 1 thread(s) of a native library (OpenMP (libgomp) "
             "loaded), which a forked process would not have",
         ),
+        (
+            {"PL_SOCKETS": "1"},
+            "the handler's import opened 2 socket(s) (a connection, a client), which the forked "
+            "processes would share",
+        ),
     ],
-    ids=["thread", "cuda", "native-thread"],
+    ids=["thread", "cuda", "native-thread", "sockets"],
 )
 def test_where_a_fork_is_not_safe_each_worker_imports_the_handler(
     start: ServerFactory, tmp_path: Path, env: dict[str, str], hazard: str

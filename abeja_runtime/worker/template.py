@@ -55,12 +55,12 @@ def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
     name_this_process(b"abeja-template")
     # Before the handler is imported: its own tracer provider is this one.
     tracing = tracing_from(os.environ, "worker")
-    threads, tasks = _python_threads(), _tasks()
+    threads, tasks, sockets = _python_threads(), _tasks(), _sockets()
     loaded = load(config)
     if isinstance(loaded, LoadFailed):
         channel.write(loaded)
         return 1
-    hazard = fork_hazard(threads, tasks)
+    hazard = fork_hazard(threads, tasks, sockets)
     channel.write(Loaded(hazard))
     if hazard:
         return 0
@@ -99,18 +99,26 @@ _OPENBLAS_THREADS: Final = (
 )
 
 
-def fork_hazard(threads: set[int], tasks: set[str]) -> str:
+def fork_hazard(threads: set[int], tasks: set[str], sockets: set[int]) -> str:
     """Why a process forked from this one would not work (empty: it would), given the Python
-    threads and the system's threads of this process from before the handler's import.
+    threads, the system's threads and the sockets of this process from before the handler's
+    import.
 
     A thread the import started is not in a forked process, and what waits for it there hangs;
     OpenBLAS's pool (numpy's) is the exception: it stops its threads before a fork and starts
-    them again after (``pthread_atfork``)."""
+    them again after (``pthread_atfork``). A socket the import opened (a database's connection,
+    a client's) would be shared by every forked process, their messages mixed on it."""
     started = [thread.name for thread in threading.enumerate() if thread.ident not in threads]
     if started:
         return (
             f"the handler's import started {len(started)} Python thread(s) "
             f"({', '.join(started)}), which a forked process would not have"
+        )
+    opened = len(_sockets() - sockets)
+    if opened:
+        return (
+            f"the handler's import opened {opened} socket(s) (a connection, a client), which "
+            "the forked processes would share"
         )
     maps = _maps()
     if "/libcuda.so" in maps:
@@ -231,6 +239,17 @@ def _tasks() -> set[str]:
     with contextlib.suppress(OSError):
         return set(os.listdir("/proc/self/task"))
     return set()
+
+
+def _sockets() -> set[int]:
+    """This process's descriptors that are sockets."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    found.add(int(fd))
+    return found
 
 
 def _maps() -> str:
