@@ -8,7 +8,8 @@ how much memory the processes share.
 
 from __future__ import annotations
 
-import _bisect
+import _ctypes
+import ctypes.util
 import os
 import re
 import shutil
@@ -146,9 +147,9 @@ def test_a_template_that_dies_is_started_again_and_the_workers_serve_on(
             "the handler's import initialised CUDA, which a forked process cannot use",
         ),
         (
-            {"PL_NATIVE_THREAD": "1", "PL_GOMP": "1"},
-            "the handler's import started 1 thread(s) of a native library (OpenMP (libgomp) "
-            "loaded), which a forked process would not have",
+            {"PL_NATIVE_THREAD": "1"},
+            "the handler's import started 1 thread(s) of a native library, which a forked "
+            "process would not have",
         ),
         (
             {"PL_SOCKETS": "1"},
@@ -163,7 +164,7 @@ def test_where_a_fork_is_not_safe_each_worker_imports_the_handler(
 ) -> None:
     if "PL_FAKE_CUDA" in env:  # any shared library, under the name of CUDA's driver
         fake = tmp_path / "libcuda.so.1"
-        shutil.copyfile(_bisect.__file__, fake)
+        shutil.copyfile(_ctypes.__file__, fake)
         env = {"PL_FAKE_CUDA": str(fake)}
     server = serve(start, tmp_path, "--workers", "2", **env)
     workers = wait_for_ready_workers(server, 2)
@@ -206,7 +207,10 @@ def test_numpy_and_openmp_loaded_without_a_pool_are_forked(
 ) -> None:
     """numpy's OpenBLAS starts its threads at import (and again in a forked process); OpenMP
     loaded but not used started none: a fork is safe (scikit-learn, torch on CPU)."""
-    server = serve(start, tmp_path, "--workers", "2", PL_GOMP="1")
+    gomp = ctypes.util.find_library("gomp")
+    if gomp is None:
+        pytest.skip("OpenMP's libgomp is not installed here (apt-get install libgomp1)")
+    server = serve(start, tmp_path, "--workers", "2", PL_GOMP=gomp)
     workers = wait_for_ready_workers(server, 2)
     assert forked(server) == set(workers)
     assert len(imports(tmp_path / "imports")) == 1

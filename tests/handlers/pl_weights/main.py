@@ -3,8 +3,8 @@ and appends its pid to the file ``PL_IMPORTS`` names: the test counts the import
 
 What makes a fork unsafe, at import: ``PL_THREAD`` starts a Python thread, ``PL_NATIVE_THREAD``
 a thread of native code, ``PL_FAKE_CUDA`` loads the library it names (a copy of one, named
-``libcuda.so.1``), ``PL_SOCKETS`` opens a pair of sockets; ``PL_GOMP`` loads OpenMP, which alone
-does not.
+``libcuda.so.1``), ``PL_SOCKETS`` opens a pair of sockets. ``PL_GOMP`` loads the OpenMP library it
+names, which alone does not.
 
 ``?exit=1`` kills the worker as a segfault would, ``?hold=S`` holds it S seconds, ``?orphan=1``
 leaves a subprocess's child behind; each answer says which process ran it and its GPU."""
@@ -29,7 +29,7 @@ if os.environ.get("PL_FAKE_CUDA"):
 if os.environ.get("PL_SOCKETS"):  # a client's connection, opened at import
     CONNECTION = socket.socketpair()
 if os.environ.get("PL_GOMP"):  # OpenMP loaded, as by scikit-learn or torch; no pool started
-    ctypes.CDLL("libgomp.so.1")
+    ctypes.CDLL(os.environ["PL_GOMP"])
 if os.environ.get("PL_NATIVE_THREAD"):  # a thread no Python code sees: faulthandler's watchdog
     faulthandler.dump_traceback_later(3600)
 
