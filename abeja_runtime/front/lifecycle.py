@@ -25,6 +25,7 @@ from abeja_runtime.front.processes import (
     FreshInterpreter,
     HandlerProcess,
     Launcher,
+    backoff,
     describe_exit,
     device_environment,
     reap_orphans,
@@ -38,8 +39,6 @@ from abeja_runtime.metrics import FrontMetrics
 __all__ = ["Lifecycle", "ProcessFactory", "devices_held"]
 
 _log = logging.getLogger("abeja_runtime")
-#: Back-off before the next replacement while replacements keep dying before they are ready.
-_MAX_BACKOFF: Final = 30.0
 _SPAWN_RETRY: Final = 1.0
 
 #: Starts a handler process: the config, its environment, where its frames go.
@@ -71,8 +70,10 @@ class Lifecycle:
         #: What starts the next processes; the template they are forked from (--preload).
         self.launcher: Launcher = FreshInterpreter()
         self.template: Template | None = None
+        #: The front adopts its descendants' orphans (``--preload``), and reaps them.
+        self._adopting = config.preload and process_factory is None and adopt_orphans()
         if config.preload and process_factory is None:
-            if adopt_orphans():
+            if self._adopting:
                 self.launcher = self.template = Template(
                     config, environment, self._load_failed_once
                 )
@@ -118,11 +119,11 @@ class Lifecycle:
     @property
     def admitting(self) -> bool:
         """A new call is taken: a process is ready, or the pool was ready and a replacement is
-        starting, unless replacements keep dying before they are ready (:func:`_backoff`)."""
+        starting, unless replacements keep dying before they are ready (``processes.backoff``)."""
         return self.serving or (
             not self.stopping
             and self.ever_ready
-            and _backoff(self._deaths_before_ready) == 0.0
+            and backoff(self._deaths_before_ready) == 0.0
             and any(member.state is ProcessState.STARTING for member in self.members)
         )
 
@@ -289,7 +290,7 @@ class Lifecycle:
             return  # retired, recycled or killed as stuck: its replacement exists already
         if member.state is ProcessState.STARTING:
             self._deaths_before_ready += 1
-        delay = _backoff(self._deaths_before_ready)
+        delay = backoff(self._deaths_before_ready)
         if member.retiring:
             when = "; its replacement is starting already"
         elif delay:
@@ -333,7 +334,10 @@ class Lifecycle:
         self._reload = None
 
     def reap_orphans(self) -> None:
-        """Reap the front's exited children that are none of its processes (``processes.py``)."""
+        """Reap the front's exited children that are none of its processes (``processes.py``):
+        only a front that adopts orphans has any."""
+        if not self._adopting:
+            return
         known = {member.pid for member in self.members}
         for template in (self.template, self._reload.template if self._reload else None):
             if template is not None:
@@ -374,9 +378,3 @@ def devices_held(members: Iterable[Member]) -> list[str | None]:
         for member in members
         if member.state is not ProcessState.STOPPING and not member.retiring
     ]
-
-
-def _backoff(deaths_before_ready: int) -> float:
-    if deaths_before_ready <= 1:
-        return 0.0
-    return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths_before_ready - 2)))

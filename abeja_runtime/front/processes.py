@@ -39,6 +39,7 @@ __all__ = [
     "FreshInterpreter",
     "HandlerProcess",
     "Launcher",
+    "backoff",
     "describe_exit",
     "device_environment",
     "reap_orphans",
@@ -367,6 +368,19 @@ def resident_memory(pid: int) -> int | None:
             return int(statm.read().split()[1]) * _PAGE_SIZE
     except (OSError, ValueError, IndexError):
         return None
+
+
+#: The longest wait before a process that keeps dying is started again.
+_MAX_BACKOFF: Final = 30.0
+
+
+def backoff(deaths: int) -> float:
+    """Seconds to wait before starting again a process that died ``deaths`` times in a row
+    before it was ready (a worker, the template): none after the first, then 0.5 s, 1 s, 2 s,
+    ... up to 30 s."""
+    if deaths <= 1:
+        return 0.0
+    return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths - 2)))
 
 
 def describe_exit(code: int | None) -> str:

@@ -31,6 +31,7 @@ from abeja_runtime.front.processes import (
     Adopted,
     FreshInterpreter,
     HandlerProcess,
+    backoff,
     describe_exit,
 )
 
@@ -39,7 +40,6 @@ __all__ = ["Template", "adopt_orphans"]
 _log = logging.getLogger("abeja_runtime")
 #: prctl(PR_SET_CHILD_SUBREAPER): the processes the template forks become the front's children.
 _PR_SET_CHILD_SUBREAPER: Final = 36
-_MAX_BACKOFF: Final = 30.0
 
 
 def adopt_orphans() -> bool:
@@ -232,7 +232,7 @@ class Template:
             self._load_failed(f"the template exited ({how}) while loading the handler", "")
             return
         self._deaths += 1
-        delay = min(_MAX_BACKOFF, 0.5 * 2 ** (self._deaths - 1)) if self._deaths > 1 else 0.0
+        delay = backoff(self._deaths)
         _log.error("the template process exited (%s); starting it again in %g s", how, delay)
         self._stage = _Stage.LOADING
         asyncio.get_running_loop().call_later(delay, self._restart)
