@@ -52,7 +52,7 @@ _PASSED_ON: Final = ("workers", "concurrency", "timeout", "grace_period", "drain
 _BATCHING: Final = ("max_batch_size", "max_batch_wait")
 _DEVICES: Final = str(setting_named("devices").envvar)
 _USER: Final = 10001
-#: The runtime kills stragglers this long after its grace period (supervisor._KILL_MARGIN).
+#: The runtime kills stragglers this long after its grace period (front/serving.py's KILL_MARGIN).
 _KILL_MARGIN: Final = 5
 #: Seconds beyond the runtime's own bound before the kubelet kills the pod: its last log lines.
 _SLACK: Final = 5

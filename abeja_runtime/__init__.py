@@ -1,7 +1,14 @@
 """abeja-runtime: an in-process server for ABEJA Platform model handlers."""
 
-from abeja_runtime.batched import batched
-from abeja_runtime.errors import CallCancelled
+import time
+
+#: When this process first imported the runtime (``time.monotonic``): where the front measures
+#: its start from (``front/startup.py``). Not the process's start, which in a container is its
+#: creation, before the container runtime lets it run.
+IMPORTED_AT = time.monotonic()
+
+from abeja_runtime.batched import batched  # noqa: E402
+from abeja_runtime.errors import CallCancelled  # noqa: E402
 
 __all__ = ["CallCancelled", "__version__", "batched"]
 

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from abeja_runtime.errors import handler_format_message
-from abeja_runtime.pixels import DEFAULT_MAX_IMAGE_PIXELS
 from abeja_runtime.settings import Setting, setting, settings_of
 from abeja_runtime.styles_table import REGISTERED, style_names
 
@@ -257,7 +256,7 @@ class Config:
         "handler, before the OOM killer); `0`: no limit",
     )
     max_image_pixels: int = setting(
-        DEFAULT_MAX_IMAGE_PIXELS,
+        89_478_485,  # Pillow's own threshold for its warning (a 9459 x 9459 image)
         kind="count",
         envvar="ABEJA_RUNTIME_MAX_IMAGE_PIXELS",
         help="most pixels of an image a handler opens with Pillow (decompression bombs), else "

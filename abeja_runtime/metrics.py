@@ -67,10 +67,10 @@ def handler_environment(directory: str) -> dict[str, str]:
 class FrontMetrics:
     """What the front counts, and the scrape of everything.
 
-    The per-request counts (requests by status, durations, timeouts) are plain integers added
-    on the hot path and turned into metric families only when scraped (:class:`_RequestStats`):
-    an addition costs a few tens of nanoseconds where a prometheus_client metric takes a lock.
-    The rare events (refusals, restarts) are ordinary prometheus_client counters.
+    Everything the front counts is plain numbers, turned into metric families only when scraped
+    (:class:`_RequestStats`, :class:`_Events`): an addition costs a few tens of nanoseconds
+    where a prometheus_client metric takes a lock, and prometheus_client is imported at the
+    first scrape, not on the runtime's way to its first answer.
     """
 
     def __init__(
@@ -81,117 +81,37 @@ class FrontMetrics:
         directory: str,
         gauges: Callable[[], tuple[int, int]],
     ) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         self._directory = directory
-        self.registry = registry = CollectorRegistry()
         self._stats = _RequestStats(gauges)
-        registry.register(self._stats)
-        self._rejected = Counter(
-            f"{_PREFIX}_rejected_requests",
-            "Requests answered 503 without calling the handler: busy (queue full) or "
-            "unavailable (no worker ready).",
-            ["reason"],
-            registry=registry,
+        self._events = _Events(
+            {
+                "version": version,
+                "python": platform.python_version(),
+                "handler": handler,
+                "style": style,
+            }
         )
-        self._restarts = Counter(
-            f"{_PREFIX}_worker_restarts",
-            "Workers replaced after they died (crashed), exited after a failed warm-up "
-            "(warmup_failed), their handler got stuck past timeout + grace (stuck), they served "
-            "--max-requests (max_requests), grew past --max-worker-memory (memory), or a new "
-            "version of the handler replaced them (reload).",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in ("crashed", "warmup_failed", "stuck", "max_requests", "memory", "reload"):
-            self._restarts.labels(reason=reason)  # present at 0 from the first scrape
-        self._reloads = Counter(
-            f"{_PREFIX}_reloads",
-            "Reloads of the handler (SIGHUP): done (every worker serves the new version) or "
-            "failed (the new version could not be loaded, or its first worker did not get "
-            "ready; the old version serves on).",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in ("done", "failed"):
-            self._reloads.labels(outcome=outcome)
-        self._worker_starts = Histogram(
-            f"{_PREFIX}_worker_start_seconds",
-            "Seconds from a worker's start to its readiness: forked from the template "
-            "(--preload) or importing the handler itself (imported), its warm-up included.",
-            ["how"],
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-            registry=registry,
-        )
-        self._start = Gauge(
-            f"{_PREFIX}_start_seconds",
-            "The runtime's start, in parts: runtime (its own: the interpreter, its imports and "
-            "set-up, until it starts the handler processes), handler (the handler's import, the "
-            "last one), ready (from the runtime's start to its first ready worker).",
-            ["part"],
-            registry=registry,
-        )
-        self._abandoned = Counter(
-            f"{_PREFIX}_abandoned_requests",
-            "Calls whose client left before their whole answer (each counted 499), by the stage "
-            "they reached: receiving (their body was arriving), queued (never ran), running "
-            "(cancelled in their worker) or answering (their streamed or big answer was being "
-            "written).",
-            ["stage"],
-            registry=registry,
-        )
-        for stage in ("receiving", "queued", "running", "answering"):
-            self._abandoned.labels(stage=stage)
-        self._rejected_heads = Counter(
-            f"{_PREFIX}_rejected_heads",
-            "Request heads answered without a handler call, their connection closed: malformed "
-            "(400: not HTTP), too_large (431: past --max-head-size) or timeout (408: not whole "
-            "within --request-head-timeout).",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in ("malformed", "too_large", "timeout"):
-            self._rejected_heads.labels(reason=reason)
-        self._batching: _BatchMetrics | None = None
-        info = Gauge(
-            f"{_PREFIX}_build_info",
-            "Always 1; the labels say which runtime serves which handler.",
-            ["version", "python", "handler", "style"],
-            registry=registry,
-        )
-        info.labels(
-            version=version, python=platform.python_version(), handler=handler, style=style
-        ).set(1)
+        self._registry: Any = None
         self.observe = self._stats.observe
         self.queue_waited = self._stats.queue_wait.observe
-
-    def rejected(self, reason: str) -> None:
-        self._rejected.labels(reason=reason).inc()
-
-    def abandoned(self, stage: str) -> None:
-        self._abandoned.labels(stage=stage).inc()
-
-    def rejected_head(self, reason: str) -> None:
-        self._rejected_heads.labels(reason=reason).inc()
+        self.rejected = self._events.rejected.add
+        self.abandoned = self._events.abandoned.add
+        self.rejected_head = self._events.rejected_heads.add
+        self.worker_restarted = self._events.restarts.add
+        self.reloaded = self._events.reloads.add
 
     def batching(self) -> _BatchMetrics:
-        """The batch metrics, registered (all at 0) on the first call: only a front that
-        batches (``--max-batch-size``) shows them."""
-        if self._batching is None:
-            self._batching = _BatchMetrics(self.registry)
-        return self._batching
-
-    def worker_restarted(self, reason: str) -> None:
-        self._restarts.labels(reason=reason).inc()
-
-    def reloaded(self, outcome: str) -> None:
-        self._reloads.labels(outcome=outcome).inc()
+        """The batch metrics, shown (all at 0) from the first call: only a front that batches
+        (``--max-batch-size``) shows them."""
+        if self._events.batches is None:
+            self._events.batches = _BatchMetrics()
+        return self._events.batches
 
     def worker_started(self, seconds: float, forked: bool) -> None:
-        self._worker_starts.labels(how="forked" if forked else "imported").observe(seconds)
+        self._events.worker_starts["forked" if forked else "imported"].observe(seconds)
 
     def started(self, part: str, seconds: float) -> None:
-        self._start.labels(part=part).set(seconds)
+        self._events.start[part] = seconds
 
     def worker_gone(self, pid: int) -> None:
         """Drop a dead handler process's live gauges; its counters stay in the sums."""
@@ -203,45 +123,166 @@ class FrontMetrics:
         """The Prometheus text exposition: the front's metrics, then the handlers' summed."""
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
+        if self._registry is None:
+            self._registry = CollectorRegistry()
+            self._registry.register(self._stats)
+            self._registry.register(self._events)
         handlers = CollectorRegistry()
         multiprocess.MultiProcessCollector(handlers, self._directory)  # type: ignore[no-untyped-call]
-        return generate_latest(self.registry) + generate_latest(handlers)
+        return generate_latest(self._registry) + generate_latest(handlers)
+
+
+class _Counts:
+    """A counter by one label, as plain numbers: the label's values are known, and shown at 0."""
+
+    __slots__ = ("counts", "documentation", "label", "name")
+
+    def __init__(self, name: str, documentation: str, label: str, values: tuple[str, ...]) -> None:
+        self.name, self.documentation, self.label = f"{_PREFIX}_{name}", documentation, label
+        self.counts = dict.fromkeys(values, 0)
+
+    def add(self, value: str) -> None:
+        self.counts[value] = self.counts.get(value, 0) + 1
+
+    def family(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, count in self.counts.items():
+            family.add_metric([value], count)
+        return family
+
+
+class _Events:
+    """The rare events the front counts (refusals, restarts, reloads) and its start."""
+
+    def __init__(self, build: dict[str, str]) -> None:
+        self._build = build
+        self.rejected = _Counts(
+            "rejected_requests",
+            "Requests answered 503 without calling the handler: busy (queue full) or "
+            "unavailable (no worker ready).",
+            "reason",
+            (),
+        )
+        self.restarts = _Counts(
+            "worker_restarts",
+            "Workers replaced after they died (crashed), exited after a failed warm-up "
+            "(warmup_failed), their handler got stuck past timeout + grace (stuck), they served "
+            "--max-requests (max_requests), grew past --max-worker-memory (memory), or a new "
+            "version of the handler replaced them (reload).",
+            "reason",
+            ("crashed", "warmup_failed", "stuck", "max_requests", "memory", "reload"),
+        )
+        self.reloads = _Counts(
+            "reloads",
+            "Reloads of the handler (SIGHUP): done (every worker serves the new version) or "
+            "failed (the new version could not be loaded, or its first worker did not get "
+            "ready; the old version serves on).",
+            "outcome",
+            ("done", "failed"),
+        )
+        self.abandoned = _Counts(
+            "abandoned_requests",
+            "Calls whose client left before their whole answer (each counted 499), by the stage "
+            "they reached: receiving (their body was arriving), queued (never ran), running "
+            "(cancelled in their worker) or answering (their streamed or big answer was being "
+            "written).",
+            "stage",
+            ("receiving", "queued", "running", "answering"),
+        )
+        self.rejected_heads = _Counts(
+            "rejected_heads",
+            "Request heads answered without a handler call, their connection closed: malformed "
+            "(400: not HTTP), too_large (431: past --max-head-size) or timeout (408: not whole "
+            "within --request-head-timeout).",
+            "reason",
+            ("malformed", "too_large", "timeout"),
+        )
+        self.worker_starts = {
+            how: _Histogram(
+                (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
+            )
+            for how in ("forked", "imported")
+        }
+        #: The runtime's start, in parts (``front/startup.py``).
+        self.start: dict[str, float] = {}
+        self.batches: _BatchMetrics | None = None
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+        for counts in (self.rejected, self.restarts, self.reloads):
+            yield counts.family()
+        starts = HistogramMetricFamily(
+            f"{_PREFIX}_worker_start_seconds",
+            "Seconds from a worker's start to its readiness: forked from the template "
+            "(--preload) or importing the handler itself (imported), its warm-up included.",
+            labels=["how"],
+        )
+        for how, histogram in self.worker_starts.items():
+            starts.add_metric([how], histogram.buckets_named(), histogram.total)
+        yield starts
+        start = GaugeMetricFamily(
+            f"{_PREFIX}_start_seconds",
+            "The runtime's start, in parts, from its first import: runtime (its own imports and "
+            "set-up, until it starts the first handler process), handler (the handler's import, "
+            "the last one), ready (until it serves: a worker ready, its servers listening).",
+            labels=["part"],
+        )
+        for part, seconds in self.start.items():
+            start.add_metric([part], seconds)
+        yield start
+        yield self.abandoned.family()
+        yield self.rejected_heads.family()
+        if self.batches is not None:
+            yield from self.batches.families()
+        info = GaugeMetricFamily(
+            f"{_PREFIX}_build_info",
+            "Always 1; the labels say which runtime serves which handler.",
+            labels=list(self._build),
+        )
+        info.add_metric(list(self._build.values()), 1)
+        yield info
 
 
 class _BatchMetrics:
     """How batches form: their sizes, how long requests waited for theirs, why each went."""
 
-    def __init__(self, registry: Any) -> None:
-        from prometheus_client import Counter, Histogram
-
-        self._sizes = Histogram(
-            f"{_PREFIX}_batch_size",
-            "Requests per handler call (--max-batch-size).",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-            registry=registry,
+    def __init__(self) -> None:
+        self._sizes = _Histogram((1, 2, 4, 8, 16, 32, 64, 128, 256, float("inf")))
+        self._waits = _Histogram(
+            (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, float("inf"))
         )
-        self._waits = Histogram(
-            f"{_PREFIX}_batch_wait_seconds",
-            "How long each batched request waited in the front's queue for its batch to go.",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-            registry=registry,
-        )
-        self._released = Counter(
-            f"{_PREFIX}_batches",
+        self._released = _Counts(
+            "batches",
             "Batches sent to a worker, by why: full (--max-batch-size requests waited), waited "
             "(its first request had waited --max-batch-wait while every worker ran a batch), "
             "idle (a worker was free: what waited went at once).",
-            ["reason"],
-            registry=registry,
+            "reason",
+            ("full", "waited", "idle"),
         )
-        for reason in ("full", "waited", "idle"):
-            self._released.labels(reason=reason)
 
     def released(self, size: int, reason: str, waits: list[float]) -> None:
         self._sizes.observe(size)
-        self._released.labels(reason=reason).inc()
+        self._released.add(reason)
         for wait in waits:
             self._waits.observe(wait)
+
+    def families(self) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        yield self._sizes.family(
+            HistogramMetricFamily,
+            f"{_PREFIX}_batch_size",
+            "Requests per handler call (--max-batch-size).",
+        )
+        yield self._waits.family(
+            HistogramMetricFamily,
+            f"{_PREFIX}_batch_wait_seconds",
+            "How long each batched request waited in the front's queue for its batch to go.",
+        )
+        yield self._released.family()
 
 
 class _RequestStats:
@@ -326,17 +367,20 @@ class _Histogram:
         self._buckets[bisect.bisect_left(self._bounds, seconds)] += 1
         self._sum += seconds
 
-    def family(self, make: Any, name: str, documentation: str) -> Any:
+    @property
+    def total(self) -> float:
+        return self._sum
+
+    def buckets_named(self) -> list[tuple[str, int]]:
+        """Each bucket's bound, as Prometheus writes it, and its cumulative count."""
         cumulative = itertools.accumulate(self._buckets)
-        return make(
-            name,
-            documentation,
-            buckets=[
-                (_bucket_name(bound), count)
-                for bound, count in zip(self.buckets, cumulative, strict=True)
-            ],
-            sum_value=self._sum,
-        )
+        return [
+            (_bucket_name(bound), count)
+            for bound, count in zip(self.buckets, cumulative, strict=True)
+        ]
+
+    def family(self, make: Any, name: str, documentation: str) -> Any:
+        return make(name, documentation, buckets=self.buckets_named(), sum_value=self._sum)
 
 
 def _bucket_name(bound: float) -> str:

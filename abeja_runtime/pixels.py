@@ -20,10 +20,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Final
 
-__all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "is_image_bomb", "limit_image_pixels"]
+__all__ = ["is_image_bomb", "limit_image_pixels"]
 
-#: Pillow's own threshold for its warning (about 89 M pixels: a 9459 x 9459 image).
-DEFAULT_MAX_IMAGE_PIXELS: Final = 89_478_485
 _BOMBS: Final = frozenset({"DecompressionBombError", "DecompressionBombWarning"})
 _IMAGE_MODULE: Final = "PIL.Image"
 

@@ -39,11 +39,16 @@ def run(code: str) -> dict[str, object]:
     return json.loads(done.stdout)
 
 
-def test_the_front_s_modules_leave_aiohttp_s_client_out() -> None:
+#: Modules of aiohttp's application framework (``aiohttp.web``), which the front does not use.
+FRAMEWORK = ["aiohttp.web", "aiohttp.web_app", "aiohttp.web_urldispatcher", "aiohttp.web_runner"]
+
+
+def test_the_front_s_modules_leave_aiohttp_s_client_and_framework_out() -> None:
     answer = run(FRONT_IMPORTS + "answer = {'loaded': loaded}")
     loaded = answer["loaded"]
-    assert "aiohttp.web" in loaded and "aiohttp.web_protocol" in loaded
+    assert "aiohttp.web_server" in loaded and "aiohttp.web_protocol" in loaded
     assert not set(CLIENT) & set(loaded)
+    assert not set(FRAMEWORK) & set(loaded)
 
 
 def test_the_client_half_loads_on_first_use_and_the_package_is_then_whole() -> None:

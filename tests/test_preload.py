@@ -252,7 +252,7 @@ START = re.compile(
     r"ready (\d+\.\d\d) s after the runtime started: (\d+\.\d\d) s the runtime's own start, "
     r"(\d+\.\d\d) s the handler's import \((in the template|in the worker)\), (\d+\.\d\d) s the "
     r"rest \((?:the template's start, the first worker's fork|the first worker's start) and "
-    r"warm-up\)"
+    r"warm-up, the front's servers\)"
 )
 
 

@@ -18,10 +18,13 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Final
 
-from aiohttp import web, web_protocol
+from aiohttp import web_protocol
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpRequestParser
 from aiohttp.streams import StreamReader
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+from aiohttp.web_server import Server
 
 __all__ = ["PRIVATE_NAMES", "HandlerInternals", "missing_names", "whole_body"]
 
@@ -60,7 +63,7 @@ class HandlerInternals(web_protocol.RequestHandler):
 
     def __init__(
         self,
-        manager: web.Server,
+        manager: Server,
         *,
         loop: asyncio.AbstractEventLoop,
         keepalive_timeout: float = 3630.0,
@@ -146,7 +149,7 @@ def missing_names() -> list[str]:
     connection handler and stream (where aiohttp sets them in ``__init__``), and the parser's
     ``max_msg_queue_size`` argument if it takes none. Called in the running event loop."""
     loop = asyncio.get_running_loop()
-    handler = web_protocol.RequestHandler(web.Server(_no_handler), loop=loop)
+    handler = web_protocol.RequestHandler(Server(_no_handler), loop=loop)
     owners: dict[str, object] = {
         "aiohttp.base_protocol.BaseProtocol": handler,
         "aiohttp.web_protocol.RequestHandler": handler,
@@ -167,5 +170,5 @@ def missing_names() -> list[str]:
     return missing
 
 
-async def _no_handler(request: web.BaseRequest) -> web.StreamResponse:
+async def _no_handler(request: BaseRequest) -> StreamResponse:
     raise NotImplementedError  # the probes of missing_names serve nothing

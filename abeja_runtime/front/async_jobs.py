@@ -14,7 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from aiohttp import web
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
 
 from abeja_runtime.config import PlatformIds
 from abeja_runtime.encode import EncodedResponse, error_reply
@@ -52,7 +53,7 @@ class AsyncJobs:
         self,
         platform: PlatformIds,
         service: CallService,
-        frame: Callable[[web.BaseRequest, FrontCall, Body], Call],
+        frame: Callable[[BaseRequest, FrontCall, Body], Call],
     ) -> None:
         missing = ResultSender.missing(platform)
         self._off = (
@@ -66,9 +67,7 @@ class AsyncJobs:
         self._frame = frame
         self._jobs: set[asyncio.Task[None]] = set()
 
-    async def accept(
-        self, request: web.BaseRequest, call: FrontCall, async_id: str
-    ) -> web.StreamResponse:
+    async def accept(self, request: BaseRequest, call: FrontCall, async_id: str) -> StreamResponse:
         """Answer ``call`` (its body read) ``202`` now, its job begun; or refuse it."""
         problem = async_id_problem(async_id)
         refusal: HttpError | None = (
@@ -98,7 +97,7 @@ class AsyncJobs:
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
         entry.count(202)
-        response = web.Response(status=202, headers=(*_JSON, (REQUEST_ID_HEADER, entry.request_id)))
+        response = Response(status=202, headers=(*_JSON, (REQUEST_ID_HEADER, entry.request_id)))
         response.force_close()
         return response
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
-from aiohttp import web
+from aiohttp.web_server import Server
 
 from abeja_runtime.errors import BodyCannotArriveInTime, BodyTimeout, BodyTooSlow, HttpError
 from abeja_runtime.front.aiohttp_private import HandlerInternals
@@ -39,7 +39,7 @@ class BodyWatch(HandlerInternals):
     """A connection that watches the body being read on it. Its ``data_received`` (and a
     capture's progress) sets ``_last_data``, the loop time bytes last arrived."""
 
-    def __init__(self, manager: web.Server, *, stall_timeout: float, **kwargs: Any) -> None:
+    def __init__(self, manager: Server, *, stall_timeout: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._stall_timeout = stall_timeout
         self._last_data = 0.0

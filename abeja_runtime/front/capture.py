@@ -16,8 +16,8 @@ import mmap
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from aiohttp import web
 from aiohttp.streams import StreamReader
+from aiohttp.web_server import Server
 
 from abeja_runtime.front.body_watch import BodyWatch
 
@@ -32,7 +32,7 @@ class CapturingConnection(BodyWatch):
     """A connection that can read the current request's body into a buffer itself
     (:meth:`capture_body`), or leave it unread in the socket meanwhile (:meth:`hold_body`)."""
 
-    def __init__(self, manager: web.Server, **kwargs: Any) -> None:
+    def __init__(self, manager: Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._reading_off = False  # paused by flow control (pause_reading until resume_reading)
 

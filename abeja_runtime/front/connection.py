@@ -17,9 +17,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final, Protocol
 
-from aiohttp import web
 from aiohttp.http import RawRequestMessage
 from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+from aiohttp.web_server import Server
 
 from abeja_runtime.front.capture import CapturingConnection
 from abeja_runtime.front.request_heads import HeadLimits
@@ -31,7 +34,7 @@ __all__ = ["Connection", "DirectCall", "DirectPath", "PublicConnection"]
 _JOIN_BELOW: Final = 16 * 1024
 #: aiohttp's parse of the bytes received, which no class between it and the connection
 #: overrides: called directly on the hot path (``super()`` would walk them all each time).
-_aiohttp_receives: Final = web.RequestHandler.data_received
+_aiohttp_receives: Final = RequestHandler.data_received
 
 
 class DirectCall(Protocol):
@@ -76,7 +79,7 @@ class Connection(HeadLimits, CapturingConnection):
     """One client connection of the service port (or of the health port, without a direct
     path)."""
 
-    def __init__(self, manager: web.Server, *, direct: DirectPath | None, **kwargs: Any) -> None:
+    def __init__(self, manager: Server, *, direct: DirectPath | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._direct = direct
         self._direct_call: DirectCall | None = None
@@ -167,7 +170,7 @@ class Connection(HeadLimits, CapturingConnection):
         self._aiohttp_serving = True
 
     def log_access(
-        self, request: web.BaseRequest, response: web.StreamResponse, time: float | None
+        self, request: BaseRequest, response: StreamResponse, time: float | None
     ) -> None:
         """aiohttp calls this once a request it served is answered (its answer written whole,
         or its client gone); it arms its keep-alive timer next."""
@@ -282,10 +285,10 @@ class PublicConnection(Connection):
     timer and its own limits on heads (8190 bytes a line, 128 lines); bodies are watched and
     malformed requests answered in JSON as on any connection. Made with no direct path."""
 
-    log_access = web.RequestHandler.log_access  # (a coroutine function on aiohttp's main branch)
+    log_access = RequestHandler.log_access  # (a coroutine function on aiohttp's main branch)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        web.RequestHandler.connection_made(self, transport)  # no head timer, aiohttp's own
+        RequestHandler.connection_made(self, transport)  # no head timer, aiohttp's own
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.event_loop.time()

@@ -19,6 +19,7 @@ from typing import Final
 from abeja_runtime.config import Config
 from abeja_runtime.errors import ServiceUnavailable
 from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, Ready
+from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.members import Member, ProcessState
 from abeja_runtime.front.processes import (
     FrameSink,
@@ -58,9 +59,11 @@ class Lifecycle:
         on_first_ready: Callable[[], None],
         on_load_failed: Callable[[str, str], None],
         process_factory: ProcessFactory | None = None,
+        prestarted: Prestarted | None = None,
     ) -> None:
         """``process_factory``: the unit tests' fakes; by default, processes started by the
-        template (``--preload``) or as fresh interpreters."""
+        template (``--preload``) or as fresh interpreters, the first one ``prestarted`` when
+        the front started it with the same environment."""
         self._config = config
         self._environment = environment
         self._scheduler = scheduler
@@ -72,23 +75,34 @@ class Lifecycle:
         self.template: Template | None = None
         #: The front adopts its descendants' orphans (``--preload``), and reaps them.
         self._adopting = config.preload and process_factory is None and adopt_orphans()
+        self._spawned_at = prestarted.started_at if prestarted is not None else None
+        if prestarted is not None and prestarted.environment != environment:
+            prestarted.discard()
+            prestarted = None
         if config.preload and process_factory is None:
             if self._adopting:
                 self.launcher = self.template = Template(
-                    config, environment, self._load_failed_once
+                    config, environment, self._load_failed_once, prestarted=prestarted
                 )
+                prestarted = None
             else:
                 _log.warning(
                     "each worker imports the handler itself (no --preload): this system cannot "
                     "make the runtime the parent of the processes forked for it"
                 )
+        #: The first worker's interpreter, started already (``--preload off``).
+        self._prestarted: Prestarted | None = prestarted
 
         def started(config: Config, environment: dict[str, str], sink: FrameSink) -> HandlerProcess:
-            return HandlerProcess(config, environment, sink, self.launcher)
+            launcher: Launcher = self.launcher
+            if self._prestarted is not None and environment == self._prestarted.environment:
+                launcher, self._prestarted = self._prestarted, None
+            return HandlerProcess(config, environment, sink, launcher)
 
         self._process_factory = process_factory or started
         self._reload: Reload | None = None
-        self._start_up = StartUp()
+        #: The runtime's start, measured: the front says when its servers listen.
+        self.start_up = StartUp()
         #: The scheduler's list too: it places calls on the ready ones.
         self.members = members
         self._ready_count = 0
@@ -103,11 +117,14 @@ class Lifecycle:
         self.rpc_methods: tuple[str, ...] = ()
 
     def start(self) -> None:
-        self._start_up.spawning()
+        self.start_up.spawning(self._spawned_at)
         if self.template is not None:
             self.template.start()
         for _ in range(self._config.workers):
             self.spawn()
+        if self._prestarted is not None:  # (--devices: the first worker has one of its own)
+            self._prestarted.discard()
+            self._prestarted = None
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -165,7 +182,7 @@ class Lifecycle:
         """``member`` loaded its handler (and warmed it up): it takes calls."""
         if member.state is not ProcessState.STARTING:
             return
-        self._start_up.ready(member.started_at, ready, self.metrics)
+        self.start_up.ready(member.started_at, ready, self.metrics)
         self._set_state(member, ProcessState.READY)
         if not self.ever_ready:  # every worker loads the same handler: the first one says
             self.style = ready.style

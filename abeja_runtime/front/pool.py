@@ -25,6 +25,7 @@ from abeja_runtime.frames import (
     read_fd,
 )
 from abeja_runtime.front.answer_file import ANSWER_FILE_ABOVE, AnswerFile
+from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.lifecycle import Lifecycle, ProcessFactory
 from abeja_runtime.front.members import Member
 from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
@@ -46,8 +47,10 @@ class HandlerPool:
         on_load_failed: Callable[[str, str], None],
         process_factory: ProcessFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prestarted: Prestarted | None = None,
     ) -> None:
-        """``process_factory`` and the scheduler's ``clock``: the unit tests give fakes."""
+        """``process_factory`` and the scheduler's ``clock``: the unit tests give fakes;
+        ``prestarted``: the first process's interpreter, started already."""
         members: list[Member] = []
         self.scheduler = Scheduler(config, members, asyncio.get_running_loop(), clock)
         self.lifecycle = Lifecycle(
@@ -59,6 +62,7 @@ class HandlerPool:
             on_first_ready,
             on_load_failed,
             process_factory,
+            prestarted,
         )
         self._watch = Watch(config, self.lifecycle, self.scheduler)
         self._ids = itertools.count(1)

@@ -13,8 +13,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
 from collections import deque
 from typing import Final, Protocol
 
@@ -30,6 +28,7 @@ from abeja_runtime.frames import (
     read_buffer,
     receive,
 )
+from abeja_runtime.front.interpreter import start_interpreter
 
 __all__ = [
     "DEVICE_VARIABLE",
@@ -74,9 +73,12 @@ class Child(Protocol):
 
 
 class Launcher(Protocol):
-    """Starts the process of a :class:`HandlerProcess` on ``theirs`` (its end of the socket,
-    which the launcher closes), now or later: it calls :meth:`HandlerProcess.adopt` once the
-    process exists, or :meth:`HandlerProcess.launch_failed`."""
+    """Starts the process of a :class:`HandlerProcess` on ``theirs`` (its end of the socket from
+    :meth:`channel`, which the launcher closes), now or later: it calls
+    :meth:`HandlerProcess.adopt` once the process exists, or :meth:`HandlerProcess.launch_failed`.
+    """
+
+    def channel(self) -> tuple[socket.socket, socket.socket]: ...
 
     def launch(
         self, process: HandlerProcess, theirs: socket.socket, environment: dict[str, str]
@@ -86,13 +88,14 @@ class Launcher(Protocol):
 class FreshInterpreter:
     """Each process a new interpreter that imports the handler itself."""
 
+    def channel(self) -> tuple[socket.socket, socket.socket]:
+        return socket.socketpair()
+
     def launch(
         self, process: HandlerProcess, theirs: socket.socket, environment: dict[str, str]
     ) -> None:
         with theirs:
-            fd = theirs.fileno()
-            command = [sys.executable, "-m", "abeja_runtime.worker", str(fd), str(os.getpid())]
-            popen = subprocess.Popen(command, pass_fds=(fd,), env=environment)
+            popen = start_interpreter(theirs, environment)
         process.adopt(popen)
 
 
@@ -184,7 +187,7 @@ class HandlerProcess:
         template: bool = False,
     ) -> None:
         """``template``: the process is the template (``template.py``), not a handler process."""
-        ours, theirs = socket.socketpair()
+        ours, theirs = launcher.channel()
         self._config = config
         self._template = template
         #: Set once the process exists (:meth:`adopt`): a fork may come a little later.

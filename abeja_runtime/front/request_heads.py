@@ -18,7 +18,9 @@ import logging
 import re
 from typing import Any, Final
 
-from aiohttp import web
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
+from aiohttp.web_server import Server
 
 from abeja_runtime.encode import status_body, status_reply
 from abeja_runtime.errors import HeadTooLarge
@@ -62,7 +64,7 @@ class HeadLimits(HandlerInternals):
 
     def __init__(
         self,
-        manager: web.Server,
+        manager: Server,
         *,
         head_timeout: float,
         max_head_size: int,
@@ -139,11 +141,11 @@ class HeadLimits(HandlerInternals):
 
     def handle_error(
         self,
-        request: web.BaseRequest,
+        request: BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """The answer to a request aiohttp's parser could not read (``400``: one warning line,
         counted) or whose service failed (aiohttp logs it, with its traceback)."""
         if status == 400:
@@ -158,7 +160,7 @@ class HeadLimits(HandlerInternals):
             text = "unexpected error occurred"
         reply = status_reply(status, text)
         assert isinstance(reply.body, bytes)
-        error = web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+        error = Response(status=reply.status, body=reply.body, headers=reply.headers)
         error.force_close()
         return error
 

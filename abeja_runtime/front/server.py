@@ -19,8 +19,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
-from aiohttp import web
 from aiohttp.streams import StreamReader
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, status_body, status_reply
@@ -64,12 +65,12 @@ _HEALTHY: Final = EncodedResponse(200, (("Content-Type", "application/json"),), 
 _UNAVAILABLE: Final = status_reply(503, "service unavailable")
 
 
-def _health_response(ready: bool) -> web.Response:
+def _health_response(ready: bool) -> Response:
     return web_response(_HEALTHY if ready else _UNAVAILABLE)
 
 
-def _metrics_response(render: Callable[[], bytes]) -> web.Response:
-    return web.Response(body=render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+def _metrics_response(render: Callable[[], bytes]) -> Response:
+    return Response(body=render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 class HttpServer:
@@ -92,7 +93,7 @@ class HttpServer:
         """The front answers this path itself (the health check, a style's front paths)."""
         return path == HEALTH_PATH or path in self._pool.front_paths
 
-    async def service(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def service(self, request: BaseRequest) -> StreamResponse:
         path = request.path
         if path == HEALTH_PATH:
             return _health_response(self.call_service.ready)
@@ -115,7 +116,7 @@ class HttpServer:
         finally:
             call.finish()
 
-    async def _submit(self, request: web.BaseRequest, call: FrontCall) -> str | None:
+    async def _submit(self, request: BaseRequest, call: FrontCall) -> str | None:
         """Read the request's body and submit its call, or refuse it; an async request's id,
         whose call is left to :class:`~abeja_runtime.front.async_jobs.AsyncJobs`."""
         try:
@@ -134,14 +135,14 @@ class HttpServer:
         return async_id
 
     @staticmethod
-    def frame(request: web.BaseRequest, call: FrontCall, body: Body) -> Call:
+    def frame(request: BaseRequest, call: FrontCall, body: Body) -> Call:
         """The call frame of ``request``."""
         spool_path = "" if body.file is None else body.file.name
         return call.frame(
             request.method, request.rel_url, request.raw_headers, body.data, body.size, spool_path
         )
 
-    async def _read_body(self, request: web.BaseRequest, received: float) -> Body:
+    async def _read_body(self, request: BaseRequest, received: float) -> Body:
         """The whole body, counted against the limit: in the frame up to
         :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
         in a spool file above it."""
@@ -163,7 +164,7 @@ class HttpServer:
 
     async def _read_in_time(
         self,
-        request: web.BaseRequest,
+        request: BaseRequest,
         received: float,
         decoder: BodyDecoder | None,
         *,
@@ -183,7 +184,7 @@ class HttpServer:
 
     async def _read_whole(
         self,
-        request: web.BaseRequest,
+        request: BaseRequest,
         decoder: BodyDecoder | None,
         in_place: bool,
         time_left: float | None,
@@ -275,7 +276,7 @@ class ControlServer:
         self._is_ready = is_ready
         self._render_metrics = render_metrics
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: BaseRequest) -> StreamResponse:
         path = request.path
         if path == HEALTH_PATH:
             return _health_response(self._is_ready())

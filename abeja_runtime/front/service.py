@@ -75,7 +75,7 @@ class CallService:
         self.accounting = Accounting(access_log, metrics, self.tracing)
         #: Set at SIGTERM: readiness says 503 and every answer closes its connection; calls are
         #: still taken (balancers send until they see readiness fail), until the service port
-        #: stops accepting and gRPC stops (``supervisor.py``).
+        #: stops accepting and gRPC stops (``serving.py``).
         self.draining = False
 
     def begin(self, head: CallHead, responder: Responder) -> FrontCall:

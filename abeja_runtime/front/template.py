@@ -27,10 +27,12 @@ from typing import Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.frames import Fork, Forked, Frame, Loaded, LoadFailed
+from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.processes import (
     Adopted,
     FreshInterpreter,
     HandlerProcess,
+    Launcher,
     backoff,
     describe_exit,
 )
@@ -71,9 +73,12 @@ class Template:
         environment: dict[str, str],
         load_failed: Callable[[str, str], None],
         loaded: Callable[[], None] | None = None,
+        prestarted: Prestarted | None = None,
     ) -> None:
         """``loaded``: called once the handler is loaded the first time (a reload's template:
-        the reload says so then; the first template says it itself)."""
+        the reload says so then; the first template says it itself); ``prestarted``: the
+        interpreter of the first template's process, started already."""
+        self._prestarted = prestarted
         self._config = config
         self._environment = environment
         #: The handler could not be loaded (its text and details), as a worker says it.
@@ -93,8 +98,10 @@ class Template:
         self._deaths = 0
 
     def start(self) -> None:
+        launcher: Launcher = self._prestarted or FreshInterpreter()
+        self._prestarted = None  # a template started again is a new interpreter
         self._process = HandlerProcess(
-            self._config, self._environment, self, FreshInterpreter(), template=True
+            self._config, self._environment, self, launcher, template=True
         )
 
     @property
@@ -127,6 +134,9 @@ class Template:
             self._process.kill()
 
     # -- the launcher -------------------------------------------------------------------------
+
+    def channel(self) -> tuple[socket.socket, socket.socket]:
+        return socket.socketpair()
 
     def launch(
         self, process: HandlerProcess, theirs: socket.socket, environment: dict[str, str]

@@ -2,7 +2,7 @@
 
 The call's :class:`~abeja_runtime.front.call.Responder` on aiohttp's path hands the answer, or
 the front's refusal, to the request's coroutine, which writes it (:meth:`WebResponder.response`):
-a whole answer as an aiohttp ``web.Response``, checked by the same rules as on the direct path
+a whole answer as an aiohttp ``Response``, checked by the same rules as on the direct path
 (``answers.py``); there the answer may come before the request's body was read, so a small rest
 of it is read and dropped (the connection then serves on) or, for a refused body, the
 connection is closed. A streamed answer, or one written from its file, goes through
@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Final
 
-from aiohttp import web, web_protocol
+from aiohttp import web_protocol
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import Response, StreamResponse
 
 from abeja_runtime.encode import EncodedResponse, error_reply
 from abeja_runtime.errors import HttpError
@@ -42,11 +44,11 @@ class WebResponder(AwaitedAnswer):
 
     __slots__ = ("_request",)
 
-    def __init__(self, request: web.BaseRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: BaseRequest, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self._request = request
 
-    async def response(self, call: FrontCall) -> web.StreamResponse:
+    async def response(self, call: FrontCall) -> StreamResponse:
         """The call's answer once it comes, written; a client that leaves meanwhile withdraws
         the call."""
         try:
@@ -79,13 +81,13 @@ def _sendable(reply: EncodedResponse) -> EncodedResponse:
     return reply
 
 
-def web_response(reply: EncodedResponse) -> web.Response:
+def web_response(reply: EncodedResponse) -> Response:
     """An in-memory reply as an aiohttp response."""
     assert isinstance(reply.body, bytes), "streamed replies are written by write_stream"
-    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+    return Response(status=reply.status, body=reply.body, headers=reply.headers)
 
 
-def _tagged(reply: EncodedResponse, entry: CallEntry) -> web.Response:
+def _tagged(reply: EncodedResponse, entry: CallEntry) -> Response:
     """The sendable ``reply`` with the request id, counted."""
     reply = _sendable(reply)
     entry.count(reply.status)
@@ -94,13 +96,13 @@ def _tagged(reply: EncodedResponse, entry: CallEntry) -> web.Response:
 
 
 async def _send(
-    request: web.BaseRequest,
+    request: BaseRequest,
     entry: CallEntry,
     reply: EncodedResponse,
     *,
     draining: bool,
     refused: bool = False,
-) -> web.StreamResponse:
+) -> StreamResponse:
     """Write a whole answer on aiohttp's path; while the front drains, or when it refuses a
     body not read whole (413, 408, 507), the connection ends with it. An answer before the body
     was read (a 405, a 503, a refusal) is followed by a read of at most ``_REFUSED_BODY_READ``
@@ -127,22 +129,22 @@ async def _send(
 
 
 class ResponseSink:
-    """:class:`AnswerSink` on aiohttp's path: an aiohttp ``web.StreamResponse`` (aiohttp adds
+    """:class:`AnswerSink` on aiohttp's path: an aiohttp ``StreamResponse`` (aiohttp adds
     ``Date``, ``Server`` and the framing as :func:`answer_head` does); :attr:`response` is the
     handler's return value."""
 
     __slots__ = ("_draining", "_request", "response")
 
-    def __init__(self, request: web.BaseRequest, *, draining: bool) -> None:
+    def __init__(self, request: BaseRequest, *, draining: bool) -> None:
         self._request = request
         #: The front drains: the connection ends with the answer.
         self._draining = draining
-        self.response: web.StreamResponse | None = None
+        self.response: StreamResponse | None = None
 
     async def start(
         self, status: int, headers: Headers, request_id: str, length: int | None
     ) -> None:
-        response = web.StreamResponse(
+        response = StreamResponse(
             status=status, headers=(*headers, (REQUEST_ID_HEADER, request_id))
         )
         self.response = response

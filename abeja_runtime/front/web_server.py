@@ -12,14 +12,17 @@ import contextlib
 import functools
 import logging
 import resource
+import socket
 import time
 from typing import Any, Final
 
 from aiohttp import __version__ as aiohttp_version
-from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import RawRequestMessage
 from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_server import Server
 
 from abeja_runtime.config import Config
 from abeja_runtime.front.aiohttp_private import missing_names
@@ -29,7 +32,7 @@ from abeja_runtime.front.connection import Connection, DirectPath, PublicConnect
 from abeja_runtime.front.request_heads import closing_answer
 from abeja_runtime.metrics import FrontMetrics
 
-__all__ = ["connection_cap", "make_web_server"]
+__all__ = ["SocketServer", "connection_cap", "make_web_server"]
 
 _log = logging.getLogger("abeja_runtime")
 
@@ -47,6 +50,34 @@ _RESERVED_FDS: Final = 64
 _warned_at = 0.0
 
 
+class SocketServer:
+    """An aiohttp server on a bound socket, as aiohttp's ``ServerRunner`` and ``SockSite`` run
+    one, without their module, which imports aiohttp's application framework (its router, file
+    answers, websockets): a fifth of aiohttp's import, on the runtime's way to its first answer.
+    """
+
+    def __init__(self, server: Server, sock: socket.socket) -> None:
+        self.server = server
+        self._sock = sock
+        self._listening: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._listening = await loop.create_server(self.server, sock=self._sock, backlog=128)
+
+    def stop_accepting(self) -> None:
+        """New connections are refused; those open stay."""
+        if self._listening is not None:
+            self._listening.close()
+
+    async def close(self, timeout: float = 1.0) -> None:
+        """Stop accepting, then close the connections, those answering within ``timeout``."""
+        self.stop_accepting()
+        await asyncio.sleep(0)  # what was accepted begins to be handled
+        self.server.pre_shutdown()
+        await self.server.shutdown(timeout)
+
+
 def connection_cap(config: Config) -> int | None:
     """The most client connections the service port keeps open, counting as one more each big
     answer a slow client is still taking (its memfd, ``answer_file.py``): what the open-files
@@ -58,7 +89,7 @@ def connection_cap(config: Config) -> int | None:
     return max(soft // 2, soft - _RESERVED_FDS - places)
 
 
-class _Server(web.Server):
+class _Server(Server):
     """aiohttp's low-level server, whose connections are ``connection``s made with ``options``,
     refusing those past ``max_connections``."""
 
@@ -81,17 +112,17 @@ class _Server(web.Server):
         self,
         message: RawRequestMessage,
         payload: StreamReader,
-        protocol: web.RequestHandler,
+        protocol: RequestHandler,
         writer: AbstractStreamWriter,
         task: asyncio.Task[None],
-    ) -> web.BaseRequest:
+    ) -> BaseRequest:
         """The request aiohttp's loop is to serve, made as aiohttp makes it, its connection told
         (:meth:`Connection.aiohttp_serves`)."""
         assert isinstance(protocol, Connection)
         protocol.aiohttp_serves()
-        return web.BaseRequest(message, payload, protocol, writer, task, self._event_loop)
+        return BaseRequest(message, payload, protocol, writer, task, self._event_loop)
 
-    def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
         most = self._max_connections
         if most is not None and len(self.connections) + AnswerFile.held > most:
@@ -108,7 +139,7 @@ class _Server(web.Server):
 
 def make_web_server(
     handler: Any, config: Config, metrics: FrontMetrics, direct: DirectPath | None = None
-) -> web.Server:
+) -> Server:
     """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors
     (counted in ``metrics``), the connection timeouts and head limit of ``config``, the direct
     path when given (and the installed aiohttp has what it needs), no lingering read of a body

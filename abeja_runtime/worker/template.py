@@ -64,8 +64,10 @@ def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
     channel.write(Loaded(hazard))
     if hazard:
         return 0
-    gc.collect()
-    gc.freeze()  # the collector's bookkeeping does not write to the pages the forks share
+    # The collector's bookkeeping does not write to the pages the forks share. No collection
+    # first: of a big model's objects it takes as long as the rest of a fork (60 ms for a
+    # scikit-learn forest), for the little garbage an import leaves.
+    gc.freeze()
     forks = _Forks(loaded, tracing, front, channel)
     while (item := channel.read()) is not None:
         frame, fd = item

@@ -41,6 +41,7 @@ def style_modules(modules: list[str]) -> list[str]:
     [
         "abeja_runtime.config",
         "abeja_runtime.front.supervisor",  # what `abeja-runtime` runs (main._run)
+        "abeja_runtime.front.serving",
         "abeja_runtime.front.server",
     ],
 )
@@ -49,6 +50,24 @@ def test_the_settings_and_the_front_import_no_style_and_no_handler_side(module):
     assert module in modules
     assert handler_side(modules) == []
     assert style_modules(modules) == []
+
+
+def test_the_front_starts_its_first_handler_process_before_it_imports_its_loop_and_servers():
+    """What runs before the first handler process's interpreter is started (``supervisor.py``)
+    imports neither asyncio nor aiohttp nor the pool: their imports overlap that process's."""
+    code = (
+        "import json, sys\n"
+        "import abeja_runtime.main, abeja_runtime.front.supervisor\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    modules = set(json.loads(done.stdout))
+    assert "abeja_runtime.front.supervisor" in modules
+    later = {"asyncio", "aiohttp", "abeja_runtime.front.pool", "prometheus_client"}
+    assert later & modules == set()
 
 
 def test_the_command_line_imports_the_styles_for_their_options_but_no_handler_side():
