@@ -11,7 +11,6 @@ import gc
 import os
 import secrets
 import socket
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -91,13 +90,13 @@ class DockerServer(Server):
         self.description = f"docker container {container.short_id} of {image}"
         self._sink = sink
 
-    def follow_logs(self, since: float | None = None) -> None:
+    def follow_logs(self) -> None:
         """Feed the container's output to the sink from a daemon thread, until it stops."""
         from docker.errors import APIError
 
         def pump() -> None:
             try:
-                stream = self.container.logs(stream=True, follow=True, since=since)
+                stream = self.container.logs(stream=True, follow=True)
                 pump_lines(stream, self._sink)
             except APIError:
                 pass  # the container was removed while we were reading: nothing more to show
@@ -122,10 +121,11 @@ class DockerServer(Server):
         with suppress(APIError):  # already gone; removal follows anyway
             self.container.stop(timeout=_GRACE)
 
-    def restart(self) -> None:
-        since = time.time()
-        self.container.restart(timeout=_GRACE)
-        self.follow_logs(since=since)
+    def reload(self) -> None:
+        from docker.errors import APIError
+
+        with suppress(APIError):  # it exited: the CLI says so next
+            self.container.kill(signal="SIGHUP")
 
 
 class DockerEngine:

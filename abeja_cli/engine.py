@@ -82,8 +82,9 @@ class Server(ABC):
             self.log_thread.join(timeout)
 
     @abstractmethod
-    def restart(self) -> None:
-        """Stop the runtime and start it again (``--reload``); the URL stays the same."""
+    def reload(self) -> None:
+        """Have the runtime load the project's code anew (SIGHUP, ``--reload``): it serves the
+        version it has until the new one is ready, and goes on with it if the new one fails."""
 
     @abstractmethod
     def stop(self) -> None:

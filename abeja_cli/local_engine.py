@@ -10,6 +10,7 @@ them the machine has.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -37,7 +38,7 @@ _CUDA: Final = "CUDA_VISIBLE_DEVICES"
 
 
 class LocalServer(Server):
-    """One ``python -m abeja_runtime`` process; restartable on the same ports."""
+    """One ``python -m abeja_runtime`` process."""
 
     def __init__(self, spec: RunSpec, sink: LogSink, python: str = sys.executable) -> None:
         self._spec = spec
@@ -90,9 +91,10 @@ class LocalServer(Server):
         if runtime is not None:
             runtime.stop(_GRACE)
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+    def reload(self) -> None:
+        if self._runtime is not None:
+            with contextlib.suppress(ProcessLookupError):  # it exited: the CLI says so next
+                os.kill(self._runtime.pid, signal.SIGHUP)
 
     def discard(self) -> None:
         """Kill at once whatever still runs (also after a Ctrl+C during a graceful stop)."""

@@ -18,9 +18,8 @@ from abeja_cli.engine import Engine, Server
 from abeja_cli.errors import InputError, ServerError
 from abeja_cli.init import README_CURL
 from abeja_cli.project_request import ProjectRequest, project_request
-from abeja_cli.readiness import wait_ready
-from abeja_cli.reload import ChangeWatcher, StandIn, unavailable_body
-from abeja_cli.server_log import LogSink, last_error
+from abeja_cli.reload import ChangeWatcher
+from abeja_cli.server_log import LogSink
 from abeja_cli.session import (
     STOP_SIGNALS,
     ModelCommand,
@@ -231,61 +230,53 @@ def _serve(
     stop: threading.Event,
     watchers: _Watchers | None,
 ) -> None:
-    broken = False  # after a reload that failed to start: wait for the next edit
-    stand_in: StandIn | None = None  # on the model's port meanwhile, when it could bind
-    try:
-        while not stop.wait(_TICK):
-            if watchers is not None:
-                if watchers.requirements.changes():
-                    console.warning(
-                        "requirements.txt changed; restart run-local-server to install it"
-                    )
-                changed = watchers.code.changes()
-                if changed:
-                    names = ", ".join(str(p.relative_to(options.project)) for p in changed[:3])
-                    console.info(f"{names} changed; restarting the model server")
-                    if stand_in is not None:
-                        stand_in.stop()
-                    broken, stand_in = _restart(options, console, sink, server)
-                    continue
-            code = server.exit_code()
-            if code is not None and not broken:
-                server.drain_logs()
-                raise ServerError(
-                    f"the model server stopped unexpectedly (exit code {code}); its log is above",
-                    log=sink.text(),
-                )
-    finally:
-        if stand_in is not None:
-            stand_in.stop()
+    while not stop.wait(_TICK):
+        if watchers is not None:
+            if watchers.requirements.changes():
+                console.warning("requirements.txt changed; restart run-local-server to install it")
+            changed = watchers.code.changes()
+            if changed:
+                names = ", ".join(str(p.relative_to(options.project)) for p in changed[:3])
+                console.info(f"{names} changed; reloading the model")
+                _reload(options, console, sink, server)
+                continue
+        code = server.exit_code()
+        if code is not None:
+            server.drain_logs()
+            raise ServerError(
+                f"the model server stopped unexpectedly (exit code {code}); its log is above",
+                log=sink.text(),
+            )
 
 
-def _restart(
-    options: ModelOptions, console: Console, sink: LogSink, server: Server
-) -> tuple[bool, StandIn | None]:
-    """Restart the model server after an edit: (whether it failed, and the :class:`StandIn`
-    put on its port until the next edit when it failed for good)."""
+def _reload(options: ModelOptions, console: Console, sink: LogSink, server: Server) -> None:
+    """The runtime reloads (SIGHUP): it loads the new code in a process of its own while the
+    version it has serves on, then hands the workers over one by one; a version that fails to
+    load leaves the old one serving. Said once the runtime says how the reload ended."""
     mark = sink.mark()
-    server.restart()
-    try:
-        wait_ready(server, timeout=options.startup_timeout, sink=sink)
-    except ServerError as exc:
-        failure = exc.message
-    else:
-        console.info(f"the model server is ready again at {server.url}")
-        return False, None
-    console.error(f"{failure}; waiting for the next change")
-    if server.exit_code() is None:
-        return True, None  # still starting (slower than --startup-timeout): its port is its own
-    code_file = options.handler.partition(":")[0].replace(".", "/") + ".py"
-    body = unavailable_body(last_error(sink.since(mark)), failure, code_file)
-    try:
-        stand_in = StandIn(int(server.url.rsplit(":", 1)[1]), body)
-    except OSError as error:
-        console.warning(f"until then {server.url} refuses connections ({error})")
-        return True, None
-    console.info(
-        f"until then {server.url} answers 503 with this error (a fix of {code_file} restarts "
-        "the model server)"
-    )
-    return True, stand_in
+    server.reload()
+    timeout = options.startup_timeout
+    ended = sink.record_since(mark, _reload_ended, timeout=timeout)
+    message = "" if ended is None else str(ended.get("message", ""))
+    if message.startswith(_RELOADED):
+        console.info(f"the model server serves the new version at {server.url}")
+    elif message.startswith(_RELOAD_FAILED):
+        why = message.removeprefix(_RELOAD_FAILED).partition("; the old version serves on")[0]
+        console.error(
+            f"the reload failed: {why.rstrip('.')}; {server.url} still answers with the version "
+            "before; waiting for the next change"
+        )
+    elif server.exit_code() is None:
+        console.warning(
+            f"the new version is not ready after {timeout:g} s (--startup-timeout); the one "
+            "before answers until it is"
+        )
+
+
+#: How the runtime's log says a reload ended (``abeja_runtime/front/reload.py``).
+_RELOADED: Final = "reloaded: "
+_RELOAD_FAILED: Final = "the reload failed: "
+
+
+def _reload_ended(record: dict[str, Any]) -> bool:
+    return str(record.get("message", "")).startswith((_RELOADED, _RELOAD_FAILED))

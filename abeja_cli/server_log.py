@@ -10,17 +10,15 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from abeja_cli.console import Console
 
-__all__ = ["LogSink", "LoggedError", "format_log_line", "last_error", "pump_lines", "start_daemon"]
+__all__ = ["LogSink", "format_log_line", "pump_lines", "start_daemon"]
 
 #: How many log lines are kept for error reports; older ones are dropped.
 _LOG_KEEP: Final = 5000
-_ERROR_LEVELS: Final = frozenset({"error", "critical", "fatal", "panic"})
 
 
 def _record(line: str) -> dict[str, Any] | None:
@@ -63,32 +61,11 @@ def format_log_line(line: str) -> str:
     return text
 
 
-@dataclass(frozen=True, slots=True)
-class LoggedError:
-    """An error record of the runtime's log: its message and, when it has one, traceback."""
-
-    message: str
-    traceback: str | None
-
-
-def last_error(lines: Iterable[str]) -> LoggedError | None:
-    """The last error record among ``lines`` (the runtime says why it gave up in one)."""
-    found = None
-    for line in lines:
-        record = _record(line)
-        if record is None or str(record.get("log_level", "")).lower() not in _ERROR_LEVELS:
-            continue
-        message, traceback = record.get("message"), record.get("traceback")
-        if isinstance(message, str):
-            found = LoggedError(message, traceback if isinstance(traceback, str) else None)
-    return found
-
-
 class LogSink:
     """Receives the server's log lines: shows them (formatted) and keeps them for error reports.
 
     Engines feed it from a reader thread; the CLI reads :meth:`text` when something failed, the
-    try-it page :meth:`request_lines`, ``--reload`` :meth:`since` a :meth:`mark`.
+    try-it page :meth:`request_lines`, ``--reload`` :meth:`record_since` a :meth:`mark`.
     """
 
     def __init__(self, console: Console, *, show: bool = True) -> None:
@@ -120,11 +97,28 @@ class LogSink:
         with self._added:
             return self._received
 
-    def since(self, mark: int) -> list[str]:
-        """The lines received after ``mark`` (those still kept), as they came."""
+    def record_since(
+        self, mark: int, wanted: Callable[[dict[str, Any]], bool], *, timeout: float
+    ) -> dict[str, Any] | None:
+        """The first JSON record received after ``mark`` that is ``wanted``, waiting for it at
+        most ``timeout`` seconds (``None``: none came)."""
+        deadline = time.monotonic() + timeout
         with self._added:
-            count = min(self._received - mark, len(self._lines))
-            return list(self._lines)[len(self._lines) - count :] if count > 0 else []
+            while True:
+                for line in self._after(mark):
+                    record = _record(line)
+                    if record is not None and wanted(record):
+                        return record
+                mark = self._received
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._added.wait(remaining)
+
+    def _after(self, mark: int) -> list[str]:
+        """The lines received after ``mark`` that are still kept (with the lock held)."""
+        count = min(self._received - mark, len(self._lines))
+        return list(self._lines)[len(self._lines) - count :] if count > 0 else []
 
     def request_lines(self, request_id: str, *, timeout: float) -> tuple[list[str], bool]:
         """The lines logged for one request (its access record left out), formatted, and

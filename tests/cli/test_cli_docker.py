@@ -211,7 +211,7 @@ def test_server_publishes_on_loopback_and_stops_cleanly(
     assert ours(docker_client, cwd) == []
 
 
-def test_reload_restarts_the_container(
+def test_reload_reloads_the_runtime_in_its_container(
     start_abeja: Callable[..., CliProcess],
     docker_projects: Projects,
     base_image: str,
@@ -226,10 +226,14 @@ def test_reload_restarts_the_container(
     )  # fmt: skip
     endpoint = cli.endpoint()
     assert http_request(endpoint, b"{}") == (200, b"before")
+    (container,) = ours(docker_client, cwd)
     mark = cli.mark()
     module.write_text("def handler(request, context):\n    return {'content': 'after!'}\n")
-    cli.wait_for(r"the model server is ready again at " + endpoint, since=mark, timeout=60)
+    cli.wait_for(r"the model server serves the new version at " + endpoint, since=mark, timeout=60)
     assert http_request(endpoint, b"{}") == (200, b"after!")
+    assert [c.id for c in ours(docker_client, cwd)] == [container.id]  # reloaded, not restarted
+    container.reload()
+    assert container.attrs["RestartCount"] == 0 and container.status == "running"
 
     cli.send(signal.SIGTERM)
     assert cli.wait(60) == 0, cli.output()

@@ -85,6 +85,18 @@ def test_stop_and_start_again_on_the_same_port(
         kept.close()
 
 
+def runtime_of(cli: CliProcess) -> int:
+    """The pid of the runtime the CLI started (the local engine's child)."""
+    pid = cli.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    (runtime,) = (
+        int(child)
+        for child in children
+        if b"abeja_runtime" in Path(f"/proc/{child}/cmdline").read_bytes()
+    )
+    return runtime
+
+
 def test_reload_picks_up_a_changed_handler(start_abeja: Start, tmp_path: Path) -> None:
     (tmp_path / "main.py").write_text(VERSIONED.format(version=1))
     cli = start_abeja(
@@ -93,25 +105,27 @@ def test_reload_picks_up_a_changed_handler(start_abeja: Start, tmp_path: Path) -
     )  # fmt: skip
     endpoint = cli.endpoint()
     assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 1}
+    runtime = runtime_of(cli)  # reloaded, never restarted
 
     mark = cli.mark()
     (tmp_path / "main.py").write_text(VERSIONED.format(version=22))
-    cli.wait_for(r"\[info\] main\.py changed; restarting the model server", since=mark)
-    cli.wait_for(r"\[info\] the model server is ready again at " + endpoint, since=mark)
+    cli.wait_for(r"\[info\] main\.py changed; reloading the model", since=mark)
+    cli.wait_for(r"\[info\] the model server serves the new version at " + endpoint, since=mark)
     assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 22}
 
-    # A broken edit keeps the CLI running; the next good edit brings the model back.
+    # A broken edit keeps the CLI and the version before serving; the next good edit serves.
     mark = cli.mark()
     (tmp_path / "main.py").write_text("def handler(:\n")
-    cli.wait_for(
-        r"\[error\] the model server stopped before it was ready .*waiting for the next",
-        since=mark,
-    )
+    line = cli.wait_for(r"\[error\] the reload failed: ", since=mark)
+    assert "SyntaxError" in line and line.endswith(
+        f"; {endpoint} still answers with the version before; waiting for the next change"
+    ), line
+    assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 22}
     mark = cli.mark()
     (tmp_path / "main.py").write_text(VERSIONED.format(version=333))
-    cli.wait_for(r"the model server is ready again", timeout=60, since=mark)
+    cli.wait_for(r"the model server serves the new version", timeout=60, since=mark)
     assert json.loads(http_request(endpoint, b"{}")[1]) == {"version": 333}
-    assert cli.process.poll() is None
+    assert cli.process.poll() is None and runtime_of(cli) == runtime
 
     cli.send(signal.SIGINT)
     assert cli.wait(60) == 0

@@ -1,5 +1,5 @@
-"""``LogSink``'s copies of the server's log: one request's lines (for the try-it page), the lines
-since a mark and the error the runtime gave up with (for ``--reload``'s 503)."""
+"""``LogSink``'s copies of the server's log: one request's lines (for the try-it page), and the
+first record of a kind since a mark (how a reload ended, for ``--reload``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from abeja_cli.console import Console
-from abeja_cli.server_log import LoggedError, LogSink, last_error
+from abeja_cli.server_log import LogSink
 
 
 def line(**record: Any) -> str:
@@ -43,15 +43,20 @@ def test_without_an_access_record_the_lines_so_far() -> None:
     assert log.request_lines("nobody", timeout=0) == ([], False)
 
 
-def test_since_a_mark_and_the_last_error() -> None:
+def test_the_first_wanted_record_since_a_mark_as_it_comes() -> None:
     log = sink()
-    log(line(message="old failure", log_level="error"))
+    log(line(message="reloaded: before the mark"))
     mark = log.mark()
-    assert log.since(mark) == []
-    log(line(message="starting", log_level="info"))
-    log(line(message="failed to setup model: X", log_level="error", traceback="Trace\nX"))
-    log("Segmentation fault")
-    assert len(log.since(mark)) == 3
-    assert last_error(log.since(mark)) == LoggedError("failed to setup model: X", "Trace\nX")
-    assert last_error(log.since(mark)[:1]) is None
-    assert last_error([line(message="m", log_level="critical")]) == LoggedError("m", None)
+    assert log.record_since(mark, lambda r: r["message"].startswith("reloaded"), timeout=0) is None
+    found: list[dict[str, Any] | None] = []
+    waiter = threading.Thread(
+        target=lambda: found.append(
+            log.record_since(mark, lambda r: r["message"].startswith("reloaded"), timeout=30)
+        )
+    )
+    waiter.start()
+    log("a plain line")
+    log(line(message="reloading"))
+    log(line(message="reloaded: every worker", log_level="info"))
+    waiter.join(30)
+    assert found == [{"message": "reloaded: every worker", "log_level": "info"}]
