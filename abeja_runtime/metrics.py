@@ -1,9 +1,10 @@
-"""Prometheus metrics: the front counts every request in its own registry; handler processes
-write what the handler itself reports to files the front sums.
+"""Prometheus metrics: the front counts every request itself; handler processes write what the
+handler itself reports to files the front sums.
 
 The front answers every request, so what it counts (requests by status, durations, timeouts,
-refusals, in flight and queued, worker restarts) lives in one in-process registry: an
-increment is a few hundred nanoseconds and nothing touches the disk. What a handler counts
+refusals, in flight and queued, worker restarts) is plain numbers in its own process, made into
+metric families at a scrape: an increment is a few tens of nanoseconds, nothing touches the
+disk, and prometheus_client is imported at the first scrape. What a handler counts
 itself (its own prometheus_client metrics, Seldon's reported metrics) happens in handler
 processes that come and go, so they use prometheus_client's multiprocess mode: each writes
 memory-mapped files in one directory that the front creates, and a scrape sums them, keeping

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from helpers.servers import RunningServer, ServerFactory
-from helpers.workers import wait_for_ready_workers
+from helpers.workers import handler_processes, wait_for_ready_workers
 
 from abeja_runtime.front.lifecycle import devices_held
 from abeja_runtime.front.members import ProcessState
@@ -56,6 +56,9 @@ def test_three_workers_on_two_devices_and_a_replacement_keeps_its_device(
         env={"MEET_DIR": str(tmp_path)},
     )  # fmt: skip
     pids = wait_for_ready_workers(server, 3)
+    # No interpreter is started early (before the front's loop) for a worker that needs a
+    # device, nor left behind: the front's handler processes are the workers.
+    assert handler_processes(server.process.pid) == set(pids)
     devices = meet(server, "first", 3)
     assert sorted(devices) == sorted(pids)
     assert start_log(server) == devices

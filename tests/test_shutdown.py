@@ -131,3 +131,14 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_start_ends_the_runtime_cleanly(make_server, sig):
+    """Sent as the runtime logs its ports, while it starts its first handler process and
+    imports its servers, a stop signal ends it with exit 0, no traceback and no process left
+    (the log's end comes once every process that holds it is gone)."""
+    server = make_server("sv_pid", wait=False)
+    server.wait_for_record(lambda r: r.get("message", "").startswith("abeja-runtime "))
+    assert server.stop(sig) == 0, server.lines
+    assert not [line for line in server.lines if "Traceback" in line]

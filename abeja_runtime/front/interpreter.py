@@ -41,11 +41,18 @@ class Prestarted:
     the first process started with the same environment, once (see the module)."""
 
     def __init__(self, environment: dict[str, str]) -> None:
+        """Raises ``OSError`` when it cannot be started (nothing is left open)."""
         self.environment = environment
         #: When it was started (``time.monotonic``): the runtime's own start ends there.
         self.started_at = time.monotonic()
         self._channel = socket.socketpair()
-        self._popen = start_interpreter(self._channel[1], environment)
+        try:
+            self._popen = start_interpreter(self._channel[1], environment)
+        except OSError:
+            for end in self._channel:
+                end.close()
+            raise
+        self._taken = False
 
     def channel(self) -> tuple[socket.socket, socket.socket]:
         """Its socket's two ends: the front's, and the process's (which it has a copy of)."""
@@ -53,10 +60,13 @@ class Prestarted:
 
     def launch(self, process: _Process, theirs: socket.socket, environment: dict[str, str]) -> None:
         theirs.close()
+        self._taken = True
         process.adopt(self._popen)
 
     def discard(self) -> None:
-        """Not taken by any process: it is stopped and reaped."""
+        """Unless a process took it: it is stopped and reaped (again: nothing)."""
+        if self._taken:
+            return
         for end in self._channel:
             end.close()
         self._popen.kill()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import random
+import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -75,23 +76,18 @@ class Lifecycle:
         self.template: Template | None = None
         #: The front adopts its descendants' orphans (``--preload``), and reaps them.
         self._adopting = config.preload and process_factory is None and adopt_orphans()
-        self._spawned_at = prestarted.started_at if prestarted is not None else None
-        if prestarted is not None and prestarted.environment != environment:
-            prestarted.discard()
-            prestarted = None
         if config.preload and process_factory is None:
             if self._adopting:
                 self.launcher = self.template = Template(
-                    config, environment, self._load_failed_once, prestarted=prestarted
+                    config, environment, self._load_failed_once
                 )
-                prestarted = None
             else:
                 _log.warning(
                     "each worker imports the handler itself (no --preload): this system cannot "
                     "make the runtime the parent of the processes forked for it"
                 )
-        #: The first worker's interpreter, started already (``--preload off``).
-        self._prestarted: Prestarted | None = prestarted
+        #: The first process's interpreter, started already (the template's, or a worker's).
+        self._prestarted = prestarted
 
         def started(config: Config, environment: dict[str, str], sink: FrameSink) -> HandlerProcess:
             launcher: Launcher = self.launcher
@@ -117,14 +113,15 @@ class Lifecycle:
         self.rpc_methods: tuple[str, ...] = ()
 
     def start(self) -> None:
-        self.start_up.spawning(self._spawned_at)
+        began, prestarted = time.monotonic(), self._prestarted
         if self.template is not None:
-            self.template.start()
+            self._prestarted = self.template.start(self._prestarted)
         for _ in range(self._config.workers):
             self.spawn()
-        if self._prestarted is not None:  # (--devices: the first worker has one of its own)
+        if self._prestarted is not None:  # not the environment of the process it was for
             self._prestarted.discard()
-            self._prestarted = None
+            self._prestarted = prestarted = None
+        self.start_up.spawning(prestarted.started_at if prestarted is not None else began)
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -169,8 +166,11 @@ class Lifecycle:
         environment = device_environment(self._environment, self._config.devices, held)
         member = Member(self._received, self.exited)
         member.launcher = self.launcher
+        prestarted = self._prestarted
         try:
             member.process = self._process_factory(self._config, environment, member)
+            if prestarted is not None and self._prestarted is None:  # it took that interpreter
+                member.started_at = prestarted.started_at
         except OSError as exc:
             _log.error("cannot start a worker process: %s", exc)
             return None

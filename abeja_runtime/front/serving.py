@@ -31,6 +31,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.pool import HandlerPool
+from abeja_runtime.front.supervisor import SIGNALS
 
 if TYPE_CHECKING:
     from abeja_runtime.front.accounting import Accounting
@@ -63,8 +64,11 @@ class Front:
         sockets: tuple[socket.socket, socket.socket],
         metrics_dir: str,
         prestarted: Prestarted | None = None,
+        arrived: list[int] | None = None,
     ) -> None:
-        """``prestarted``: the first handler process's interpreter, started already."""
+        """``prestarted``: the first handler process's interpreter, started already;
+        ``arrived``: the signals (of :data:`SIGNALS`) that came before the loop handled them."""
+        self._arrived = arrived or []
         self._config = config
         self._service_socket, self._health_socket = sockets
         self._metrics_dir = metrics_dir
@@ -98,7 +102,29 @@ class Front:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, pool.lifecycle.reload)
-        pool.start()
+        for arrived in self._arrived:  # before the loop handled signals: the same now
+            if arrived == signal.SIGHUP:
+                pool.lifecycle.reload()
+            else:
+                self._on_signal(arrived)
+        servers: list[SocketServer] = []
+        try:
+            pool.start()
+            await self._serve(pool, servers)
+        finally:
+            pool.close()
+            for server in servers:
+                await server.close()
+            if self._service is not None:
+                self._service.close()  # the access records kept, the spans buffered
+            for signum in SIGNALS:
+                loop.remove_signal_handler(signum)
+        return self._exit_code
+
+    async def _serve(self, pool: HandlerPool, servers: list[SocketServer]) -> None:
+        """The servers on the ports (each added to ``servers`` as it is made), until the stop
+        and its drain."""
+        config = self._config
         from abeja_runtime.metrics import FrontMetrics
 
         metrics = FrontMetrics(
@@ -107,16 +133,17 @@ class Front:
         pool.scheduler.metrics = pool.lifecycle.metrics = metrics
         if config.max_batch_size > 1:
             metrics.batching()  # its metrics at 0 from the first scrape
-        # The server's modules are imported in a thread (aiohttp takes a while), so that the
+        # The servers' modules are imported in a thread (aiohttp takes a while), so that the
         # loop goes on with the handler processes' start meanwhile: the template's fork, the
-        # first worker's warm-up.
-        await loop.run_in_executor(None, _import_all, _SERVER_MODULES)
+        # first worker's warm-up. A signal may come meanwhile.
+        await asyncio.get_running_loop().run_in_executor(None, _import_all, _SERVER_MODULES)
         from abeja_runtime.front.direct import DirectRequests
         from abeja_runtime.front.server import ControlServer, HttpServer
         from abeja_runtime.front.service import CallService
         from abeja_runtime.front.web_server import SocketServer, make_web_server
 
         call_service = self._service = CallService(config, pool, metrics)
+        call_service.draining = self._draining
         if self._rpc_wanted:  # a worker was ready before the service
             self._on_first_ready()
         http = HttpServer(config, pool, metrics, call_service)
@@ -128,23 +155,17 @@ class Front:
             make_web_server(http.service, config, metrics, direct), self._service_socket
         )
         health = SocketServer(make_web_server(control.handle, config, metrics), self._health_socket)
-        await service.start()
+        servers += (service, health)
+        if self._service_socket.fileno() != -1:  # (closed by a stop that came first)
+            await service.start()
         await health.start()
-        pool.lifecycle.start_up.listening(metrics)
-        try:
-            await self._finished.wait()
-            if self._draining and not self._killed:
-                self._drainer = asyncio.create_task(self._drain(service))
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._drainer
-        finally:
-            pool.close()
-            await service.close()
-            await health.close()
-            call_service.close()  # the access records kept, the spans buffered
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(signum)
-        return self._exit_code
+        if not self._finished.is_set():
+            pool.lifecycle.start_up.listening(metrics)
+        await self._finished.wait()
+        if self._draining and not self._killed:
+            self._drainer = asyncio.create_task(self._drain(service))
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drainer
 
     def _gauges(self) -> tuple[int, int]:
         """Requests in flight and calls queued, for a scrape."""

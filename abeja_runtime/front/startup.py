@@ -30,10 +30,9 @@ class StartUp:
         self._listening = False
         self._said = False
 
-    def spawning(self, at: float | None = None) -> None:
-        """The runtime starts its handler processes now, or started the first at ``at``
-        (``time.monotonic``)."""
-        self._spawned_at = time.monotonic() if at is None else at
+    def spawning(self, at: float) -> None:
+        """The runtime started its first handler process at ``at`` (``time.monotonic``)."""
+        self._spawned_at = at
         self.own = self._spawned_at - IMPORTED_AT
 
     def ready(self, started_at: float, ready: Ready, metrics: FrontMetrics | None) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import signal
 import socket
 import tempfile
+from typing import Final
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config, MiB
@@ -25,13 +27,16 @@ from abeja_runtime.metrics import handler_environment
 from abeja_runtime.project import install_dependencies, prepare_workdir
 from abeja_runtime.scheduling import run_as_batch
 
-__all__ = ["run"]
+__all__ = ["SIGNALS", "run"]
 
 _log = logging.getLogger("abeja_runtime")
+#: What the front does at a signal: a stop (SIGTERM, SIGINT: the drain), a reload (SIGHUP).
+SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def run(config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    arrived = _hold_signals()
     configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     try:
         tempfile.gettempdir()  # metrics files and request bodies above the spool threshold
@@ -82,21 +87,46 @@ def run(config: Config) -> int:
     try:
         with run_folder() as folder:
             metrics_dir = str(folder / "metrics")
-            # Before the front's own imports, which it overlaps (interpreter.py).
-            prestarted = Prestarted(handler_environment(metrics_dir))
-            from abeja_runtime.front.serving import Front
+            prestarted = _prestart(config, handler_environment(metrics_dir))
+            try:
+                from abeja_runtime.front.serving import Front
 
-            main = Front(config, sockets, metrics_dir, prestarted).run()
-            if config.event_loop == "uvloop":
-                import uvloop
+                main = Front(config, sockets, metrics_dir, prestarted, arrived).run()
+                if config.event_loop == "uvloop":
+                    import uvloop
 
-                return int(uvloop.run(main))
-            import asyncio
+                    return int(uvloop.run(main))
+                import asyncio
 
-            return asyncio.run(main)
+                return asyncio.run(main)
+            finally:
+                if prestarted is not None:
+                    prestarted.discard()  # (when the front failed before a process took it)
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _hold_signals() -> list[int]:
+    """The stop and reload signals that arrive before the front's loop handles them, in order,
+    for it (``serving.py``): a stop is a drain then, not the end of the process at once."""
+    arrived: list[int] = []
+    for signum in SIGNALS:
+        signal.signal(signum, lambda signum, frame: arrived.append(signum))
+    return arrived
+
+
+def _prestart(config: Config, environment: dict[str, str]) -> Prestarted | None:
+    """The first handler process's interpreter, before the front's own imports, which it
+    overlaps (``interpreter.py``); none where that process needs another environment (a
+    worker's ``--devices``), or where it cannot start now (the pool tries again, and says why).
+    """
+    if config.devices and not config.preload:
+        return None
+    try:
+        return Prestarted(environment)
+    except OSError:
+        return None
 
 
 def _keep_freed_memory() -> None:

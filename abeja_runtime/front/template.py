@@ -73,12 +73,9 @@ class Template:
         environment: dict[str, str],
         load_failed: Callable[[str, str], None],
         loaded: Callable[[], None] | None = None,
-        prestarted: Prestarted | None = None,
     ) -> None:
         """``loaded``: called once the handler is loaded the first time (a reload's template:
-        the reload says so then; the first template says it itself); ``prestarted``: the
-        interpreter of the first template's process, started already."""
-        self._prestarted = prestarted
+        the reload says so then; the first template says it itself)."""
         self._config = config
         self._environment = environment
         #: The handler could not be loaded (its text and details), as a worker says it.
@@ -97,12 +94,16 @@ class Template:
         self._loaded_once = False
         self._deaths = 0
 
-    def start(self) -> None:
-        launcher: Launcher = self._prestarted or FreshInterpreter()
-        self._prestarted = None  # a template started again is a new interpreter
+    def start(self, prestarted: Prestarted | None = None) -> Prestarted | None:
+        """Start the template's process, in ``prestarted`` (an interpreter started already) when
+        that has the template's environment; returns ``prestarted`` if it was not taken."""
+        launcher: Launcher = FreshInterpreter()
+        if prestarted is not None and prestarted.environment == self._environment:
+            launcher, prestarted = prestarted, None
         self._process = HandlerProcess(
             self._config, self._environment, self, launcher, template=True
         )
+        return prestarted
 
     @property
     def pid(self) -> int:
