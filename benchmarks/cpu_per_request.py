@@ -37,6 +37,10 @@ def _cpu_seconds(pids: tuple[int, int]) -> tuple[float, float]:
     return table[pids[0]].cpu_ticks / ticks, table[pids[1]].cpu_ticks / ticks
 
 
+#: What ``ps -o comm`` calls the template (``--preload``), which serves no request.
+_TEMPLATE = "abeja-template"
+
+
 def _measure(source: Path, env: dict[str, str], seconds: float, script: Path) -> tuple[float, ...]:
     """(requests/s, front µs, worker µs) per request, for one server of ``source``."""
     port, health = free_ports(2)
@@ -54,7 +58,11 @@ def _measure(source: Path, env: dict[str, str], seconds: float, script: Path) ->
         try:
             server.wait_healthy(60)
             front = server.popen.pid
-            (worker,) = [pid for pid in descendants(front, proc_table()) if pid != front]
+            (worker,) = [  # (not the template, with --preload)
+                pid
+                for pid in descendants(front, proc_table())
+                if pid != front and Path(f"/proc/{pid}/comm").read_text().strip() != _TEMPLATE
+            ]
             run_wrk(url, script, duration=1, threads=1, connections=16)  # warm-up
             before = _cpu_seconds((front, worker))
             found = run_wrk(url, script, duration=seconds, threads=1, connections=16)
