@@ -420,6 +420,25 @@ class Config:
         "KServe's `--grpc_port` (Open Inference V2; KServe uses 8081) and seldon-core's "
         "`--grpc-port` (5000 in its images) do",
     )
+    api_keys: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_RUNTIME_API_KEYS",
+        server_only=True,
+        default_text="none",
+        help="keys a caller must send to be served (`Authorization: Bearer KEY` or "
+        "`X-API-Key: KEY`; gRPC: the same metadata), separated by commas; the health port and "
+        "`/health_check` never ask for one. Prefer the variable, or a file, to the flag, which "
+        "`ps` shows",
+    )
+    api_keys_file: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_RUNTIME_API_KEYS_FILE",
+        server_only=True,
+        default_text="none",
+        help="a file of such keys, one a line (a mounted Kubernetes Secret), read at start",
+    )
     platform: PlatformIds = field(default_factory=PlatformIds)
     #: Each style's options object, by the style's name; a style missing here has its defaults.
     style_options: Mapping[str, Any] = field(default_factory=dict)

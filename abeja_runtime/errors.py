@@ -26,6 +26,7 @@ __all__ = [
     "ServiceBusy",
     "ServiceUnavailable",
     "TooManyParts",
+    "Unauthorized",
     "WorkerCrashed",
     "handler_format_message",
 ]
@@ -215,6 +216,21 @@ class ServiceUnavailable(HttpError):
 
     def __init__(self, message: str = "service unavailable") -> None:
         super().__init__(message)
+
+
+class Unauthorized(HttpError):
+    """The caller sent no API key, or one the runtime was not given (``--api-keys``)."""
+
+    status = 401
+
+    def __init__(self, sent: bool) -> None:
+        super().__init__(
+            "the API key sent is not one this model accepts; check the key"
+            if sent
+            else "this model asks for an API key: send it as `Authorization: Bearer KEY` or "
+            "`X-API-Key: KEY`",
+            headers={"WWW-Authenticate": 'Bearer realm="abeja-runtime"'},
+        )
 
 
 class ServiceBusy(HttpError):

@@ -126,11 +126,12 @@ class Accounting:
         requester_id: str | None,
         streamed: StreamedBody | None = None,
         trace: CallTrace | None = None,
+        caller: str | None = None,
     ) -> None:
         responded = time.time()
         self._access_log.record(
             method, path, status, received, responded, request_id, requester_id, streamed,
-            None if trace is None else trace.ids,
+            None if trace is None else trace.ids, caller,
         )  # fmt: skip
         self._metrics.observe(status, responded - received)
 
@@ -145,8 +146,8 @@ class CallEntry:
     counted)."""
 
     __slots__ = (
-        "_accounting", "bytes_sent", "first_byte", "left_at", "method", "path", "received",
-        "request_id", "requester_id", "status", "stream_end", "trace",
+        "_accounting", "bytes_sent", "caller", "first_byte", "left_at", "method", "path",
+        "received", "request_id", "requester_id", "status", "stream_end", "trace",
     )  # fmt: skip
 
     def __init__(
@@ -175,6 +176,8 @@ class CallEntry:
         self.left_at: str | None = None
         #: Its spans, when tracing is on.
         self.trace: CallTrace | None = None
+        #: Who called, with API keys on: its key's short hash (``api_keys.py``).
+        self.caller: str | None = None
 
     def count(self, status: int) -> None:
         """The call's status, counted now (before its answer leaves); once: a later status is
@@ -188,7 +191,7 @@ class CallEntry:
         if accounting is not None:
             accounting.record(
                 self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, None, self.trace,
+                self.requester_id, None, self.trace, self.caller,
             )  # fmt: skip
 
     def streaming(self, status: int) -> None:
@@ -231,7 +234,7 @@ class CallEntry:
             streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent)
             accounting.record(
                 self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, streamed, self.trace,
+                self.requester_id, streamed, self.trace, self.caller,
             )  # fmt: skip
         if self.trace is not None:
             self.trace.end()

@@ -26,7 +26,7 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from abeja_runtime.encode import error_reply
-from abeja_runtime.errors import HttpError
+from abeja_runtime.errors import HttpError, Unauthorized
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
 from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
@@ -90,6 +90,11 @@ class DirectRequests:
             and "Content-Encoding" not in message.headers
         ):
             return None
+        if self._service.keys is not None:
+            try:
+                self._service.keys.caller(message.headers)
+            except Unauthorized:
+                return None  # refused on aiohttp's path, which reads or drops its body
         if self._in_frame(payload):
             return 0
         return self._captured_size(connection, message, payload) or None
@@ -138,6 +143,7 @@ class DirectRequests:
         head = CallHead(method, url.path, time.time(), request_id, requester_id, headers)
         responder = DirectResponder(service, connection, keep_alive=not message.should_close)
         call = responder.call = service.begin(head, responder)
+        call.entry.caller = service.caller(headers)  # (a key given: accepts() saw it)
         if captured:  # read into a shared buffer first (DirectBody)
             body: bytes | None = None
             size = captured

@@ -45,6 +45,7 @@ from abeja_runtime.errors import (
     HttpError,
     ServiceBusy,
     ServiceUnavailable,
+    Unauthorized,
 )
 from abeja_runtime.frames import INLINE_LIMIT, RpcAnswer, RpcCall
 from abeja_runtime.front.body import IN_FRAME, Body
@@ -75,6 +76,8 @@ def _status_of(exc: HttpError) -> grpc.StatusCode:
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, HandlerTimeout):
         return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, Unauthorized):
+        return grpc.StatusCode.UNAUTHENTICATED
     if exc.status == 503:
         return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INTERNAL
@@ -173,16 +176,16 @@ class RpcServer:
         call = service.begin(head, responder)
         size = 0
         try:
-            if not service.admitting:
-                call.refuse(ServiceUnavailable())
+            try:
+                call.entry.caller = service.caller(given)
+                if not service.admitting:
+                    raise ServiceUnavailable()
+                frame, body = await self._message(method, metadata, call, context)
+            except HttpError as exc:
+                call.refuse(exc)
             else:
-                try:
-                    frame, body = await self._message(method, metadata, call, context)
-                except HttpError as exc:
-                    call.refuse(exc)
-                else:
-                    size = body.size
-                    call.submit(frame, body)
+                size = body.size
+                call.submit(frame, body)
             try:
                 result = await responder.result
             except asyncio.CancelledError:  # the client left, or its own deadline passed

@@ -120,6 +120,7 @@ class HttpServer:
         """Read the request's body and submit its call, or refuse it; an async request's id,
         whose call is left to :class:`~abeja_runtime.front.async_jobs.AsyncJobs`."""
         try:
+            call.entry.caller = self.call_service.caller(request.headers)
             if not self.call_service.admitting:
                 raise ServiceUnavailable()
             check_method(request.method)

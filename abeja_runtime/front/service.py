@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerTimeout
 from abeja_runtime.front.accounting import Accounting, CallEntry
+from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.body import BodyPlaces
 from abeja_runtime.front.call import FrontCall, Responder
 from abeja_runtime.front.deadlines import Deadlines
@@ -53,8 +55,16 @@ class CallHead(NamedTuple):
 class CallService:
     """Begins calls and holds what they share (see the module)."""
 
-    def __init__(self, config: Config, pool: HandlerPool, metrics: FrontMetrics) -> None:
+    def __init__(
+        self,
+        config: Config,
+        pool: HandlerPool,
+        metrics: FrontMetrics,
+        keys: ApiKeys | None = None,
+    ) -> None:
+        """``keys``: the API keys a caller must send (``None``: none is asked)."""
         self.pool = pool
+        self.keys = keys
         self.metrics = metrics
         #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
         self.loop = asyncio.get_running_loop()
@@ -100,6 +110,11 @@ class CallService:
         )
         entry.trace = trace
         return FrontCall(self, entry, responder)
+
+    def caller(self, headers: Mapping[str, str]) -> str | None:
+        """Who sends a request with these ``headers`` (or gRPC metadata), with API keys on: its
+        key's short hash, or :class:`~abeja_runtime.errors.Unauthorized`; ``None`` with none."""
+        return None if self.keys is None else self.keys.caller(headers)
 
     def close(self) -> None:
         """At the end of serving: the access records kept and the spans buffered go out."""

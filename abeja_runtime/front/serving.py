@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.front.supervisor import SIGNALS
@@ -65,10 +66,13 @@ class Front:
         metrics_dir: str,
         prestarted: Prestarted | None = None,
         arrived: list[int] | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
         """``prestarted``: the first handler process's interpreter, started already;
-        ``arrived``: the signals (of :data:`SIGNALS`) that came before the loop handled them."""
+        ``arrived``: the signals (of :data:`SIGNALS`) that came before the loop handled them;
+        ``keys``: the API keys callers must send (``None``: none is asked)."""
         self._arrived = arrived or []
+        self._keys = keys
         self._config = config
         self._service_socket, self._health_socket = sockets
         self._metrics_dir = metrics_dir
@@ -142,7 +146,7 @@ class Front:
         from abeja_runtime.front.service import CallService
         from abeja_runtime.front.web_server import SocketServer, make_web_server
 
-        call_service = self._service = CallService(config, pool, metrics)
+        call_service = self._service = CallService(config, pool, metrics, self._keys)
         call_service.draining = self._draining
         if self._rpc_wanted:  # a worker was ready before the service
             self._on_first_ready()

@@ -19,6 +19,7 @@ from typing import Final
 from abeja_runtime import __version__
 from abeja_runtime.config import Config, MiB
 from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.front.api_keys import ApiKeys, api_keys
 from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.ports import listen
 from abeja_runtime.front.run_folder import run_folder
@@ -40,12 +41,16 @@ def run(config: Config) -> int:
     configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     try:
         tempfile.gettempdir()  # metrics files and request bodies above the spool threshold
+        keys = api_keys(config)
     except FileNotFoundError:
         _log.error(
             "cannot start: no writable temporary directory (TMPDIR, /tmp, /var/tmp); in a "
             "read-only container mount one on /tmp (docker run --read-only --tmpfs /tmp, or an "
             "emptyDir volume on /tmp in Kubernetes), or set TMPDIR to a writable folder"
         )
+        return 1
+    except ValueError as exc:  # the API keys' file
+        _log.error("cannot start: %s", exc)
         return 1
     workdir = prepare_workdir(config.user_model_root, config.training_result_dir, config.handler)
     try:
@@ -54,18 +59,9 @@ def run(config: Config) -> int:
     except (HandlerLoadError, OSError) as exc:
         _log.error("failed to setup model: %s", exc)
         return 1
-    listening: list[socket.socket] = []
-    try:
-        listening.append(listen(config.host, config.port, "port"))
-        listening.append(listen(config.host, config.healthcheck_port, "healthcheck_port"))
-        if config.grpc_port is not None:  # bound once the handler loaded: a port in use is said now
-            listen(config.host, config.grpc_port, "grpc_port").close()
-    except OSError as exc:  # one sentence, naming the port and the setting that changes it
-        _log.error("%s", exc)
-        for sock in listening:
-            sock.close()
+    sockets = _bind(config)
+    if sockets is None:
         return 1
-    sockets = (listening[0], listening[1])
     port, healthcheck_port = (sock.getsockname()[1] for sock in sockets)
     _log.info(
         "abeja-runtime %s serving %s from %s on http://%s:%d (health check port %d); "
@@ -82,6 +78,7 @@ def run(config: Config) -> int:
         config.event_loop,
         extra={"fields": {"port": port, "healthcheck_port": healthcheck_port}},
     )
+    _say_keys(keys)
     _keep_freed_memory()
     run_as_batch()
     try:
@@ -91,7 +88,7 @@ def run(config: Config) -> int:
             try:
                 from abeja_runtime.front.serving import Front
 
-                main = Front(config, sockets, metrics_dir, prestarted, arrived).run()
+                main = Front(config, sockets, metrics_dir, prestarted, arrived, keys).run()
                 if config.event_loop == "uvloop":
                     import uvloop
 
@@ -105,6 +102,33 @@ def run(config: Config) -> int:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _bind(config: Config) -> tuple[socket.socket, socket.socket] | None:
+    """The service and health-check ports, listening; ``None`` when one cannot be (said)."""
+    listening: list[socket.socket] = []
+    try:
+        listening.append(listen(config.host, config.port, "port"))
+        listening.append(listen(config.host, config.healthcheck_port, "healthcheck_port"))
+        if config.grpc_port is not None:  # bound once the handler loaded: a port in use is said now
+            listen(config.host, config.grpc_port, "grpc_port").close()
+    except OSError as exc:  # one sentence, naming the port and the setting that changes it
+        _log.error("%s", exc)
+        for sock in listening:
+            sock.close()
+        return None
+    return listening[0], listening[1]
+
+
+def _say_keys(keys: ApiKeys | None) -> None:
+    if keys is None:
+        _log.info("no API key is asked: every caller that reaches the service port is served")
+    else:
+        _log.info(
+            "API keys: the service port and gRPC serve callers that send one of the %d key(s) "
+            "given; the health port and /health_check ask for none",
+            len(keys),
+        )
 
 
 def _hold_signals() -> list[int]:
