@@ -23,11 +23,13 @@ __all__ = ["AccessLog", "StreamedBody"]
 class StreamedBody(NamedTuple):
     """How an answer written at its client's pace went (a stream, or a big body written from
     its file): when its first byte left, how it ended (``complete``, ``client_left``,
-    ``failed``, ``worker_lost``, ``idle``, ``too_long``), and the body's bytes written."""
+    ``failed``, ``worker_lost``, ``idle``, ``too_long``), the body's bytes written, and a
+    stream's chunks (``None``: a body written from its file)."""
 
     first_byte: float
     end: str
     bytes_sent: int
+    chunks: int | None = None
 
 
 class AccessLog:
@@ -156,6 +158,8 @@ class AccessLog:
             fields["time_to_first_byte_microsecs"] = first_byte_us
             fields["stream_end"] = streamed.end
             fields["bytes_sent"] = streamed.bytes_sent
+            if streamed.chunks is not None:
+                fields["chunks"] = streamed.chunks
         if trace_ids is not None:
             fields["trace_id"], fields["span_id"] = trace_ids
         if caller is not None:
@@ -213,7 +217,11 @@ def _record_text(
     took = f"{(responded - received) * 1000:.1f} ms"
     if streamed is not None:
         first_byte = (streamed.first_byte - received) * 1000
-        took += f" (first byte {first_byte:.1f} ms, {streamed.end}, {streamed.bytes_sent} bytes)"
+        chunks = "" if streamed.chunks is None else f", {streamed.chunks} chunks"
+        took += (
+            f" (first byte {first_byte:.1f} ms, {streamed.end}, {streamed.bytes_sent} bytes"
+            f"{chunks})"
+        )
     access_logger.info("%s %s %d %s", method, path, status, took, extra={"fields": fields})
 
 

@@ -65,6 +65,18 @@ def handler_environment(directory: str) -> dict[str, str]:
     return {**os.environ, METRICS_DIR_VARIABLE: directory, _LEGACY_METRICS_DIR_VARIABLE: directory}
 
 
+#: Seconds; a streamed answer's first chunk, from a token's few milliseconds to a long prompt.
+_FIRST_CHUNK_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    float("inf"),
+)  # fmt: skip
+#: Seconds between chunks: a token every few milliseconds to a slow producer's pauses.
+_BETWEEN_CHUNKS_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    float("inf"),
+)  # fmt: skip
+
+
 class FrontMetrics:
     """What the front counts, and the scrape of everything.
 
@@ -107,6 +119,12 @@ class FrontMetrics:
         if self._events.batches is None:
             self._events.batches = _BatchMetrics()
         return self._events.batches
+
+    def first_chunk(self, seconds: float) -> None:
+        self._events.first_chunk.observe(seconds)
+
+    def between_chunks(self, seconds: float) -> None:
+        self._events.between_chunks.observe(seconds)
 
     def worker_started(self, seconds: float, forked: bool) -> None:
         self._events.worker_starts["forked" if forked else "imported"].observe(seconds)
@@ -206,6 +224,9 @@ class _Events:
             )
             for how in ("forked", "imported")
         }
+        #: Streamed answers: from a request's arrival to its first chunk, and between chunks.
+        self.first_chunk = _Histogram(_FIRST_CHUNK_BUCKETS)
+        self.between_chunks = _Histogram(_BETWEEN_CHUNKS_BUCKETS)
         #: The runtime's start, in parts (``front/startup.py``).
         self.start: dict[str, float] = {}
         self.batches: _BatchMetrics | None = None
@@ -234,6 +255,17 @@ class _Events:
         for part, seconds in self.start.items():
             start.add_metric([part], seconds)
         yield start
+        yield self.first_chunk.family(
+            HistogramMetricFamily,
+            f"{_PREFIX}_time_to_first_chunk_seconds",
+            "Seconds from a streamed answer's request to its first chunk going to its client "
+            "(the handler's first yield, and the queue before it).",
+        )
+        yield self.between_chunks.family(
+            HistogramMetricFamily,
+            f"{_PREFIX}_inter_chunk_seconds",
+            "Seconds between a streamed answer's chunks going to its client.",
+        )
         yield self.abandoned.family()
         yield self.rejected_heads.family()
         if self.batches is not None:

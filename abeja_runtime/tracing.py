@@ -431,6 +431,10 @@ class CallTrace:
         )
         child.end(end_time=now)
 
+    def first_chunk(self, seconds: float) -> None:
+        """A streamed answer's first chunk went ``seconds`` after its request came."""
+        self._span.set_attribute("abeja.time_to_first_chunk_seconds", seconds)
+
     def status(self, status: int) -> None:
         """The answer's status (a gRPC call's as the access log counts it); a 5xx (504 too)
         marks the span as an error."""

@@ -9,12 +9,16 @@ would leave the test waiting for ever (its socket's timeout fails it instead).
 
 from __future__ import annotations
 
+import http.client
+import itertools
 import socket
+import time
 from pathlib import Path
 
 import pytest
+from helpers.metrics import scrape
 from helpers.raw_http import chunked_post, events, get, read_until, records_of, send_and_leave
-from helpers.servers import ServerFactory, front_memory_mib
+from helpers.servers import RunningServer, ServerFactory, front_memory_mib
 from helpers.waiting import wait_until
 
 
@@ -225,3 +229,58 @@ def test_a_stream_on_the_thread_that_reads_the_frames_gets_its_credit(make_serve
     arrives_whole(send_and_leave(server, get("/?chunks=200&kib=64&tag=long", "long")), 200, 64)
     (closed,) = wait_until(lambda: events(server, "closed", "long"), 20, "the stream's end")
     assert closed["sent"] == 200
+
+
+def _counted(server: RunningServer, name: str) -> tuple[list[float], list[float]]:
+    """Histogram ``name``'s buckets (their upper bounds), and the bound of each observation's
+    bucket (from ``/metrics``' cumulative counts)."""
+    cumulative = sorted(
+        (float(dict(labels)["le"]), count)
+        for (sample, labels), count in scrape(server).items()
+        if sample == f"{name}_bucket"
+    )
+    found, below = [], 0.0
+    for bound, count in cumulative:
+        found += [bound] * int(count - below)
+        below = count
+    return [bound for bound, _ in cumulative], found
+
+
+def _same_bucket_or_next(measured: list[float], server: RunningServer, name: str) -> None:
+    """Each of the client's ``measured`` seconds falls in the bucket the runtime counted, or
+    one beside it (the two see a chunk a moment apart)."""
+    bounds, counted = _counted(server, name)
+
+    def index(seconds: float) -> int:
+        return next(i for i, bound in enumerate(bounds) if seconds <= bound)
+
+    assert len(measured) == len(counted), (measured, counted)
+    for seen, bound in zip(sorted(measured), sorted(counted), strict=True):
+        assert abs(index(seen) - bounds.index(bound)) <= 1, (measured, counted)
+
+
+@pytest.mark.parametrize("way", ["direct", "aiohttp"])
+def test_a_stream_s_chunks_are_counted_and_timed_as_its_client_sees_them(
+    make_server: ServerFactory, way: str
+):
+    """The time to the first chunk and between chunks in ``/metrics`` match what the client
+    measured, within one bucket; the access record counts the chunks."""
+    server = make_server("ex_stream")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    path, headers = "/?chunks=4&pause=0.3", {"X-Abeja-Request-Id": "timed"}
+    sent = time.monotonic()
+    if way == "direct":
+        connection.request("GET", path, headers=headers)
+    else:  # a chunked body goes through aiohttp's request handling
+        connection.request("POST", path, body=iter([b"{}"]), headers=headers)
+    answer = connection.getresponse()
+    arrivals = []
+    while answer.readline():
+        arrivals.append(time.monotonic())
+    connection.close()
+    assert len(arrivals) == 5  # "begin", then 4 lines
+    _same_bucket_or_next([arrivals[0] - sent], server, "abeja_runtime_time_to_first_chunk_seconds")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    _same_bucket_or_next(gaps, server, "abeja_runtime_inter_chunk_seconds")
+    (record,) = wait_until(lambda: records_of(server, "timed"), 10, "the stream's record")
+    assert record["chunks"] == 5 and record["stream_end"] == "complete"

@@ -109,6 +109,24 @@ def test_a_call_is_a_server_span_with_its_queue_wait_and_handler_below(
     assert logged["span_id"] == handler.span_id
 
 
+def test_a_streamed_answer_s_span_has_its_time_to_first_chunk(
+    make_server: Any, receiver: Receiver
+) -> None:
+    server = make_server("tr_traced", "--handler", "main:streamed", env=exporting_to(receiver))
+    trace_id, _, headers = traceparent()
+    answer = server.request("GET", "/", None, {**headers, "X-Abeja-Request-Id": "first-chunk"})
+    assert answer.body == b"line 0\nline 1\nline 2\n"
+    spans = receiver.wait_for(trace_id, {"GET"})
+    first_chunk = spans["GET"].attributes["abeja.time_to_first_chunk_seconds"]
+    record = server.wait_for_record(
+        lambda r: r.get("log_type") == "access_log" and r.get("request_id") == "first-chunk"
+    )
+    assert record["chunks"] == 3
+    # The first chunk went after the head, within the whole answer's time.
+    elapsed = record["elapsed_microsecs"] / 1e6
+    assert record["time_to_first_byte_microsecs"] / 1e6 <= first_chunk <= elapsed
+
+
 def test_a_costly_decode_and_encode_have_spans_of_their_own(
     traced: RunningServer, receiver: Receiver
 ) -> None:

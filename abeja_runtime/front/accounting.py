@@ -139,6 +139,14 @@ class Accounting:
         """A call whose client left at ``stage`` (counted ``499`` beside)."""
         self._metrics.abandoned(stage)
 
+    def first_chunk(self, seconds: float) -> None:
+        """A stream's first chunk went ``seconds`` after its request came."""
+        self._metrics.first_chunk(seconds)
+
+    def between_chunks(self, seconds: float) -> None:
+        """A stream's chunk went ``seconds`` after the one before."""
+        self._metrics.between_chunks(seconds)
+
 
 class CallEntry:
     """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over
@@ -146,8 +154,9 @@ class CallEntry:
     counted)."""
 
     __slots__ = (
-        "_accounting", "bytes_sent", "caller", "first_byte", "left_at", "method", "path",
-        "received", "request_id", "requester_id", "status", "stream_end", "trace",
+        "_accounting", "_last_chunk", "bytes_sent", "caller", "chunks", "first_byte", "left_at",
+        "method", "path", "received", "request_id", "requester_id", "status", "stream_end",
+        "trace",
     )  # fmt: skip
 
     def __init__(
@@ -172,6 +181,9 @@ class CallEntry:
         self.first_byte = 0.0
         self.stream_end: StreamEnd | None = None
         self.bytes_sent = 0
+        #: A stream's chunks sent so far (``None``: not a stream), and when the last one went.
+        self.chunks: int | None = None
+        self._last_chunk = 0.0
         #: The stage the call had reached when its client left (``None``: it did not leave).
         self.left_at: str | None = None
         #: Its spans, when tracing is on.
@@ -194,14 +206,34 @@ class CallEntry:
                 self.requester_id, None, self.trace, self.caller,
             )  # fmt: skip
 
-    def streaming(self, status: int) -> None:
-        """A streamed answer's head leaves now: it is counted with ``status`` when the stream
-        ends (:meth:`end`), with this as its first byte's time."""
+    def streaming(self, status: int, *, chunked: bool) -> None:
+        """A streamed answer's head leaves now (``chunked``: a stream of chunks, not a body
+        written from its file): it is counted with ``status`` when the stream ends
+        (:meth:`end`), with this as its first byte's time."""
         if not self.status:
             self.status = status
             self.first_byte = time.time()
+            self.chunks = 0 if chunked else None
             if self.trace is not None:
                 self.trace.status(status)
+
+    def chunk_sent(self) -> None:
+        """A chunk of the stream goes to its client now: the time to the first chunk (from the
+        request's arrival), or since the one before, in the metrics; the first in the span."""
+        if self.chunks is None:
+            return
+        now = time.time()
+        accounting = self._accounting
+        if not self.chunks:
+            seconds = now - self.received
+            if accounting is not None:
+                accounting.first_chunk(seconds)
+            if self.trace is not None:
+                self.trace.first_chunk(seconds)
+        elif accounting is not None:
+            accounting.between_chunks(now - self._last_chunk)
+        self.chunks += 1
+        self._last_chunk = now
 
     def client_left(self, stage: str) -> None:
         """Its client left at ``stage`` (``queued``, ``running``, ``answering``): counted
@@ -231,7 +263,7 @@ class CallEntry:
                 accounting.abandoned(self.left_at or "answering")
             if self.trace is not None and status != self.status:
                 self.trace.status(status)
-            streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent)
+            streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent, self.chunks)
             accounting.record(
                 self.method, self.path, status, self.received, self.request_id,
                 self.requester_id, streamed, self.trace, self.caller,

@@ -198,7 +198,7 @@ async def write_stream(sink: AnswerSink, call: FrontCall, status: int, headers: 
         checked_head(status, headers)
     except ValueError as exc:
         return await _write_unsendable(sink, call, exc)
-    entry.streaming(status)
+    entry.streaming(status, chunked=file is None)
     limits = StreamLimits(
         service.loop, service.stream_idle, service.stream_timeout if file is None else None
     )
@@ -209,6 +209,7 @@ async def write_stream(sink: AnswerSink, call: FrontCall, status: int, headers: 
             chunks = pending.stream() if file is None else file.chunks()
             async for chunk in chunks:
                 limits.progress()  # a chunk came
+                entry.chunk_sent()
                 await sink.write(chunk)
                 sent += len(chunk)
                 limits.progress()  # the client took it

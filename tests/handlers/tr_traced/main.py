@@ -1,6 +1,7 @@
 """Makes a span of its own (``user work``) and logs inside it, then answers with the ids of
 the span current while it ran; ``?fail=1`` raises (a 500), ``?sleep=S`` sleeps first, and
-``?big=N`` adds a list of N numbers to the answer (its encoding takes a while)."""
+``?big=N`` adds a list of N numbers to the answer (its encoding takes a while); ``streamed``
+answers three lines, a stream."""
 
 import logging
 import time
@@ -36,3 +37,7 @@ async def async_handler(request, context):
 
 def batched(requests, context):
     return [handler(request, context) for request in requests]
+
+
+def streamed(request, context):
+    return {"content_type": "text/plain", "content": (f"line {i}\n".encode() for i in range(3))}
