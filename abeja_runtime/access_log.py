@@ -133,8 +133,8 @@ class AccessLog:
         """The record of a streamed answer (with ``time_to_first_byte_microsecs``,
         ``stream_end`` and ``bytes_sent``), of a traced call (with ``trace_id`` and
         ``span_id``) or of a call with API keys on (with ``caller``): the plain one's fields,
-        made as a dict (rarer records, or ones beside a span or a key's hash that cost more: no
-        micro-optimising)."""
+        made as a dict (rarer records, or ones beside a span: no micro-optimising; with keys on
+        every record takes this way, about 10 µs more)."""
         received_us = int(received * 1_000_000)
         responded_us = int(responded * 1_000_000)
         received_second, received_fraction = divmod(received_us, 1_000_000)

@@ -45,6 +45,8 @@ METRICS_DIR_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
 #: only this one). Newer releases read the upper-case one first and warn only when it is unset.
 _LEGACY_METRICS_DIR_VARIABLE: Final = "prometheus_multiproc_dir"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+#: What handler processes never get of the front's environment: the API keys.
+_FRONT_ONLY_VARIABLES: Final = frozenset({"ABEJA_RUNTIME_API_KEYS"})
 _PREFIX: Final = "abeja_runtime"
 #: Seconds; from a cache hit (5 ms) to the default 60 s timeout, so that a timeout shows as
 #: its own bucket rather than disappearing into +Inf.
@@ -60,9 +62,11 @@ _QUEUE_WAIT_BUCKETS: Final = (
 
 
 def handler_environment(directory: str) -> dict[str, str]:
-    """The environment of a handler process: this one's, with the metrics directory under both
-    of its names, so that any prometheus_client the handler's environment holds finds it."""
-    return {**os.environ, METRICS_DIR_VARIABLE: directory, _LEGACY_METRICS_DIR_VARIABLE: directory}
+    """The environment of a handler process: this one's, without the API keys, with the
+    metrics directory under both of its names, so that any prometheus_client the handler's
+    environment holds finds it."""
+    environment = {k: v for k, v in os.environ.items() if k not in _FRONT_ONLY_VARIABLES}
+    return {**environment, METRICS_DIR_VARIABLE: directory, _LEGACY_METRICS_DIR_VARIABLE: directory}
 
 
 #: Seconds; a streamed answer's first chunk, from a token's few milliseconds to a long prompt.

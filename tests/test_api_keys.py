@@ -8,12 +8,16 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.grpc_calls import ASYNC_MODEL, with_grpc
 from helpers.servers import RunningServer, ServerFactory
+
+from abeja_runtime.config import Config
+from abeja_runtime.front.api_keys import api_keys
 
 KEYS = ("alpha-key-1f9c", "beta-key-77d0")
 ENV = {"ABEJA_RUNTIME_API_KEYS": ",".join(KEYS)}
@@ -176,3 +180,33 @@ def test_grpc_asks_for_the_key_in_its_metadata(make_server: ServerFactory) -> No
             answer = infer(request, timeout=20, metadata=metadata)
             assert list(answer.outputs[0].contents.fp64_contents) == [8.0]
     no_key_in_any_line(server)
+
+
+def test_a_key_header_that_is_not_utf_8_is_a_wrong_key(keyed: RunningServer) -> None:
+    for name in (b"Authorization: Bearer \xff\xfe", b"X-API-Key: \xff"):
+        with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as sock:
+            sock.sendall(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n" + name + b"\r\n\r\n{}"
+            )
+            status = sock.recv(65536).split(b"\r\n", 1)[0]
+        assert status == b"HTTP/1.1 401 Unauthorized", status
+    assert not [line for line in keyed.lines if "Traceback" in line]
+
+
+def test_kserve_s_metrics_on_the_service_port_ask_for_the_key(make_server: ServerFactory) -> None:
+    server = make_server("st_kserve_async", env={**ASYNC_MODEL, **ENV})
+    assert server.request("GET", "/metrics").status == 401
+    answer = server.request("GET", "/metrics", headers={"X-API-Key": KEYS[0]})
+    assert answer.status == 200 and b"abeja_runtime_requests_total" in answer.body
+    assert server.request("GET", "/metrics", port=server.healthcheck_port).status == 200
+
+
+def test_a_keys_file_s_lines_comments_and_commas(tmp_path: Path) -> None:
+    keys = tmp_path / "api-keys"
+    keys.write_text("\ufeffone\n   # a comment, indented\ntwo, three\n\n", encoding="utf-8")
+    config = Config(api_keys="four", api_keys_file=str(keys))
+    given = api_keys(config)
+    assert given is not None and len(given) == 4
+    for key in ("one", "two", "three", "four"):
+        assert given.caller({"x-api-key": key}) == short_hash(key)
+    assert api_keys(Config()) is None

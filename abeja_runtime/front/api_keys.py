@@ -4,9 +4,11 @@ port and gRPC serve only callers that send one of them, as ``Authorization: Bear
 health port, and ``/health_check`` on the service port, never ask: balancers and the kubelet
 probe them without a key.
 
-A key is compared in constant time, as its SHA-256 against each key's, every key every time, so
-that neither the time of the answer nor its wait tells which key was near. A caller is named in
-the access record by the first 8 hex digits of its key's SHA-256, never by the key.
+A key is an item of the setting or of a line of the file (comma-separated in both; lines that
+begin with ``#`` are comments). It is compared in constant time, as its SHA-256 against each
+key's, every key every time, so that neither the time of the answer nor its wait tells which key
+was near. A caller is named in the access record by the first 8 hex digits of its key's SHA-256,
+never by the key: keys must be long and random, as a short one could be guessed from it.
 """
 
 from __future__ import annotations
@@ -32,14 +34,20 @@ def api_keys(config: Config) -> ApiKeys | None:
     if config.api_keys_file:
         path = Path(config.api_keys_file)
         try:
-            lines = path.read_text("utf-8").splitlines()
+            lines = path.read_text("utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
             raise ValueError(
                 f"cannot read the API keys of --api-keys-file (ABEJA_RUNTIME_API_KEYS_FILE) "
                 f"{path}: {reason}; give a readable file, one key a line"
             ) from None
-        found = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        found = [
+            key.strip()
+            for line in lines
+            if not line.strip().startswith("#")
+            for key in line.split(",")  # (the variable's form, as a Secret's literal may be)
+            if key.strip()
+        ]
         if not found:
             raise ValueError(
                 f"--api-keys-file (ABEJA_RUNTIME_API_KEYS_FILE) {path} holds no key; write one "
@@ -81,4 +89,6 @@ def _sent(headers: Mapping[str, str]) -> str | None:
 
 
 def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+    """As the key's bytes were sent: a header's bytes that are not UTF-8 come as lone
+    surrogates (aiohttp decodes them so), and go back to themselves."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()

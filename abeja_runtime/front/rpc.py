@@ -70,6 +70,10 @@ def _trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
+#: The metadata that carries an API key (``api_keys.py``), kept from the style with keys on.
+_CREDENTIALS: Final = ("authorization", "x-api-key")
+
+
 def _status_of(exc: HttpError) -> grpc.StatusCode:
     """The front's own refusals, as gRPC says them."""
     if isinstance(exc, ServiceBusy):
@@ -162,12 +166,15 @@ class RpcServer:
 
     async def _forward(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         received = time.time()
-        metadata = tuple(
+        sent = tuple(
             (key, value)
             for key, value in (context.invocation_metadata() or ())
             if isinstance(value, str)
         )
-        given = dict(metadata)  # also the caller's trace context
+        given = dict(sent)  # also the caller's trace context
+        # What the style sees of it: never the caller's credentials, with API keys on.
+        credentials = () if self._service.keys is None else _CREDENTIALS
+        metadata = tuple((key, value) for key, value in sent if key not in credentials)
         request_id = request_id_from(given.get(REQUEST_ID_HEADER))
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         service = self._service

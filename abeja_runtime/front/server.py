@@ -24,8 +24,8 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
 from abeja_runtime.config import Config
-from abeja_runtime.encode import EncodedResponse, status_body, status_reply
-from abeja_runtime.errors import HttpError, ServiceUnavailable
+from abeja_runtime.encode import EncodedResponse, error_reply, status_body, status_reply
+from abeja_runtime.errors import HttpError, ServiceUnavailable, Unauthorized
 from abeja_runtime.frames import INLINE_LIMIT, Call
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
 from abeja_runtime.front.async_jobs import AsyncJobs
@@ -98,6 +98,10 @@ class HttpServer:
         if path == HEALTH_PATH:
             return _health_response(self.call_service.ready)
         if path in self._pool.front_paths:  # KServe's /metrics on its HTTP port
+            try:
+                self.call_service.caller(request.headers)
+            except Unauthorized as exc:
+                return web_response(error_reply(exc))
             return _metrics_response(self._metrics.render)
         headers = request.headers
         request_id = request_id_from(headers.get(REQUEST_ID_HEADER))
