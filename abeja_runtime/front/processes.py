@@ -9,7 +9,6 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -228,9 +227,7 @@ class HandlerProcess:
             self.loop.add_reader(self.exit_fd, self._sink.exited)
         if self._killed:  # killed while it was being forked
             child.kill()
-        # Without the API keys: they are the front's alone.
-        config = dataclasses.replace(self._config, api_keys="", api_keys_file="")
-        self.send(Start(VERSION, config, self._template))
+        self.send(Start(VERSION, self._config, self._template))
 
     def launch_failed(self, why: str = "") -> None:
         """The process could not be started (``why``, for the log; empty: it is not started

@@ -10,6 +10,7 @@ them at the top.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import signal
 import socket
@@ -52,6 +53,8 @@ def run(config: Config) -> int:
     except ValueError as exc:  # the API keys' file
         _log.error("cannot start: %s", exc)
         return 1
+    # The keys are ``keys``' alone from here: not in what the handler processes are sent.
+    config = dataclasses.replace(config, api_keys="", api_keys_file="")
     workdir = prepare_workdir(config.user_model_root, config.training_result_dir, config.handler)
     try:
         if config.install_requirements:
