@@ -13,18 +13,20 @@ import pytest
 from abeja_runtime import styles
 
 
-def loaded_after(module: str) -> list[str]:
-    """The runtime's modules that importing ``module`` in a fresh interpreter loads."""
-    code = (
-        "import json, sys\n"
-        f"import {module}\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('abeja_runtime'))))\n"
-    )
+def imported_by(*modules: str) -> list[str]:
+    """Every module that importing ``modules`` in a fresh interpreter loads."""
+    code = f"import json, sys\nimport {', '.join(modules)}\n"
+    code += "print(json.dumps(sorted(sys.modules)))\n"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def loaded_after(module: str) -> list[str]:
+    """The runtime's modules that importing ``module`` in a fresh interpreter loads."""
+    return [name for name in imported_by(module) if name.startswith("abeja_runtime")]
 
 
 def handler_side(modules: list[str]) -> list[str]:
@@ -55,16 +57,7 @@ def test_the_settings_and_the_front_import_no_style_and_no_handler_side(module):
 def test_the_front_starts_its_first_handler_process_before_it_imports_its_loop_and_servers():
     """What runs before the first handler process's interpreter is started (``supervisor.py``)
     imports neither asyncio nor aiohttp nor the pool: their imports overlap that process's."""
-    code = (
-        "import json, sys\n"
-        "import abeja_runtime.main, abeja_runtime.front.supervisor\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    modules = set(json.loads(done.stdout))
+    modules = set(imported_by("abeja_runtime.main", "abeja_runtime.front.supervisor"))
     assert "abeja_runtime.front.supervisor" in modules
     later = {"asyncio", "aiohttp", "abeja_runtime.front.pool", "prometheus_client"}
     assert later & modules == set()
