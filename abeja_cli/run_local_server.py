@@ -57,7 +57,8 @@ _TICK: Final = 0.3
 @click.option(
     "--reload",
     is_flag=True,
-    help="Restart the model server when a .py file of the project changes.",
+    help="Reload the model when a .py file of the project changes (the version before "
+    "answers until the new one is ready, and goes on if it cannot be loaded).",
 )
 def run_local_server(**params: Any) -> None:
     """Serve the model in the current folder on 127.0.0.1 until Ctrl+C.
@@ -215,7 +216,7 @@ def _stop_signals() -> Iterator[threading.Event]:
 
 
 class _Watchers:
-    """What ``--reload`` watches: the code (restart) and requirements.txt (a warning)."""
+    """What ``--reload`` watches: the code (a reload) and requirements.txt (a warning)."""
 
     def __init__(self, project: Path) -> None:
         self.code = ChangeWatcher(project)

@@ -89,8 +89,6 @@ class Front:
         self._service_server: SocketServer | None = None
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_starting: asyncio.Task[None] | None = None
-        #: The first worker was ready before the service existed: the gRPC port opens after.
-        self._rpc_wanted = False
         self._prestarted = prestarted
 
     async def run(self) -> int:
@@ -148,7 +146,7 @@ class Front:
 
         call_service = self._service = CallService(config, pool, metrics, self._keys)
         call_service.draining = self._draining
-        if self._rpc_wanted:  # a worker was ready before the service
+        if pool.lifecycle.ever_ready:  # a worker was ready before the service existed
             self._on_first_ready()
         http = HttpServer(config, pool, metrics, call_service)
         control = ControlServer(self._is_ready, metrics.render)
@@ -182,10 +180,7 @@ class Front:
     def _on_first_ready(self) -> None:
         """Once a worker is ready, the gRPC port (when asked for) opens, as soon as the service
         it calls through exists."""
-        if self._config.grpc_port is None:
-            return
-        self._rpc_wanted = self._service is None
-        if not self._rpc_wanted:
+        if self._config.grpc_port is not None and self._service is not None:
             self._rpc_starting = asyncio.create_task(self._start_rpc())
 
     def _on_load_failed(self, text: str, details: str) -> None:

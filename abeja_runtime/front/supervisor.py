@@ -38,7 +38,6 @@ SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def run(config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
-    arrived = _hold_signals()
     configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
     try:
         tempfile.gettempdir()  # metrics files and request bodies above the spool threshold
@@ -65,6 +64,9 @@ def run(config: Config) -> int:
     sockets = _bind(config)
     if sockets is None:
         return 1
+    # From here, until the loop handles them, a stop is held for the drain (until here, an
+    # --install-requirements that takes minutes still stops at once).
+    arrived = _hold_signals()
     port, healthcheck_port = (sock.getsockname()[1] for sock in sockets)
     _log.info(
         "abeja-runtime %s serving %s from %s on http://%s:%d (health check port %d); "
