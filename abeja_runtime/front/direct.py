@@ -143,7 +143,8 @@ class DirectRequests:
         head = CallHead(method, url.path, time.time(), request_id, requester_id, headers)
         responder = DirectResponder(service, connection, keep_alive=not message.should_close)
         call = responder.call = service.begin(head, responder)
-        call.entry.caller = service.caller(headers)  # (a key given: accepts() saw it)
+        if service.keys is not None:  # (a key given: accepts() saw it)
+            call.entry.caller = service.keys.caller(headers)
         if captured:  # read into a shared buffer first (DirectBody)
             body: bytes | None = None
             size = captured
