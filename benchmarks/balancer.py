@@ -14,26 +14,30 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from abeja_runtime.launch import free_port
+from abeja_runtime.launch import free_port, free_ports
 
 __all__ = ["HAPROXY", "Balancer", "Slot"]
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Slot:
-    """Host ports where one replica publishes its service and health ports."""
+    """Host ports where one replica publishes its service and health ports (new ones through
+    :meth:`Balancer.repoint`, when another process took them meanwhile)."""
 
     name: str
     port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
 
 
+#: How many times (every 50 ms) :meth:`Balancer.repoint` looks for haproxy's stats socket.
+_SOCKET_POLLS: Final = 200
 #: Retries on another server, for what a refused or dropped connection may cost.
 _TUNED_RETRIES: Final = """    retries 3
     option redispatch 1
@@ -91,28 +95,49 @@ backend replicas
             stderr=subprocess.PIPE,
         )
 
+    def repoint(self, slot: Slot) -> None:
+        """New ports for ``slot``, and haproxy sends its requests and checks there from now on.
+
+        A port picked free is only free until someone binds it: a container of another test
+        may have been published on it meanwhile (Docker: "port is already allocated")."""
+        slot.port, slot.health_port = free_ports(2)
+        for _ in range(_SOCKET_POLLS):  # haproxy opens its stats socket a moment after it starts
+            if self.up() or self._socket.exists():
+                break
+            time.sleep(0.05)
+        for command in (
+            f"set server replicas/{slot.name} addr 127.0.0.1 port {slot.port}",
+            f"set server replicas/{slot.name} check-port {slot.health_port}",
+        ):
+            self._command(command)
+
     def up(self) -> set[str]:
         """Names of the servers haproxy considers UP now (none while it starts)."""
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.settimeout(5)
-            try:
-                sock.connect(str(self._socket))
-            except (FileNotFoundError, ConnectionRefusedError):
-                if self.process.poll() is None:
-                    return set()  # its stats socket is not open yet
-                assert self.process.stderr is not None
-                error = self.process.stderr.read().decode(errors="replace")
-                raise AssertionError(f"haproxy exited: {error}") from None
-            sock.sendall(b"show stat\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
+        try:
+            data = self._command("show stat")
+        except (FileNotFoundError, ConnectionRefusedError):
+            if self.process.poll() is None:
+                return set()  # its stats socket is not open yet
+            assert self.process.stderr is not None
+            error = self.process.stderr.read().decode(errors="replace")
+            raise AssertionError(f"haproxy exited: {error}") from None
         rows = [line.split(",") for line in data.decode().splitlines() if line and line[0] != "#"]
         return {
             row[1]
             for row in rows
             if row[0] == "replicas" and row[1] != "BACKEND" and row[17].startswith("UP")
         }
+
+    def _command(self, command: str) -> bytes:
+        """What haproxy answers ``command`` on its stats socket."""
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self._socket))
+            sock.sendall(command.encode() + b"\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 from helpers.cli import http_request
 from helpers.load import LoadClient, Tally
@@ -25,32 +26,46 @@ from benchmarks.balancer import HAPROXY, Balancer, Slot
 pytestmark = pytest.mark.docker
 
 CONNECTIONS = 6
+PORT_TRIES = 5
 LOAD_SECONDS = 4.0
 
 
 class Replicas:
     """Containers of one image, each published on a slot's host ports."""
 
-    def __init__(self, client: Any, image: str) -> None:
+    def __init__(self, client: Any, image: str, balancer: Balancer) -> None:
         self._client = client
         self._image = image
+        self._balancer = balancer
         self.running: dict[str, Any] = {}  # slot name → container
 
     def start(self, slot: Slot) -> Any:
-        container = self._client.containers.run(
-            self._image,
-            detach=True,
-            read_only=True,
-            tmpfs={"/tmp": ""},
-            ports={
-                "5000/tcp": ("127.0.0.1", slot.port),
-                "5001/tcp": ("127.0.0.1", slot.health_port),
-            },
-            environment={"ABEJA_RUNTIME_GRACE_PERIOD": "10"},
-            labels={"org.abeja-runtime.kind": "container", "org.abeja-runtime.test": "replicas"},
-        )
-        self.running[slot.name] = container
-        return container
+        """A container published on ``slot``'s ports, or on new ones if another test's container
+        took them since they were picked (the balancer is told)."""
+        for _ in range(PORT_TRIES):
+            labels = {"org.abeja-runtime.kind": "container", "org.abeja-runtime.test": "replicas"}
+            container = self._client.containers.create(
+                self._image,
+                read_only=True,
+                tmpfs={"/tmp": ""},
+                ports={
+                    "5000/tcp": ("127.0.0.1", slot.port),
+                    "5001/tcp": ("127.0.0.1", slot.health_port),
+                },
+                environment={"ABEJA_RUNTIME_GRACE_PERIOD": "10"},
+                labels=labels,
+            )
+            try:
+                container.start()
+            except docker.errors.APIError as exc:
+                container.remove(force=True)
+                if "already allocated" not in str(exc) and "already in use" not in str(exc):
+                    raise
+                self._balancer.repoint(slot)
+                continue
+            self.running[slot.name] = container
+            return container
+        raise AssertionError(f"no free ports for {slot.name} in {PORT_TRIES} tries")
 
     def requests_total(self, slot: Slot) -> float:
         status, body = http_request(f"http://127.0.0.1:{slot.health_port}/metrics", timeout=5)
@@ -83,8 +98,8 @@ def cluster(
         pytest.skip(f"haproxy is not installed at {HAPROXY} (apt-get install haproxy)")
     tag, _project = production_image
     slots = [Slot(f"r{i}") for i in range(6)]  # three in use, three for surge replacements
-    replicas = Replicas(docker_client, tag)
     balancer = Balancer(tmp_path, slots)
+    replicas = Replicas(docker_client, tag, balancer)
     try:
         for slot in slots[:3]:
             replicas.start(slot)
