@@ -33,6 +33,9 @@ class Template:
     request: str  # the request file in the template
     run_input: str  # run-local's input options
     curl_body: str  # curl's options after the URL
+    handler: str = "main:handler"  # what -h names
+    path: str = ""  # the URL's path in the curl line
+    more: str = ""  # a paragraph of the README on what the template serves
 
     def readme(self, name: str) -> str:
         return f"""# {name}
@@ -42,23 +45,23 @@ class Template:
 Send it one request:
 
 ```sh
-abeja model run-local -h main:handler {self.run_input}
+abeja model run-local -h {self.handler} {self.run_input}
 ```
 
 Serve it until Ctrl+C, and send requests with curl:
 
 ```sh
-abeja model run-local-server -h main:handler -p 8080
-{README_CURL} {self.curl_body}
+abeja model run-local-server -h {self.handler} -p 8080
+{README_CURL}{self.path} {self.curl_body}
 ```
-
+{self.more}
 Packages the model needs go in `requirements.txt`; trained files in
 `abejainc_training_result/` (read through `ABEJA_TRAINING_RESULT_DIR`). Without Docker, add
 `--engine local`: the model runs in this Python, with `requirements.txt` installed in an
 environment of its own (once, then reused). For production:
 
 ```sh
-abeja model build -h main:handler -t {_image_name(name)}:1
+abeja model build -h {self.handler} -t {_image_name(name)}:1
 ```
 
 With Docker, the model's image is built on `{DEFAULT_IMAGE}`, pulled the first time. Where
@@ -73,6 +76,24 @@ def _image_name(folder: str) -> str:
     """The folder's name as Docker takes an image name: lower case, no spaces."""
     return re.sub(r"[^a-z0-9]+", "-", folder.lower()).strip("-") or "model"
 
+
+_CHAT_MORE: Final = """
+The server speaks OpenAI's API (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+`/v1/models`): the `openai` package (`pip install openai`), and the tools built on it, call it
+as they call OpenAI. The model's id is `model` (`-e ABEJA_RUNTIME_SERVED_MODEL_NAME=NAME`
+changes it):
+
+```python
+from openai import OpenAI
+
+client = OpenAI(base_url="http://localhost:8080/v1", api_key="unused")
+stream = client.chat.completions.create(
+    model="model", messages=[{"role": "user", "content": "What does the runtime do?"}], stream=True
+)
+for chunk in stream:
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+```
+"""
 
 TEMPLATES: Final = {
     "json": Template(
@@ -104,6 +125,15 @@ TEMPLATES: Final = {
         "request.json",
         "--input request.json",
         "-H 'Content-Type: application/json' --data-binary @request.json",
+    ),
+    "chat": Template(
+        "A chat model (a toy word chain) served as OpenAI's API: chat, completions, embeddings.",
+        "request.json",
+        "--input request.json",
+        "-H 'Content-Type: application/json' --data-binary @request.json",
+        handler="main:chat",
+        path="/v1/chat/completions",
+        more=_CHAT_MORE,
     ),
     "numpy": Template(
         "A numpy model (a linear layer) that answers JSON rows of numbers.",
@@ -170,5 +200,7 @@ def _init(console: Console, target: Path, name: str) -> int:
     )
     here = target.resolve() == Path.cwd().resolve()
     where = "" if here else f"cd {shlex.quote(str(target))} && "
-    console.notice(f"try it: {where}abeja model run-local -h main:handler {template.run_input}")
+    console.notice(
+        f"try it: {where}abeja model run-local -h {template.handler} {template.run_input}"
+    )
     return 0

@@ -44,6 +44,7 @@ __all__ = [
     "json_dumps",
     "status_body",
     "status_reply",
+    "word_errors_for",
 ]
 
 _log = logging.getLogger("abeja_runtime")
@@ -99,8 +100,38 @@ def status_reply(
 
 
 def error_reply(exc: HttpError) -> EncodedResponse:
-    """The runtime's answer for ``exc``: its status, its message, its headers."""
-    return status_reply(exc.status, exc.message, exc.headers.items())
+    """The runtime's answer for ``exc``: its status, its message (in the served style's words,
+    :func:`word_errors_for`), its headers."""
+    body = _error_body(exc.status, exc.message)
+    return EncodedResponse(exc.status, (("Content-Type", _JSON), *exc.headers.items()), body)
+
+
+def _status_error(status: int, message: str) -> bytes:
+    return status_body(message)
+
+
+def _openai_error(status: int, message: str) -> bytes:
+    """OpenAI's error object, which its clients read the message of."""
+    error = {
+        "message": message,
+        "type": "invalid_request_error" if status < 500 else "server_error",
+        "param": None,
+        "code": "invalid_api_key" if status == 401 else None,
+    }
+    return json.dumps({"error": error}).encode()
+
+
+#: The styles whose clients expect the runtime's own errors (a refused key, a full queue, a
+#: timeout) in another shape than ABEJA's ``{"status": message}``.
+_ERROR_BODIES: Final[dict[str, Callable[[int, str], bytes]]] = {"openai": _openai_error}
+_error_body = _status_error
+
+
+def word_errors_for(style: str) -> None:
+    """The errors this process answers from now on, in ``style``'s words: set once the handler
+    is loaded (in its process) or the first worker is ready (in the front)."""
+    global _error_body
+    _error_body = _ERROR_BODIES.get(style, _status_error)
 
 
 def status_body(message: str) -> bytes:

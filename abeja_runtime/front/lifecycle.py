@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from abeja_runtime.config import Config
+from abeja_runtime.encode import word_errors_for
 from abeja_runtime.errors import ServiceUnavailable
 from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, Ready
 from abeja_runtime.front.interpreter import Prestarted
@@ -186,6 +187,7 @@ class Lifecycle:
         self._set_state(member, ProcessState.READY)
         if not self.ever_ready:  # every worker loads the same handler: the first one says
             self.style = ready.style
+            word_errors_for(ready.style)
             self.front_paths = ready.front_paths
             self.rpc_methods = ready.rpc_methods
             if ready.batch is not None:  # declared by the handler (@abeja_runtime.batched)

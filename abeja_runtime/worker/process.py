@@ -24,6 +24,7 @@ from typing import Final, NoReturn
 
 from abeja_runtime.batched import declared_batch
 from abeja_runtime.config import Config
+from abeja_runtime.encode import word_errors_for
 from abeja_runtime.errors import HandlerLoadError
 from abeja_runtime.frames import (
     EXIT_WARMUP_FAILED,
@@ -240,6 +241,7 @@ def serve(
         channel.write(loaded)
         return 1
     handler, config = loaded.handler, loaded.config
+    word_errors_for(handler.style)
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
     ready = Ready(
         VERSION,

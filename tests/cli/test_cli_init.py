@@ -4,13 +4,18 @@ generated, with the command its own README gives; nothing is ever overwritten.""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.cli import Result, readme_run_local
 
 from abeja_cli.init import TEMPLATES
+from abeja_runtime.launch import free_port
 
 Abeja = Callable[..., Result]
 
@@ -26,6 +31,10 @@ CHECKS: dict[str, Callable[[bytes], bool]] = {
     ),
     "csv": lambda out: json.loads(out) == {"rows": 2, "sums": {"price": 3.5, "quantity": 7.0}},
     "numpy": lambda out: len(json.loads(out)["outputs"]) == 2,
+    "chat": lambda out: (
+        json.loads(out)["object"] == "chat.completion"
+        and json.loads(out)["choices"][0]["message"]["content"].endswith(". ")
+    ),
     "cortex": lambda out: json.loads(out) == "iris-setosa",
 }
 
@@ -39,7 +48,8 @@ def test_each_template_runs_as_generated(abeja: Abeja, tmp_path: Path, template:
     files = sorted(p.name for p in project.iterdir())
     assert {"main.py", "requirements.txt", "README.md", ".dockerignore"} <= set(files)
     readme = (project / "README.md").read_text()
-    assert "abeja model run-local-server -h main:handler" in readme and "curl -s " in readme
+    handler = TEMPLATES[template].handler
+    assert f"abeja model run-local-server -h {handler}" in readme and "curl -s " in readme
     assert f"[info] created a project from the {template} template in " in made.stderr
     # The local engine installs requirements.txt itself: the README does not ask the user to.
     assert "installed in an\nenvironment of its own" in readme, readme
@@ -61,3 +71,35 @@ def test_init_never_overwrites(abeja: Abeja, tmp_path: Path) -> None:
     ]
     assert (tmp_path / "main.py").read_text() == "# mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["main.py"]
+
+
+def test_the_chat_template_serves_openai_clients_as_its_readme_says(
+    abeja: Abeja, start_abeja: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The README's run-local-server line, then its curl line and its Python example, as
+    written (only the port is this test's own)."""
+    assert abeja("model", "init", "chat", "--template", "chat", cwd=tmp_path).returncode == 0
+    project = tmp_path / "chat"
+    readme = (project / "README.md").read_text()
+    port = str(free_port())
+    serve = readme_line(readme, "abeja model run-local-server ").replace("8080", port)
+    cli = start_abeja(*shlex.split(serve)[1:], "--engine", "local", cwd=project)
+    endpoint = cli.endpoint()
+    assert endpoint == f"http://127.0.0.1:{port}", cli.output()
+
+    curl = readme_line(readme, "curl -s localhost:8080").replace("8080", port)
+    sent = subprocess.run(shlex.split(curl), cwd=project, capture_output=True, timeout=60)
+    answer = json.loads(sent.stdout)
+    assert answer["object"] == "chat.completion", sent
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0].replace("8080", port)
+    shown = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == answer["choices"][0]["message"]["content"].strip()
+
+
+def readme_line(readme: str, start: str) -> str:
+    return next(line for line in readme.splitlines() if line.startswith(start))
