@@ -103,3 +103,13 @@ def test_the_chat_template_serves_openai_clients_as_its_readme_says(
 
 def readme_line(readme: str, start: str) -> str:
     return next(line for line in readme.splitlines() if line.startswith(start))
+
+
+def test_the_readme_shows_the_chat_example_that_is_tested(tmp_path: Path) -> None:
+    """The repository README's chat example is the template's, which the test above runs."""
+    generated = TEMPLATES["chat"].readme("chat")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    python = generated.split("```python\n", 1)[1].split("```", 1)[0]
+    assert f"```python\n{python}```" in readme
+    assert readme_line(generated, "curl -s localhost:8080") in readme.splitlines()
+    assert readme_line(generated, "abeja model run-local-server ") in readme.splitlines()
