@@ -662,3 +662,35 @@ def test_the_log_comes_in_the_order_it_was_written(
     assert result.returncode == 0, str(result)
     assert chatty_run(result.stderr) == CHATTY_RUN, str(result)
     assert result.text == "done"
+
+
+def test_the_chat_template_streams_openai_chunks_from_a_container(
+    abeja: Abeja,
+    start_abeja: Callable[..., CliProcess],
+    base_image: str,
+    docker_client: Any,
+    tmp_path: Path,
+) -> None:
+    """``abeja model init --template chat``, served by the Docker engine: run-local answers
+    the chat completion, run-local-server streams OpenAI's chunks to the openai client."""
+    import openai
+
+    assert abeja("model", "init", "chat", "--template", "chat", cwd=tmp_path).returncode == 0
+    cwd = tmp_path / "chat"
+    once = abeja(
+        "model", "run-local", "-i", base_image, "--engine", "docker", "-h", "main:chat",
+        "--input", "request.json", "-q", cwd=cwd,
+    )  # fmt: skip
+    assert once.returncode == 0, str(once)
+    whole = json.loads(once.stdout)["choices"][0]["message"]["content"]
+    cli = start_abeja(
+        "model", "run-local-server", "-i", base_image, "--engine", "docker", "-h", "main:chat",
+        cwd=cwd,
+    )  # fmt: skip
+    client = openai.OpenAI(base_url=cli.endpoint() + "/v1", api_key="unused", max_retries=0)
+    request = json.loads((cwd / "request.json").read_text())
+    stream = client.chat.completions.create(**request, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == whole
+    cli.send(signal.SIGINT)
+    assert cli.wait(60) == 0, cli.output()
+    assert ours(docker_client, cwd) == []
