@@ -124,7 +124,7 @@ def _openai_error(status: int, message: str) -> bytes:
 #: The styles whose clients expect the runtime's own errors (a refused key, a full queue, a
 #: timeout) in another shape than ABEJA's ``{"status": message}``.
 _ERROR_BODIES: Final[dict[str, Callable[[int, str], bytes]]] = {"openai": _openai_error}
-_error_body = _status_error
+_error_body: Callable[[int, str], bytes] = _status_error
 
 
 def word_errors_for(style: str) -> None:
