@@ -109,11 +109,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--also",
         action="append",
-        choices=("streams", "batching"),
+        choices=("streams", "batching", "openai_streams"),
         default=[],
         help="after the matrix, run this benchmark too, with its defaults (streams: time to "
         "first chunk and 1,000 SSE streams; batching: the fixed-cost model batched, beside Ray "
-        "Serve and LitServe), and print its table (written too with --write-results)",
+        "Serve and LitServe; openai_streams: the OpenAI style's chat streams beside LitServe's "
+        "OpenAISpec), and print its table (written too with --write-results)",
     )
     args = p.parse_args(argv)
     if args.baseline_ref and "runtime-baseline" not in args.targets:
