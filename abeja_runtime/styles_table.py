@@ -26,11 +26,11 @@ class Listed(NamedTuple):
 #: other does. A static table, so that ``--style``'s choices and help cost no import (a test
 #: checks it against the styles themselves).
 REGISTERED: Final = (
-    Listed("openai", "openai", "chat/complete/embed functions as OpenAI's API"),
     Listed("abeja-v1", "abeja_v1", "18.10 generator handlers"),
     Listed("cortex", "cortex", "pre_inference/post_inference + ONNX model"),
     Listed("kserve", "kserve", "kserve.Model class"),
     Listed("seldon", "seldon", "class with predict"),
+    Listed("openai", "openai", "chat/complete/embed functions as OpenAI's API"),
     Listed("abeja", "abeja", "handler(request, context)"),
 )
 

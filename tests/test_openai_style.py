@@ -5,8 +5,10 @@ real runtime serving a module's ``chat``, ``complete`` and ``embed`` functions (
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,19 @@ def test_the_first_of_several_stop_sequences_ends_the_text(api: openai.OpenAI) -
 def test_max_tokens_ends_the_text_with_length(api: openai.OpenAI) -> None:
     answer = api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert answer.choices[0].message.content == "four three "
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage is not None and answer.usage.completion_tokens == 2
+
+
+def test_a_text_that_ends_at_max_tokens_ends_with_stop(api: openai.OpenAI) -> None:
+    answer = api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
+    assert answer.choices[0].message.content == REVERSED
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_a_returned_text_is_cut_to_max_tokens(api: openai.OpenAI) -> None:
+    answer = api.completions.create(model=MODEL, prompt="one two three four five", max_tokens=2)
+    assert answer.choices[0].text == "five four"
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage is not None and answer.usage.completion_tokens == 2
 
@@ -240,6 +255,8 @@ def test_a_completion_has_the_whole_text(api: openai.OpenAI) -> None:
 def test_a_completion_echoes_its_prompt_when_asked(api: openai.OpenAI) -> None:
     answer = api.completions.create(model=MODEL, prompt="alpha beta", echo=True)
     assert answer.choices[0].text == "alpha betabeta alpha "
+    chunks = list(api.completions.create(model=MODEL, prompt="alpha beta", echo=True, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in chunks) == "alpha betabeta alpha "
 
 
 def test_a_list_of_prompts_gets_a_choice_each(api: openai.OpenAI) -> None:
@@ -255,10 +272,17 @@ def test_a_streamed_completion_from_plain_functions(plain: openai.OpenAI) -> Non
     assert chunks[-1].choices[0].finish_reason == "length"  # 40 characters: the module's count
 
 
+def test_a_plain_function_may_return_an_async_iterator(plain: openai.OpenAI) -> None:
+    assert plain.completions.create(model=MODEL, prompt="aiter").choices[0].text == "abc"
+    chunks = plain.completions.create(model=MODEL, prompt="aiter", stream=True)
+    assert "".join(chunk.choices[0].text for chunk in chunks) == "abc"
+
+
 def test_a_completion_stops_at_16_tokens_by_default_as_openai_does(plain: openai.OpenAI) -> None:
     answer = plain.completions.create(model=MODEL, prompt="p")
     assert answer.choices[0].finish_reason == "length"
-    assert answer.usage is not None and answer.usage.completion_tokens >= 16
+    assert answer.choices[0].text == "p-0 p-1 p-2 p-3 "  # 4 characters each: the module's count
+    assert answer.usage is not None and answer.usage.completion_tokens == 16
 
 
 # Embeddings
@@ -275,8 +299,10 @@ def test_embeddings_as_floats(api: openai.OpenAI) -> None:
 
 
 def test_embeddings_in_base64_as_the_client_asks_by_default(api: openai.OpenAI) -> None:
-    answer = api.embeddings.create(model=MODEL, input="abcd")
-    assert answer.data[0].embedding == [4.0, 0.0, 0.5, -1.25]
+    raw = api.embeddings.with_raw_response.create(model=MODEL, input="abcd")
+    sent = json.loads(raw.content)["data"][0]["embedding"]
+    assert base64.b64decode(sent) == struct.pack("<4f", 4.0, 0.0, 0.5, -1.25)
+    assert raw.parse().data[0].embedding == [4.0, 0.0, 0.5, -1.25]
 
 
 def test_embeddings_cut_to_the_dimensions_asked(api: openai.OpenAI) -> None:
@@ -340,8 +366,10 @@ def test_a_model_that_raises_before_answering_is_a_server_error(
     with pytest.raises(openai.InternalServerError) as raised:
         api.chat.completions.create(model=MODEL, messages=HELLO, extra_body={"fail": "before"})
     assert "out of memory" in raised.value.message
-    with pytest.raises(openai.InternalServerError):
+    with pytest.raises(openai.InternalServerError) as raised:
         api.completions.create(model=MODEL, prompt="x", extra_body={"fail": "before"})
+    assert raised.value.type == "server_error"
+    assert "ValueError: no prompt today" in raised.value.message
     assert served.request("GET", "/v1/models").status == 200  # served on
 
 
@@ -363,6 +391,19 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event(api: openai.OpenAI)
             received.append(chunk.choices[0].delta.content or "")
     assert "lost its GPU" in raised.value.message
     assert "".join(received) == "four three "
+
+
+def test_an_unknown_route_is_not_found(served: RunningServer) -> None:
+    for method in ("GET", "POST"):
+        answer = served.request(method, "/v1/nothing", b"{}" if method == "POST" else None)
+        assert answer.status == 404, method
+        assert json.loads(answer.body)["error"]["code"] == "unknown_url"
+
+
+def test_an_embed_that_raises_is_a_server_error(api: openai.OpenAI) -> None:
+    with pytest.raises(openai.InternalServerError) as raised:
+        api.embeddings.create(model=MODEL, input="x", extra_body={"fail": "before"})
+    assert "the embedder is broken" in raised.value.message
 
 
 def test_a_wrong_route_method_is_refused_in_openai_shape(served: RunningServer) -> None:

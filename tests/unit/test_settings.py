@@ -79,8 +79,8 @@ def test_a_choice_is_matched_without_case_and_kept_as_declared():
         "--loop (ABEJA_RUNTIME_LOOP) must be one of auto, asyncio, uvloop, got 'fast'"
     )
     assert problem(style="flask").startswith(
-        "--style (ABEJA_RUNTIME_STYLE) must be one of auto, openai, abeja-v1, cortex, kserve, "
-        "seldon, abeja"
+        "--style (ABEJA_RUNTIME_STYLE) must be one of auto, abeja-v1, cortex, kserve, seldon, "
+        "openai, abeja"
     )
 
 

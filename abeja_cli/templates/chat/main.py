@@ -43,7 +43,7 @@ def embed(request):
 
 
 def _generate(text, seed, limit=40):
-    randomness = random.Random(seed if seed is not None else text)
+    randomness = random.Random(seed)  # the request's seed: the same answer for the same seed
     known = [word for word in text.lower().split() if word in FOLLOWERS]
     word = known[-1] if known else "the"
     for _ in range(limit):

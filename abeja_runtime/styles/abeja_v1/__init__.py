@@ -21,7 +21,8 @@ class _AbejaV1(Style):
 
     def detect(self, target: Target) -> Choice | None:
         obj = target.obj
-        if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
+        generator = inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj)
+        if generator and _takes(obj, 2):  # (iterable, context): not OpenAI's chat(request)
             return Choice(
                 self,
                 f"{target.attribute} is a generator function, as the 18.10 image's handlers are",
@@ -36,6 +37,15 @@ class _AbejaV1(Style):
         from abeja_runtime.styles.abeja_v1.adapter import adapt
 
         return adapt(checked_handler(subject).func, config=config, workdir=workdir)
+
+
+def _takes(func: Any, count: int) -> bool:
+    """Whether ``func`` can be called with ``count`` positional arguments."""
+    try:
+        inspect.signature(func).bind(*range(count))
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 STYLE = _AbejaV1()

@@ -48,11 +48,14 @@ class OpenaiOptions:
 
 
 def endpoint_functions(module: ModuleType) -> dict[str, Any]:
-    """The functions of :data:`ENDPOINTS` that ``module`` defines, by name."""
+    """The functions of :data:`ENDPOINTS` that ``module`` defines itself (not imported into
+    it), each taking one argument, by name."""
     return {
         name: value
         for name in ENDPOINTS
-        if callable(value := getattr(module, name, None)) and not inspect.isclass(value)
+        if inspect.isfunction(value := getattr(module, name, None))
+        and value.__module__ == module.__name__
+        and _one_parameter(value)
     }
 
 

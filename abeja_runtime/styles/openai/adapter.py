@@ -20,6 +20,7 @@ coroutines: a ``def`` module's calls run it to the end at once (nothing waits th
 from __future__ import annotations
 
 import base64
+import dataclasses
 import inspect
 import json
 import logging
@@ -42,6 +43,7 @@ from abeja_runtime.styles.openai.protocol import (
     EmbeddingRequest,
     OpenaiError,
     TokenCounter,
+    Usage,
     chat_request,
     completion_requests,
     count_words,
@@ -110,6 +112,8 @@ class _Server:
             if path == "/v1/models" or match:
                 _only(method, "GET")
                 return self._models(match["id"] if match else None)
+            if path != "/" and path not in _ROUTES:
+                raise OpenaiError(f"Unknown route {path}.", status=404, code="unknown_url")
             _only(method, "POST")
             body = _json_body(request)
             endpoint = self._endpoint(path, body)
@@ -122,6 +126,8 @@ class _Server:
             return await self._generate(endpoint, requests)
         except OpenaiError as exc:
             return json_result(exc.document(), exc.status, headers=exc.headers)
+        except Exception as exc:  # the module's own code failed (its counter, its vectors)
+            return _server_error(_failure(exc))
 
     def _endpoint(self, path: str, body: Any) -> str:
         """The function ``path`` asks for; ``POST /`` chooses by the body's keys."""
@@ -130,9 +136,7 @@ class _Server:
             path = next(
                 (ENDPOINTS[name] for key, name in _ROOT_KEYS if key in keys), ENDPOINTS["chat"]
             )
-        endpoint = next((name for name, route in ENDPOINTS.items() if route == path), None)
-        if endpoint is None:
-            raise OpenaiError(f"Unknown route {path}.", status=404, code="unknown_url")
+        endpoint = _ROUTES[path]
         if endpoint not in self._functions:
             raise OpenaiError(
                 f"This model serves no {path}: its module defines no {endpoint}(request).",
@@ -185,48 +189,48 @@ class _Server:
 
     async def _generate(self, endpoint: str, requests: list[Generation]) -> EncodedResponse:
         answer = _Answer(endpoint, self._model, requests, self._functions[endpoint], self._count)
-        if requests[0].stream:
-            events = answer.events()
-            try:  # the first event waits for the first piece: an error before it is a 500
-                first = await events.__anext__()
-            except _ModelFailed as exc:
-                await events.aclose()
-                return _server_error(exc.message)
-            return EncodedResponse(200, _SSE, _prepended(first, events))
-        try:
+        if not requests[0].stream:
             return json_result(await answer.whole())
-        except _ModelFailed as exc:
-            return _server_error(exc.message)
+        events = answer.events()
+        try:  # the first event waits for the first piece: a failure before it is a 500
+            first = await events.__anext__()
+        except BaseException:
+            await events.aclose()
+            raise
+        return EncodedResponse(200, _SSE, _prepended(first, events))
 
 
+#: The POST routes, and the function each calls.
+_ROUTES: Final = {route: name for name, route in ENDPOINTS.items()}
 #: ``POST /``'s body keys, and the function each asks for (the first found wins).
 _ROOT_KEYS: Final = (("messages", "chat"), ("prompt", "complete"), ("input", "embed"))
-
-
-class _ModelFailed(Exception):
-    """The author's function raised: a 500 before a stream begins, an error event after."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+_WORD: Final = re.compile(r"\s*\S+")
 
 
 class _Choice:
     """One choice's text as the function yields it: ``stop`` applied across pieces (the text
-    that could begin a stop sequence held back until the next piece says), tokens counted to
-    ``max_tokens``."""
+    that could begin a stop sequence held back until the next piece says), tokens counted up
+    to ``max_tokens`` (a piece that would pass it cut to its words, with the default count)."""
 
-    def __init__(self, request: Generation) -> None:
+    def __init__(self, request: Generation, words: bool) -> None:
         self._stops = request.stop
         self._hold = max((len(stop) for stop in self._stops), default=1) - 1
         self._max_tokens = request.max_tokens
+        self._words = words
         self._held = ""
         self.tokens = 0
+        #: ``max_tokens`` came: the choice ends as ``length`` if the function had more.
+        self.full = False
         self.finish_reason: str | None = None
 
     def take(self, piece: str, tokens: int) -> str:
         """The text to send now for ``piece`` (``tokens`` long); sets :attr:`finish_reason`
-        once the choice ends."""
+        (a stop sequence) or :attr:`full` once the choice ends."""
+        limit = self._max_tokens
+        left = None if limit is None else limit - self.tokens
+        cut_short = left is not None and tokens > left and self._words
+        if cut_short and left is not None:
+            piece, tokens = "".join(_WORD.findall(piece)[:left]), left
         self.tokens += tokens
         text = self._held + piece
         if self._stops:
@@ -237,15 +241,18 @@ class _Choice:
                 return text[:cut]
             keep = _held_back(text, self._stops, self._hold)
             self._held, text = text[len(text) - keep :], text[: len(text) - keep]
-        if self._max_tokens is not None and self.tokens >= self._max_tokens:
-            self.finish_reason = "length"
+        if limit is not None and self.tokens >= limit:
+            self.full = True
+            if cut_short:  # the text had more than max_tokens
+                self.finish_reason = "length"
             text, self._held = text + self._held, ""
         return text
 
-    def end(self) -> str:
-        """What is still held back, once the function ended of itself."""
+    def end(self, more: bool) -> str:
+        """What is still held back, once the function ended (``more``: it had more to give,
+        and the choice is ``length``)."""
         text, self._held = self._held, ""
-        self.finish_reason = self.finish_reason or "stop"
+        self.finish_reason = self.finish_reason or ("length" if more else "stop")
         return text
 
 
@@ -274,27 +281,36 @@ class _Answer:
         self._function = function
         self._requests = requests
         self._count = count
-        self._counts_tokens = count is not count_words
+        self._words = count is count_words
         self._id = ("chatcmpl-" if self._chat else "cmpl-") + uuid.uuid4().hex
         self._created = int(time.time())
         self._model = model
         self._object = "chat.completion" if self._chat else "text_completion"
         self.completion_tokens = 0
+        #: Prompt tokens a function reported, by prompt.
+        self._reported: dict[int, int] = {}
         #: Whether an event went out: from then on, a failure is an error event.
         self._begun = False
 
     async def whole(self) -> dict[str, Any]:
         """The answer document: every choice's whole text."""
         choices = []
-        async for index, request, pieces in self._choices():
-            text, choice = [], _Choice(request)
-            async for piece, tokens in pieces:
-                text.append(choice.take(piece, tokens))
-                if choice.finish_reason:
-                    break
-            await pieces.aclose()
-            text.append(choice.end())
-            self._counted(request, choice)
+        async for index, prompt, request in self._choices():
+            choice = _Choice(request, self._words)
+            text = [
+                request.prompt if isinstance(request, CompletionRequest) and request.echo else ""
+            ]
+            pieces = self._pieces(request)
+            try:
+                async for piece, tokens in pieces:
+                    text.append(choice.take(piece, tokens))
+                    if choice.finish_reason or choice.full:
+                        break
+                more = choice.full and await _has_more(pieces)
+            finally:
+                await pieces.aclose()
+            text.append(choice.end(more))
+            self._counted(prompt, request, choice)
             choices.append(self._whole_choice(index, "".join(text), choice.finish_reason))
         return {
             "id": self._id,
@@ -306,64 +322,72 @@ class _Answer:
         }
 
     async def events(self) -> AsyncGenerator[bytes, None]:
-        """The answer's events; the first comes with the first piece (a function that fails
-        before it raises :class:`_ModelFailed`), an error later is an error event."""
+        """The answer's events; the first comes with the first piece (what fails before it
+        raises), a failure later is an error event."""
         try:
-            async for index, request, pieces in self._choices():
-                async for event in self._choice_events(index, request, pieces):
-                    yield event
-        except _ModelFailed as exc:
+            async for index, prompt, request in self._choices():
+                events = self._choice_events(index, prompt, request)
+                try:
+                    async for event in events:
+                        self._begun = True
+                        yield event
+                finally:  # at once, also when the client left: it closes the function
+                    await events.aclose()
+            if self._requests[0].include_usage:
+                yield _sse(self._frame([], usage=self._usage()))
+        except Exception as exc:
             if not self._begun:
                 raise
-            yield _sse({"error": OpenaiError(exc.message, kind="server_error").document()["error"]})
-            yield _DONE
-            return
-        if self._requests[0].include_usage:
-            yield _sse(self._frame([], usage=self._usage()))
+            error = OpenaiError(_failure(exc), kind="server_error").document()
+            yield _sse(error)
         yield _DONE
 
     async def _choice_events(
-        self, index: int, request: Generation, pieces: AsyncGenerator[tuple[str, int], None]
+        self, index: int, prompt: int, request: Generation
     ) -> AsyncGenerator[bytes, None]:
-        """One choice's events: its role (chat), its text as it comes, its finish reason."""
-        choice = _Choice(request)
+        """One choice's events: its role (chat) or echoed prompt, its text as it comes, its
+        finish reason."""
+        choice = _Choice(request, self._words)
         opened = False
+        pieces = self._pieces(request)
         try:
             async for piece, tokens in pieces:
                 text = choice.take(piece, tokens)
                 if not opened:
-                    opened = self._begun = True
-                    if self._chat:
-                        yield self._event(index, _ROLE)
+                    opened = True
+                    if opening := self._opening(request):
+                        yield self._event(index, opening)
                 if text:
                     yield self._event(index, text)
-                if choice.finish_reason:
+                if choice.finish_reason or choice.full:
                     break
+            more = choice.full and await _has_more(pieces)
         finally:
             await pieces.aclose()
-        if tail := choice.end():
+        if tail := choice.end(more):
             yield self._event(index, tail)
-        self._counted(request, choice)
-        if not opened:
-            self._begun = True
-            if self._chat:
-                yield self._event(index, _ROLE)
+        self._counted(prompt, request, choice)
+        if not opened and (opening := self._opening(request)):
+            yield self._event(index, opening)
         yield self._event(index, None, choice.finish_reason)
 
-    async def _choices(
-        self,
-    ) -> AsyncGenerator[tuple[int, Generation, AsyncGenerator[tuple[str, int], None]], None]:
-        """Each choice: its index, its request and the function's pieces for it."""
+    def _opening(self, request: Generation) -> str | dict[str, str]:
+        """A choice's first event: the role (chat), the prompt (``echo``), or none."""
+        if self._chat:
+            return _ROLE
+        return request.prompt if isinstance(request, CompletionRequest) and request.echo else ""
+
+    async def _choices(self) -> AsyncGenerator[tuple[int, int, Generation], None]:
+        """Each choice: its index, its prompt's and a request of its own (its usage its own)."""
         index = 0
-        for request in self._requests:
+        for prompt, request in enumerate(self._requests):
             for _ in range(request.n):
-                yield index, request, self._pieces(request)
+                yield index, prompt, dataclasses.replace(request, usage=Usage())
                 index += 1
 
     async def _pieces(self, request: Generation) -> AsyncGenerator[tuple[str, int], None]:
         """The function's text pieces for ``request``, each with its token count (a returned
-        text is one piece); what the function raises becomes :class:`_ModelFailed`; closed,
-        this closes the function's generator."""
+        text is one piece); closed, this closes the function's generator."""
         name = "chat" if self._chat else "complete"
         count, produced = self._count, None
         try:
@@ -372,32 +396,39 @@ class _Answer:
                 if produced:
                     yield produced, count(produced)
                 return
-            each = None if self._counts_tokens else 1  # a yielded piece is a token
-            if hasattr(produced, "__aiter__"):
-                async for piece in produced:
+            each = 1 if self._words else None  # a yielded piece is a token
+            if hasattr(produced, "__aiter__"):  # stepped through settled: also where no loop runs
+                step = produced.__aiter__().__anext__
+                while True:
+                    try:
+                        piece = await settled(step())
+                    except StopAsyncIteration:
+                        return
                     yield _text(piece, name), each or count(piece)
             else:
                 for piece in produced:
                     yield _text(piece, name), each or count(piece)
-        except (GeneratorExit, _ModelFailed):
-            raise
-        except Exception as exc:
-            _log.error("the model's %s(request) raised %s: %s", name, type(exc).__name__, exc)
-            raise _ModelFailed(f"the model's {name} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             close = getattr(produced, "aclose", None) or getattr(produced, "close", None)
             if callable(close):
-                await settled(close())
+                try:
+                    await settled(close())
+                except Exception as exc:
+                    _log.error("closing the model's %s failed: %s", name, _failure(exc))
 
-    def _counted(self, request: Generation, choice: _Choice) -> None:
+    def _counted(self, prompt: int, request: Generation, choice: _Choice) -> None:
         reported = request.usage.completion_tokens
         self.completion_tokens += choice.tokens if reported is None else reported
+        if request.usage.prompt_tokens is not None:
+            self._reported[prompt] = request.usage.prompt_tokens
 
     def _usage(self) -> dict[str, int]:
-        prompt = 0
-        for request in self._requests:
-            reported = request.usage.prompt_tokens
-            prompt += self._count(request.prompt_text()) if reported is None else reported
+        prompt = sum(
+            reported
+            if (reported := self._reported.get(index)) is not None
+            else self._count(request.prompt_text())
+            for index, request in enumerate(self._requests)
+        )
         return {
             "prompt_tokens": prompt,
             "completion_tokens": self.completion_tokens,
@@ -408,16 +439,13 @@ class _Answer:
         if self._chat:
             message = {"role": "assistant", "content": text}
             return {"index": index, "message": message, "finish_reason": finish_reason}
-        request = self._requests[index // self._requests[0].n]
-        assert isinstance(request, CompletionRequest)
-        if request.echo:
-            text = request.prompt + text
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
     def _event(
         self, index: int, content: str | dict[str, str] | None, finish: str | None = None
     ) -> bytes:
         """One chunk event: a piece of ``content`` (or the role), or the choice's end."""
+        choice: dict[str, Any]
         if self._chat:
             delta = (
                 content
@@ -426,12 +454,8 @@ class _Answer:
             )
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {
-                "index": index,
-                "text": content or "",
-                "logprobs": None,
-                "finish_reason": finish,
-            }
+            text = content if isinstance(content, str) else ""
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
         usage = {"usage": None} if self._requests[0].include_usage else {}
         return _sse(self._frame([choice], **usage))
 
@@ -444,6 +468,22 @@ class _Answer:
             "choices": choices,
             **extra,
         }
+
+
+async def _has_more(pieces: AsyncGenerator[tuple[str, int], None]) -> bool:
+    """Whether the function has a piece beyond ``max_tokens`` (then the choice is ``length``;
+    a function that ended there is ``stop``)."""
+    try:
+        await pieces.__anext__()
+    except StopAsyncIteration:
+        return False
+    return True
+
+
+def _failure(exc: BaseException) -> str:
+    """What the model's code raised, logged once, as its error message says it."""
+    _log.error("the model's function failed: %s: %s", type(exc).__name__, exc)
+    return f"the model failed: {type(exc).__name__}: {exc}"
 
 
 def _text(piece: Any, name: str) -> str:

@@ -46,6 +46,8 @@ async def complete(request):
 
 
 async def embed(request):
+    if request.body.get("fail") == "before":
+        raise OSError("the embedder is broken")
     return [
         [float(len(text)), float(index), 0.5, -1.25] for index, text in enumerate(request.input)
     ]

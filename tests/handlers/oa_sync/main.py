@@ -1,5 +1,7 @@
 """The OpenAI style's plain functions, and a token counter of its own (characters)."""
 
+import asyncio
+
 
 def count_tokens(text):
     return len(text)
@@ -11,7 +13,15 @@ def chat(request):
 
 
 def complete(request):
-    yield from (f"{request.prompt}-{index} " for index in range(20))
+    if request.prompt == "aiter":  # a plain function that returns an async iterator
+        return _later(["a", "b", "c"])
+    return (f"{request.prompt}-{index} " for index in range(20))
+
+
+async def _later(pieces):
+    for piece in pieces:
+        await asyncio.sleep(0)
+        yield piece
 
 
 def embed(request):
