@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 from abeja_runtime.limits import ALLOWED_METHODS
@@ -69,25 +70,26 @@ class AccessLog:
         requester_id: str | None = None,
         streamed: StreamedBody | None = None,
         trace_ids: tuple[str, str] | None = None,
-        caller: str | None = None,
+        noted: Mapping[str, Any] | None = None,
     ) -> None:
         """``path`` is the URL path without the query (which may carry what logs must not);
         ``streamed``, for an answer written at its client's pace and recorded at its end, how
         it went; ``trace_ids``, for a traced call, its trace's and server span's ids;
-        ``caller``, with API keys on, the short hash of the caller's key."""
+        ``noted``, what else its way in or its admission noted of it (``caller``: with API keys
+        on, the short hash of the caller's key; ``deadline``: the seconds its caller gave)."""
         if not self._enabled:
             return
         if self._text:
             _record_text(
                 method, path, status, received, responded, request_id, requester_id, streamed,
-                trace_ids, caller,
+                trace_ids, noted,
             )  # fmt: skip
             return
-        if streamed is not None or trace_ids is not None or caller is not None:
+        if streamed is not None or trace_ids is not None or noted is not None:
             self._pend(
                 self._rare_line(
                     method, path, status, received, responded, request_id, requester_id,
-                    streamed, trace_ids, caller,
+                    streamed, trace_ids, noted,
                 )
             )  # fmt: skip
             return
@@ -128,13 +130,13 @@ class AccessLog:
         requester_id: str | None,
         streamed: StreamedBody | None,
         trace_ids: tuple[str, str] | None,
-        caller: str | None,
+        noted: Mapping[str, Any] | None,
     ) -> str:
         """The record of a streamed answer (with ``time_to_first_byte_microsecs``,
         ``stream_end`` and ``bytes_sent``), of a traced call (with ``trace_id`` and
-        ``span_id``) or of a call with API keys on (with ``caller``): the plain one's fields,
-        made as a dict (rarer records, or ones beside a span: no micro-optimising; with keys on
-        every record takes this way, about 10 µs more)."""
+        ``span_id``) or of a call with fields noted (``caller``, ``deadline``): the plain one's
+        fields, made as a dict (rarer records, or ones beside a span: no micro-optimising; with
+        keys on every record takes this way, about 10 µs more)."""
         received_us = int(received * 1_000_000)
         responded_us = int(responded * 1_000_000)
         received_second, received_fraction = divmod(received_us, 1_000_000)
@@ -162,8 +164,8 @@ class AccessLog:
                 fields["chunks"] = streamed.chunks
         if trace_ids is not None:
             fields["trace_id"], fields["span_id"] = trace_ids
-        if caller is not None:
-            fields["caller"] = caller
+        if noted is not None:
+            fields.update(noted)
         return str(encode_record(fields))
 
     def _pend(self, line: str) -> None:
@@ -203,7 +205,7 @@ def _record_text(
     requester_id: str | None,
     streamed: StreamedBody | None,
     trace_ids: tuple[str, str] | None,
-    caller: str | None,
+    noted: Mapping[str, Any] | None,
 ) -> None:
     """``POST /predict 200 12.3 ms  request_id=...``: the record of a text log, written at once
     (a streamed answer's: ``200 2503.1 ms (first byte 1.2 ms, complete, 5120 bytes)``)."""
@@ -212,8 +214,8 @@ def _record_text(
         fields["requester_id"] = requester_id
     if trace_ids is not None:
         fields["trace_id"], fields["span_id"] = trace_ids
-    if caller is not None:
-        fields["caller"] = caller
+    if noted is not None:
+        fields.update({name: str(value) for name, value in noted.items()})
     took = f"{(responded - received) * 1000:.1f} ms"
     if streamed is not None:
         first_byte = (streamed.first_byte - received) * 1000

@@ -198,6 +198,17 @@ class Config:
         help="seconds from the request's arrival (queue wait included) until the handler must "
         "answer, else `504`; `0`: no limit",
     )
+    deadline_header: str = setting(
+        "x-envoy-expected-rq-timeout-ms",
+        kind="text",
+        envvar="ABEJA_RUNTIME_DEADLINE_HEADER",
+        server_only=True,
+        help="a request header that carries the caller's own time limit (milliseconds when its "
+        "name ends in `-ms`, else seconds; `Request-Timeout`, in seconds, is read too; gRPC: its "
+        "deadline), capped by `--timeout`: a call is answered `504` once it passes, never "
+        "started after it, and refused `503` at once when the wait ahead is longer; empty: "
+        "`Request-Timeout` only",
+    )
     stream_idle_timeout: float = setting(
         60.0,
         kind="seconds",

@@ -7,6 +7,8 @@ for a call's errors), and only the command line turns them into exit codes.
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "AbejaRuntimeError",
     "BadRequest",
@@ -242,6 +244,19 @@ class ServiceBusy(HttpError):
         super().__init__("service busy", headers={"Retry-After": str(retry_after)})
 
 
+class DeadlineTooNear(ServiceBusy):
+    """The caller's deadline comes before the call would even start: refused at once, not
+    after a wait for nothing (``caller_deadlines.py``)."""
+
+    def __init__(self, wait: float, left: float) -> None:
+        HttpError.__init__(
+            self,
+            f"the wait for a worker (about {wait:.3g} s) is longer than the {left:.3g} s left of "
+            "the caller's deadline; retry later, or give the call more time",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
+
+
 class WorkerCrashed(HttpError):
     """The worker running the request died under it (the front answers for it)."""
 
@@ -263,3 +278,15 @@ class HandlerTimeout(HttpError):
             f"handler timed out after {timeout:g} s; the limit is ABEJA_RUNTIME_TIMEOUT (--timeout)"
         )
         self.timeout = timeout
+
+
+class CallerDeadlinePassed(HandlerTimeout):
+    """The deadline the caller gave (a header, gRPC's own) passed before an answer."""
+
+    def __init__(self, budget: float) -> None:
+        HttpError.__init__(
+            self,
+            f"no answer within the {budget:g} s the caller's deadline gave (its request's "
+            "deadline header, or gRPC's deadline); give the call more time",
+        )
+        self.timeout = budget

@@ -183,8 +183,9 @@ class _Events:
         self._build = build
         self.rejected = _Counts(
             "rejected_requests",
-            "Requests answered 503 without calling the handler: busy (queue full) or "
-            "unavailable (no worker ready).",
+            "Requests answered 503 without calling the handler: busy (queue full), "
+            "unavailable (no worker ready) or deadline (the caller's deadline comes before the "
+            "expected wait for a worker ends).",
             "reason",
             (),
         )

@@ -126,12 +126,12 @@ class Accounting:
         requester_id: str | None,
         streamed: StreamedBody | None = None,
         trace: CallTrace | None = None,
-        caller: str | None = None,
+        noted: dict[str, Any] | None = None,
     ) -> None:
         responded = time.time()
         self._access_log.record(
             method, path, status, received, responded, request_id, requester_id, streamed,
-            None if trace is None else trace.ids, caller,
+            None if trace is None else trace.ids, noted,
         )  # fmt: skip
         self._metrics.observe(status, responded - received)
 
@@ -154,8 +154,8 @@ class CallEntry:
     counted)."""
 
     __slots__ = (
-        "_accounting", "_last_chunk", "bytes_sent", "caller", "chunks", "first_byte", "left_at",
-        "method", "path", "received", "request_id", "requester_id", "status", "stream_end",
+        "_accounting", "_last_chunk", "bytes_sent", "chunks", "first_byte", "left_at", "method",
+        "noted", "path", "received", "request_id", "requester_id", "status", "stream_end",
         "trace",
     )  # fmt: skip
 
@@ -188,8 +188,16 @@ class CallEntry:
         self.left_at: str | None = None
         #: Its spans, when tracing is on.
         self.trace: CallTrace | None = None
-        #: Who called, with API keys on: its key's short hash (``api_keys.py``).
-        self.caller: str | None = None
+        #: What its way in and its admission noted for its access record (:meth:`note`).
+        self.noted: dict[str, Any] | None = None
+
+    def note(self, name: str, value: Any) -> None:
+        """A field of its access record: ``caller`` (with API keys on, its key's short hash,
+        ``api_keys.py``), ``deadline`` (the seconds its caller gave it), ``refused`` (why the
+        front answered for it)."""
+        if self.noted is None:
+            self.noted = {}
+        self.noted[name] = value
 
     def count(self, status: int) -> None:
         """The call's status, counted now (before its answer leaves); once: a later status is
@@ -203,7 +211,7 @@ class CallEntry:
         if accounting is not None:
             accounting.record(
                 self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, None, self.trace, self.caller,
+                self.requester_id, None, self.trace, self.noted,
             )  # fmt: skip
 
     def streaming(self, status: int, *, chunked: bool) -> None:
@@ -266,7 +274,7 @@ class CallEntry:
             streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent, self.chunks)
             accounting.record(
                 self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, streamed, self.trace, self.caller,
+                self.requester_id, streamed, self.trace, self.noted,
             )  # fmt: skip
         if self.trace is not None:
             self.trace.end()

@@ -27,7 +27,13 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from abeja_runtime.errors import HandlerTimeout, HttpError, ServiceBusy, ServiceUnavailable
+from abeja_runtime.errors import (
+    DeadlineTooNear,
+    HandlerTimeout,
+    HttpError,
+    ServiceBusy,
+    ServiceUnavailable,
+)
 from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.stream_limits import StreamLimitReached
@@ -106,8 +112,8 @@ class FrontCall:
     """One call's life (see the module). Made by the call service's ``begin``."""
 
     __slots__ = (
-        "_stage", "_watched", "body", "entry", "id", "outcome", "responder", "service",
-        "ticket",
+        "_stage", "_watched", "body", "caller_budget", "deadline", "entry", "id", "outcome",
+        "responder", "service", "ticket",
     )  # fmt: skip
 
     def __init__(self, service: CallServices, entry: CallEntry, responder: Responder) -> None:
@@ -124,6 +130,10 @@ class FrontCall:
         self.body: Body | None = None
         #: The deadline slot it is watched in (``None``: no deadline, or it left it).
         self._watched: set[PendingCall] | None = None
+        #: When it must be answered by (``time.time()``; ``None``: never), and the seconds its
+        #: caller gave when that is what set it (0: ``--timeout`` did): the call service's.
+        self.deadline: float | None = None
+        self.caller_budget = 0.0
 
     @property
     def stage(self) -> Stage:
@@ -160,14 +170,18 @@ class FrontCall:
         ticket = PendingCall(frame, service.loop, body.fd, body.close, self.entry.trace)
         self.ticket = ticket
         self._stage = Stage.QUEUED
+        deadline = self.deadline
         try:
+            if deadline is not None and self.caller_budget:  # the caller's own deadline:
+                service.pool.admit_before(deadline, self.caller_budget)  # refused if too near
             service.pool.submit(ticket)
-        except ServiceBusy as exc:
+        except (ServiceBusy, HandlerTimeout) as exc:
             ticket.finish()
             self.refuse(exc)
             return
-        if service.timeout is not None:
-            self._watched = service.deadlines.watch(ticket, self.entry.received + service.timeout)
+        if deadline is not None:
+            ticket.deadline, ticket.caller_budget = deadline, self.caller_budget
+            self._watched = service.deadlines.watch(ticket, deadline)
         ticket.answer.add_done_callback(self._answered)
 
     def _answered(self, future: asyncio.Future[Answer | RpcAnswer]) -> None:
@@ -192,7 +206,10 @@ class FrontCall:
         else:
             self.outcome = Outcome.REFUSED
         metrics = self.service.metrics
-        if isinstance(exc, ServiceBusy):
+        if isinstance(exc, DeadlineTooNear):
+            metrics.rejected("deadline")
+            self.entry.note("refused", "deadline")
+        elif isinstance(exc, ServiceBusy):
             metrics.rejected("busy")
         elif isinstance(exc, ServiceUnavailable):
             metrics.rejected("unavailable")

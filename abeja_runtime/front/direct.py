@@ -144,7 +144,7 @@ class DirectRequests:
         responder = DirectResponder(service, connection, keep_alive=not message.should_close)
         call = responder.call = service.begin(head, responder)
         if service.keys is not None:  # (a key given: accepts() saw it)
-            call.entry.caller = service.keys.caller(headers)
+            call.entry.note("caller", service.keys.caller(headers))
         if captured:  # read into a shared buffer first (DirectBody)
             body: bytes | None = None
             size = captured

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -67,9 +68,9 @@ class PendingCall:
     """One call on its way: the frame to send, its answer when it comes, its streamed chunks."""
 
     __slots__ = (
-        "_cleanup", "abandoned", "answer", "answer_file", "batch", "chunks", "fd", "frame",
-        "giving_back", "member", "queued_at", "sent_at", "streaming", "trace", "waited",
-        "withdrawn_at",
+        "_cleanup", "abandoned", "answer", "answer_file", "batch", "caller_budget", "chunks",
+        "deadline", "fd", "frame", "giving_back", "member", "queued_at", "sent_at", "streaming",
+        "trace", "waited", "withdrawn_at",
     )  # fmt: skip
 
     def __init__(
@@ -108,6 +109,11 @@ class PendingCall:
         self.queued_at = 0.0
         self.waited = False
         self.batch: Batch | None = None
+        #: When it must be answered by (``time.time()``; infinite: never): it is never sent to
+        #: a process after that. ``caller_budget``: the seconds its caller gave, when that is
+        #: what set the deadline (0: ``--timeout`` did, or none).
+        self.deadline = math.inf
+        self.caller_budget = 0.0
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and

@@ -68,6 +68,7 @@ class HandlerPool:
         self._ids = itertools.count(1)
         # What the call service asks the scheduler, straight.
         self.submit = self.scheduler.submit
+        self.admit_before = self.scheduler.admit_before
         self.withdraw = self.scheduler.withdraw
         self.running = self.scheduler.running
         self.free_places = self.scheduler.free_places

@@ -179,12 +179,15 @@ class RpcServer:
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
         service = self._service
         responder = AwaitedAnswer(service.loop)
-        head = CallHead("POST", method, received, request_id, None, given, rpc=True)
+        remaining = context.time_remaining()  # the caller's deadline (grpc-timeout), if any
+        budget = None if remaining is None or remaining > _NO_LIMIT else max(0.0, remaining)
+        head = CallHead("POST", method, received, request_id, None, given, True, budget)
         call = service.begin(head, responder)
         size = 0
         try:
             try:
-                call.entry.caller = service.caller(given)
+                if (caller := service.caller(given)) is not None:
+                    call.entry.note("caller", caller)
                 if not service.admitting:
                     raise ServiceUnavailable()
                 frame, body = await self._message(method, metadata, call, context)

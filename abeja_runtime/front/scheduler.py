@@ -14,12 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
 
 from abeja_runtime.config import Config
-from abeja_runtime.errors import HttpError, ServiceBusy, WorkerCrashed
+from abeja_runtime.errors import (
+    CallerDeadlinePassed,
+    DeadlineTooNear,
+    HttpError,
+    ServiceBusy,
+    WorkerCrashed,
+)
 from abeja_runtime.frames import Cancel, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
 from abeja_runtime.front.members import Member, ProcessState
@@ -67,6 +74,12 @@ class Scheduler:
         self.admitted = 0
         self._capacity = config.workers * (config.concurrency + config.max_queue)
         self.metrics: FrontMetrics | None = None
+        #: Answers a call whose deadline passed while it waited (the call service's ``504``);
+        #: the scheduler has taken it out of the queue and the pool already.
+        self.expired: Callable[[PendingCall], None] = _no_answer
+        #: Whether :attr:`call_seconds` was measured yet (a call answered).
+        self._measured = False
+        self._slots = config.workers * config.concurrency
         #: Batch mode (``--max-batch-size`` above 1, or declared by the handler).
         self.batching: BatchRule | None = None
         if config.max_batch_size > 1:
@@ -92,6 +105,27 @@ class Scheduler:
         pending.queued_at = self._clock()
         self._queue.append(pending)
         self.dispatch()
+
+    def admit_before(self, deadline: float, budget: float) -> None:
+        """A call whose caller's deadline (``budget`` seconds after it came) is ``deadline``:
+        :class:`CallerDeadlinePassed` when it passed already, :class:`DeadlineTooNear` when the
+        expected wait is longer than what is left of it."""
+        left = deadline - time.time()
+        if left <= 0:
+            raise CallerDeadlinePassed(budget)
+        wait = self.expected_wait()
+        if wait > left:
+            raise DeadlineTooNear(wait, left)
+
+    def expected_wait(self) -> float:
+        """Seconds a call submitted now is expected to wait before it runs: none while a slot
+        is free (or before any call was answered); else the calls ahead of it, and the one it
+        waits for, each the running mean of a call's time (:attr:`call_seconds`), shared by
+        every slot of every process."""
+        ahead = self.admitted - self._slots
+        if ahead < 0 or not self._measured:
+            return 0.0
+        return (ahead + 1) * self.call_seconds / self._slots
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -138,7 +172,14 @@ class Scheduler:
             return
         queue = self._queue
         now = self._clock()
-        while queue and (member := self._free_member(now)) is not None:
+        wall = time.time()
+        while queue:
+            if queue[0].deadline <= wall:  # never sent: its caller gave up already
+                self._expire(queue.popleft(), now)
+                continue
+            member = self._free_member(now)
+            if member is None:
+                return
             self._send(member, queue.popleft(), now)
 
     def _free_member(self, now: float) -> Member | None:
@@ -185,7 +226,9 @@ class Scheduler:
 
     def _send_batches(self, rule: BatchRule) -> None:
         queue = self._queue
-        while batch := rule.next_batch(queue, self._members, self._concurrency, self._clock()):
+        while self._expire_passed(queue) and (
+            batch := rule.next_batch(queue, self._members, self._concurrency, self._clock())
+        ):
             member, size, reason = batch
             left = Batch(size)
             now = self._clock()
@@ -198,6 +241,23 @@ class Scheduler:
             if self.metrics is not None:
                 waits = [now - pending.queued_at for pending in calls]
                 self.metrics.batching().released(size, reason, waits)
+
+    def _expire_passed(self, queue: deque[PendingCall]) -> bool:
+        """Take the calls whose deadline passed out of ``queue`` (a batch is never sent with
+        one); whether any call is left."""
+        wall = time.time()
+        if any(pending.deadline <= wall for pending in queue):
+            now = self._clock()
+            for pending in [pending for pending in queue if pending.deadline <= wall]:
+                queue.remove(pending)
+                self._expire(pending, now)
+        return bool(queue)
+
+    def _expire(self, pending: PendingCall, now: float) -> None:
+        """``pending``, taken out of the queue, leaves the pool: its deadline passed."""
+        pending.abandon()
+        self._release(pending, now)
+        self.expired(pending)
 
     def _started(self, pending: PendingCall, now: float) -> None:
         """``pending``'s wait in the queue ends now (its handler call starts, or it is given up):
@@ -271,7 +331,10 @@ class Scheduler:
                 self._started(following, now)
         busy = now - max(pending.sent_at, member.answered_at)
         member.answered_at = now
-        self.call_seconds += _CALL_SECONDS_WEIGHT * (busy - self.call_seconds)
+        if self._measured:
+            self.call_seconds += _CALL_SECONDS_WEIGHT * (busy - self.call_seconds)
+        else:
+            self.call_seconds, self._measured = busy, True
         self._release(pending, now)
         self.dispatch()
 
@@ -303,6 +366,10 @@ class Scheduler:
         member.sent.clear()
         self._queue.extendleft(reversed(requeue))
         self.dispatch()
+
+
+def _no_answer(pending: PendingCall) -> None:
+    """Until the call service says how an expired call is answered."""
 
 
 def _left_batch(member: Member, pending: PendingCall) -> None:

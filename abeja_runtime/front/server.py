@@ -124,7 +124,8 @@ class HttpServer:
         """Read the request's body and submit its call, or refuse it; an async request's id,
         whose call is left to :class:`~abeja_runtime.front.async_jobs.AsyncJobs`."""
         try:
-            call.entry.caller = self.call_service.caller(request.headers)
+            if (caller := self.call_service.caller(request.headers)) is not None:
+                call.entry.note("caller", caller)
             if not self.call_service.admitting:
                 raise ServiceUnavailable()
             check_method(request.method)

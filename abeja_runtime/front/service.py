@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
-from abeja_runtime.errors import HandlerTimeout
+from abeja_runtime.errors import CallerDeadlinePassed, HandlerTimeout
 from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.body import BodyPlaces
 from abeja_runtime.front.call import FrontCall, Responder
+from abeja_runtime.front.caller_deadlines import CallerDeadlines
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
@@ -47,9 +48,12 @@ class CallHead(NamedTuple):
     received: float
     request_id: str
     requester_id: str | None = None
-    #: Where the caller's trace context is (the request's headers, a gRPC call's metadata).
+    #: Where the caller's trace context is (the request's headers, a gRPC call's metadata):
+    #: an HTTP caller's deadline header too.
     carrier: Any = None
     rpc: bool = False
+    #: A gRPC caller's deadline: the seconds it has left (an HTTP caller's is in its headers).
+    budget: float | None = None
 
 
 class CallService:
@@ -78,6 +82,9 @@ class CallService:
         #: The places and buffers of bodies above the inline limit.
         self.bodies = BodyPlaces(config, pool, self.loop)
         self.deadlines = Deadlines(self.loop, self._expire)
+        #: Each call's deadline: the nearer of ``--timeout`` and what its caller gives.
+        self.caller_deadlines = CallerDeadlines(config)
+        pool.scheduler.expired = self._timed_out
         access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         #: The calls' spans, when OpenTelemetry's variables ask for traces.
         self.tracing = tracing_from(os.environ, "front")
@@ -90,8 +97,21 @@ class CallService:
 
     def begin(self, head: CallHead, responder: Responder) -> FrontCall:
         """A call of a parsed request: counted in flight, its span begun, until it finishes."""
-        entry = self.accounting.open(*head[:-1], rpc=head.rpc)
-        return FrontCall(self, entry, responder)
+        entry = self.accounting.open(
+            head.method, head.path, head.received, head.request_id, head.requester_id,
+            head.carrier, rpc=head.rpc,
+        )  # fmt: skip
+        call = FrontCall(self, entry, responder)
+        caller_deadlines = self.caller_deadlines
+        budget = head.budget
+        if budget is None and head.carrier is not None and not head.rpc:
+            budget = caller_deadlines.budget(head.carrier)
+        call.deadline = caller_deadlines.deadline(head.received, budget)
+        if budget is not None:
+            entry.note("deadline", round(budget, 6))
+            if self.timeout is None or budget < self.timeout:
+                call.caller_budget = budget
+        return call
 
     def begin_job(
         self, answered: CallEntry, trace: CallTrace | None, responder: Responder
@@ -133,6 +153,13 @@ class CallService:
         return self.pool.serving and not self.draining
 
     def _expire(self, pending: PendingCall) -> None:
+        """``pending``'s deadline passed: answered ``504``, withdrawn from the pool."""
         if not pending.answer.done():
-            pending.answer.set_exception(HandlerTimeout(self._config.timeout))
+            self._timed_out(pending)
             self.pool.withdraw(pending)
+
+    def _timed_out(self, pending: PendingCall) -> None:
+        if not pending.answer.done():
+            budget = pending.caller_budget
+            exc = CallerDeadlinePassed(budget) if budget else HandlerTimeout(self._config.timeout)
+            pending.answer.set_exception(exc)

@@ -1,0 +1,180 @@
+"""The caller's own deadline (``--deadline-header``, ``Request-Timeout``, gRPC's deadline): a
+call is answered ``504`` once it passes, is never handed to a worker after it, and is refused
+``503`` at once when the wait ahead is longer than what is left of it."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.raw_http import events
+from helpers.servers import Response, RunningServer, ServerFactory
+from helpers.waiting import wait_until
+
+SYNC = {"HANDLER": "main:handler"}
+
+
+def started(server: RunningServer, tag: str) -> bool:
+    """Whether the handler began the call tagged ``tag`` (ex_sleep prints its events)."""
+    return bool(events(server, "start", tag))
+
+
+def access_record(server: RunningServer, path_part: str) -> dict[str, Any]:
+    """The access record of the request whose query tag is ``path_part`` (waited for)."""
+    found: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        for line in server.lines:
+            if '"http_status"' not in line:
+                continue
+            record = json.loads(line)
+            if record.get("request_id") == path_part:
+                found.append(record)
+                return True
+        return False
+
+    wait_until(seen, 10, f"the access record of {path_part}")
+    return found[0]
+
+
+def call(
+    server: RunningServer, tag: str, sleep: float, headers: dict[str, str]
+) -> tuple[int, dict[str, Any], Any]:
+    answer = server.request(
+        "POST",
+        f"/?tag={tag}&sleep={sleep}",
+        b"{}",
+        {"x-abeja-request-id": tag, **headers},
+    )
+    return answer.status, json.loads(answer.body), answer.headers
+
+
+def in_background(server: RunningServer, path: str) -> Future[Response]:
+    """A request sent from a thread of its own: its answer, when it comes."""
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(server.request, "POST", path, b"{}")
+    pool.shutdown(wait=False)
+    return future
+
+
+@pytest.fixture
+def one_slot(make_server: ServerFactory) -> RunningServer:
+    return make_server("ex_sleep", "--workers", "1", "--concurrency", "1", env=SYNC)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Request-Timeout": "0.3"}, {"x-envoy-expected-rq-timeout-ms": "300"}],
+    ids=["Request-Timeout in seconds", "Envoy's header in milliseconds"],
+)
+def test_a_call_past_its_callers_deadline_is_answered_504(
+    one_slot: RunningServer, headers: dict[str, str]
+) -> None:
+    tag = "slow-" + next(iter(headers)).lower()
+    status, body, _ = call(one_slot, tag, 3, headers)
+    assert status == 504
+    assert body["status"].startswith("no answer within the 0.3 s the caller's deadline gave")
+    record = access_record(one_slot, tag)
+    assert (record["http_status"], record["deadline"]) == (504, 0.3)
+
+
+def test_a_deadline_beyond_the_timeout_is_capped_by_it(make_server: ServerFactory) -> None:
+    server = make_server("ex_sleep", "--timeout", "0.4", env=SYNC)
+    status, body, _ = call(server, "capped", 3, {"Request-Timeout": "30"})
+    assert status == 504
+    assert body["status"].startswith("handler timed out after 0.4 s")
+
+
+def test_a_call_within_its_deadline_is_answered_and_its_record_says_it(
+    one_slot: RunningServer,
+) -> None:
+    status, body, _ = call(one_slot, "in-time", 0, {"Request-Timeout": "20"})
+    assert (status, body["tag"]) == (200, "in-time")
+    assert access_record(one_slot, "in-time")["deadline"] == 20
+    status, _, _ = call(one_slot, "no-deadline", 0, {"Request-Timeout": "soon"})  # ignored
+    assert status == 200
+    assert "deadline" not in access_record(one_slot, "no-deadline")
+
+
+def test_a_queued_call_whose_deadline_passes_never_reaches_a_worker(
+    one_slot: RunningServer, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    holder = in_background(one_slot, f"/?tag=holder&until={release}")
+    wait_until(lambda: started(one_slot, "holder"), 30, "the first call to run")
+    status, body, _ = call(one_slot, "late", 0, {"Request-Timeout": "0.3"})
+    assert status == 504, body
+    release.touch()
+    assert holder.result(30).status == 200
+    # The slot is free again: a call after it runs, and the late one never did.
+    assert call(one_slot, "after", 0, {})[0] == 200
+    assert started(one_slot, "after") and not started(one_slot, "late")
+
+
+def test_a_call_that_would_wait_past_its_deadline_is_refused_at_once(
+    one_slot: RunningServer, tmp_path: Path
+) -> None:
+    assert call(one_slot, "measure", 1.0, {})[0] == 200  # a call's time: about 1 s
+    release = tmp_path / "release"
+    holder = in_background(one_slot, f"/?tag=holder&until={release}")
+    wait_until(lambda: started(one_slot, "holder"), 30, "the first call to run")
+    try:
+        status, body, headers = call(one_slot, "hopeless", 0, {"Request-Timeout": "0.2"})
+    finally:
+        release.touch()
+    assert status == 503
+    assert body["status"].startswith("the wait for a worker (about ")
+    assert int(headers["Retry-After"]) >= 1
+    assert holder.result(30).status == 200
+    assert access_record(one_slot, "hopeless")["refused"] == "deadline"
+    metrics = one_slot.request("GET", "/metrics", port=one_slot.healthcheck_port).body.decode()
+    refused = re.search(r'rejected_requests_total\{reason="deadline"\} (\S+)', metrics)
+    assert refused is not None and float(refused.group(1)) == 1.0
+    assert not started(one_slot, "hopeless")
+
+
+def test_the_deadline_header_is_a_setting(make_server: ServerFactory) -> None:
+    server = make_server("ex_sleep", "--deadline-header", "x-budget", env=SYNC)
+    assert call(server, "own-header", 3, {"x-budget": "0.3"})[0] == 504
+    # Envoy's header is no longer read; Request-Timeout still is.
+    assert call(server, "envoy", 0.5, {"x-envoy-expected-rq-timeout-ms": "100"})[0] == 200
+    assert call(server, "plain", 3, {"Request-Timeout": "0.3"})[0] == 504
+
+
+def test_a_grpc_callers_deadline_refuses_a_call_that_would_wait_past_it(
+    make_server: ServerFactory,
+) -> None:
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("kserve")
+    from helpers.grpc_calls import ASYNC_MODEL, with_grpc
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as stubs
+
+    server = with_grpc(make_server, "st_kserve_async", "--concurrency", "1", env=ASYNC_MODEL)
+
+    def infer(seconds: float, timeout: float) -> Any:
+        tensor = pb.ModelInferRequest.InferInputTensor(
+            name="sleep", datatype="FP64", shape=[1],
+            contents=pb.InferTensorContents(fp64_contents=[seconds]),
+        )  # fmt: skip
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            request = pb.ModelInferRequest(model_name="model", inputs=[tensor])
+            try:
+                return stubs.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=timeout)
+            except grpc.RpcError as exc:
+                return exc
+
+    assert not isinstance(infer(1.0, 30), grpc.RpcError)  # a call's time: about 1 s
+    pool = ThreadPoolExecutor(1)
+    holder = pool.submit(infer, 3.0, 30)
+    wait_until(lambda: server.in_flight() >= 1, 10, "the first call to run")
+    refused = infer(0.0, 0.4)
+    pool.shutdown(wait=True)
+    assert not isinstance(holder.result(), grpc.RpcError)
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+    assert refused.details().startswith("the wait for a worker (about ")
