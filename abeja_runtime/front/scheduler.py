@@ -171,6 +171,8 @@ class Scheduler:
             self._send_batches(self.batching)
             return
         queue = self._queue
+        if not queue:
+            return
         now = self._clock()
         wall = time.time()
         while queue:
