@@ -46,6 +46,7 @@ __all__ = [
     "parse_size",
     "resolve_training_result_dir",
     "setting_problems",
+    "tenant_weights",
 ]
 
 #: The event loops a worker can run on (``--loop``).
@@ -208,6 +209,44 @@ class Config:
         "deadline), capped by `--timeout`: a call is answered `504` once it passes, never "
         "started after it, and refused `503` at once when the wait ahead is longer; empty: "
         "`Request-Timeout` only",
+    )
+    tenant_header: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_RUNTIME_TENANT_HEADER",
+        server_only=True,
+        default_text="none",
+        help="a request header that names the caller's tenant (gRPC: the same metadata), or "
+        "`api-key` for the short hash of the caller's API key: waiting calls are served by "
+        "weighted fair queuing across tenants, and each tenant holds at most its weighted share "
+        "of the queue; empty: one queue in arrival order",
+    )
+    tenant_weights: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_RUNTIME_TENANT_WEIGHTS",
+        server_only=True,
+        default_text="all 1",
+        help="the tenants' weights, as `batch=1,interactive=4` (a tenant not named weighs 1; "
+        "the metrics name these tenants, and fold the others into `other`)",
+    )
+    priority_header: str = setting(
+        "",
+        kind="text",
+        envvar="ABEJA_RUNTIME_PRIORITY_HEADER",
+        server_only=True,
+        default_text="none",
+        help="a request header (gRPC: metadata) with the call's priority class, `high`, "
+        "`normal` (the default) or `low`: a higher class is served first; a lower one waits at "
+        "most `--priority-aging` behind higher ones, then goes first",
+    )
+    priority_aging: float = setting(
+        1.0,
+        kind="positive_seconds",
+        envvar="ABEJA_RUNTIME_PRIORITY_AGING",
+        server_only=True,
+        help="with `--priority-header`: seconds a call of a lower class waits at most behind "
+        "higher ones; then it goes first",
     )
     stream_idle_timeout: float = setting(
         60.0,
@@ -495,6 +534,10 @@ class Config:
                 f"CUDA_VISIBLE_DEVICES takes them: indices or UUIDs (e.g. 0,1 or GPU-8f2a...), "
                 f"got {self.devices!r}"
             )
+        try:
+            tenant_weights(self.tenant_weights)
+        except ValueError as exc:
+            problems.append(f"--tenant-weights (ABEJA_RUNTIME_TENANT_WEIGHTS) {exc}")
         if self.max_head_size < _SMALLEST_HEAD_LIMIT:
             problems.append(
                 f"--max-head-size (ABEJA_RUNTIME_MAX_HEAD_SIZE) must be at least 1KiB, room for "
@@ -733,3 +776,22 @@ _DEFAULT_TRAINING_RESULT_DIR: Final = "abejainc_training_result"
 def resolve_training_result_dir(workdir: Path, value: str) -> Path:
     """Absolute as given; relative to the working dir; empty → ``abejainc_training_result``."""
     return workdir / (value or _DEFAULT_TRAINING_RESULT_DIR)
+
+
+def tenant_weights(text: str) -> dict[str, float]:
+    """``--tenant-weights``: ``name=weight`` pairs separated by commas, each weight a number
+    above 0; ``ValueError`` saying what is wrong."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, number = item.partition("=")
+        try:
+            weight = float(number)
+        except ValueError:
+            weight = 0.0
+        if not equals or not name.strip() or not weight > 0:
+            raise ValueError(
+                f"must be name=weight pairs separated by commas, each weight a number above 0 "
+                f"(e.g. batch=1,interactive=4); {item!r} is not"
+            )
+        weights[name.strip()] = weight
+    return weights

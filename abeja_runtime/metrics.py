@@ -117,6 +117,17 @@ class FrontMetrics:
         self.worker_restarted = self._events.restarts.add
         self.reloaded = self._events.reloads.add
 
+    def tenants(self, names: tuple[str, ...]) -> None:
+        """Count calls per tenant from now on (``names``: those with a weight, and ``other``)."""
+        self._events.tenants(names)
+
+    def tenant_call(self, tenant: str, served: bool) -> None:
+        """A call of ``tenant`` (its metrics label) ended: answered by the handler, or not."""
+        events = self._events
+        counts = events.tenant_served if served else events.tenant_refused
+        if counts is not None:
+            counts.add(tenant)
+
     def batching(self) -> _BatchMetrics:
         """The batch metrics, shown (all at 0) from the first call: only a front that batches
         (``--max-batch-size``) shows them."""
@@ -235,6 +246,28 @@ class _Events:
         #: The runtime's start, in parts (``front/startup.py``).
         self.start: dict[str, float] = {}
         self.batches: _BatchMetrics | None = None
+        #: With tenants on (``--tenant-header``): each tenant's calls answered by its handler
+        #: and refused by the front (503, 504), the tenants named in ``--tenant-weights`` and
+        #: ``other``.
+        self.tenant_served: _Counts | None = None
+        self.tenant_refused: _Counts | None = None
+
+    def tenants(self, names: tuple[str, ...]) -> None:
+        """Count calls per tenant from now on, for ``names`` (and ``other``)."""
+        self.tenant_served = _Counts(
+            "tenant_served_requests",
+            "Calls of each tenant answered by the handler (--tenant-header; the tenants of "
+            "--tenant-weights, the others as other).",
+            "tenant",
+            names,
+        )
+        self.tenant_refused = _Counts(
+            "tenant_refused_requests",
+            "Calls of each tenant the front answered for: refused (503: its share of the queue "
+            "full, its deadline too near) or timed out (504).",
+            "tenant",
+            names,
+        )
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -273,6 +306,9 @@ class _Events:
         )
         yield self.abandoned.family()
         yield self.rejected_heads.family()
+        if self.tenant_served is not None and self.tenant_refused is not None:
+            yield self.tenant_served.family()
+            yield self.tenant_refused.family()
         if self.batches is not None:
             yield from self.batches.families()
         info = GaugeMetricFamily(

@@ -9,12 +9,11 @@ call's arrival, never moved by the calls that join it); with no free slot, until
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from abeja_runtime.front.members import Member, ProcessState
-from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.waiting import Waiting
 
 __all__ = ["BatchRule", "NextBatch"]
 
@@ -44,7 +43,7 @@ class BatchRule:
         self._timer: asyncio.TimerHandle | None = None
 
     def next_batch(
-        self, queue: deque[PendingCall], members: Sequence[Member], slots: int, now: float
+        self, queue: Waiting, members: Sequence[Member], slots: int, now: float
     ) -> NextBatch | None:
         """The batch to send now (``None``: nothing goes now; a timer is set for the first
         queued call's wait). ``slots``: batches a process runs at once."""
@@ -64,7 +63,7 @@ class BatchRule:
             return None
         if full:
             return NextBatch(free, size, "full")
-        left = queue[0].queued_at + self.wait - now
+        left = queue.peek().queued_at + self.wait - now
         if left <= 0:
             return NextBatch(free, size, "waited")
         if self._timer is None:

@@ -37,6 +37,7 @@ from abeja_runtime.errors import (
 from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.stream_limits import StreamLimitReached
+from abeja_runtime.front.tenants import PRIORITIES
 from abeja_runtime.tracing import carrier
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from abeja_runtime.front.body import Body
     from abeja_runtime.front.deadlines import Deadlines
     from abeja_runtime.front.pool import HandlerPool
+    from abeja_runtime.front.tenants import Tenants
     from abeja_runtime.metrics import FrontMetrics
 
 __all__ = ["AwaitedAnswer", "CallServices", "FrontCall", "Outcome", "Responder", "Stage"]
@@ -99,6 +101,7 @@ class CallServices(Protocol):
     pool: HandlerPool
     metrics: FrontMetrics
     deadlines: Deadlines
+    tenants: Tenants | None
     loop: asyncio.AbstractEventLoop
     #: Seconds from a call's request to its deadline, and the streams' limits (``None``: none).
     timeout: float | None
@@ -113,7 +116,7 @@ class FrontCall:
 
     __slots__ = (
         "_stage", "_watched", "body", "caller_budget", "deadline", "entry", "id", "outcome",
-        "responder", "service", "ticket",
+        "priority", "responder", "service", "tenant", "ticket",
     )  # fmt: skip
 
     def __init__(self, service: CallServices, entry: CallEntry, responder: Responder) -> None:
@@ -134,6 +137,10 @@ class FrontCall:
         #: caller gave when that is what set it (0: ``--timeout`` did): the call service's.
         self.deadline: float | None = None
         self.caller_budget = 0.0
+        #: Whose it is and its priority class, with tenants or priorities on (``tenants.py``;
+        #: the tenant of ``--tenant-header api-key`` is known once its key was checked).
+        self.tenant = ""
+        self.priority = 1
 
     @property
     def stage(self) -> Stage:
@@ -171,6 +178,13 @@ class FrontCall:
         self.ticket = ticket
         self._stage = Stage.QUEUED
         deadline = self.deadline
+        tenants = service.tenants
+        if tenants is not None:
+            noted = self.entry.noted or {}
+            ticket.tenant = self.tenant or tenants.tenant({}, noted.get("caller"))
+            ticket.priority = self.priority
+            self.entry.note("tenant", ticket.tenant)
+            self.entry.note("priority", PRIORITIES[self.priority])
         try:
             if deadline is not None and self.caller_budget:  # the caller's own deadline:
                 service.pool.admit_before(deadline, self.caller_budget)  # refused if too near
@@ -255,6 +269,10 @@ class FrontCall:
             self.outcome = outcome
         self._leave_deadline()
         ticket = self.ticket
+        tenants = self.service.tenants
+        if tenants is not None and ticket is not None and ticket.tenant:
+            served = self.outcome is not Outcome.REFUSED and self.outcome is not Outcome.TIMED_OUT
+            self.service.metrics.tenant_call(tenants.label(ticket.tenant), served)
         if ticket is None:
             if self.body is not None:
                 self.body.close()

@@ -69,8 +69,8 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "caller_budget", "chunks",
-        "deadline", "fd", "frame", "giving_back", "member", "queued_at", "sent_at", "streaming",
-        "trace", "waited", "withdrawn_at",
+        "deadline", "fd", "frame", "giving_back", "member", "priority", "queued_at", "sent_at",
+        "streaming", "tenant", "trace", "waited", "withdrawn_at",
     )  # fmt: skip
 
     def __init__(
@@ -114,6 +114,10 @@ class PendingCall:
         #: what set the deadline (0: ``--timeout`` did, or none).
         self.deadline = math.inf
         self.caller_budget = 0.0
+        #: Whose it is and its priority class (0 the highest), with tenants or priorities on
+        #: (``tenants.py``): how it waits its turn (``waiting.py``).
+        self.tenant = ""
+        self.priority = 1
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and

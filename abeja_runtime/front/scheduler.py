@@ -15,8 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from abeja_runtime.config import Config
@@ -31,6 +30,8 @@ from abeja_runtime.frames import Cancel, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
 from abeja_runtime.front.members import Member, ProcessState
 from abeja_runtime.front.pending import STREAM_LOST, Batch, PendingCall
+from abeja_runtime.front.tenants import PRIORITIES
+from abeja_runtime.front.waiting import ArrivalOrder, FairOrder, Waiting
 from abeja_runtime.metrics import FrontMetrics
 
 __all__ = ["PIPELINE", "Scheduler"]
@@ -65,7 +66,7 @@ class Scheduler:
         self._members = members
         self._loop = loop
         self._clock = clock
-        self._queue: deque[PendingCall] = deque()
+        self._queue: Waiting = ArrivalOrder()
         self._turn = 0  # where the next search for a free process starts
         #: The running mean of how long a process is busy with a call (from when the call was
         #: sent, or its previous answer came, to its answer), as the front sees it.
@@ -73,6 +74,8 @@ class Scheduler:
         #: Calls admitted and not finished (queued, sent, or running past their deadline).
         self.admitted = 0
         self._capacity = config.workers * (config.concurrency + config.max_queue)
+        #: The places in the queue beyond the slots, which tenants share by weight.
+        self._places = config.workers * config.max_queue
         self.metrics: FrontMetrics | None = None
         #: Answers a call whose deadline passed while it waited (the call service's ``504``);
         #: the scheduler has taken it out of the queue and the pool already.
@@ -84,6 +87,11 @@ class Scheduler:
         self.batching: BatchRule | None = None
         if config.max_batch_size > 1:
             self.batch_by(config.max_batch_size, config.max_batch_wait)
+
+    def order_by(self, weights: Mapping[str, float], aging: float) -> None:
+        """From now on (before any call), waiting calls are served by priority class and by
+        weighted fairness across tenants (``waiting.py``)."""
+        self._queue = FairOrder(weights, len(PRIORITIES), self._clock, aging)
 
     def batch_by(self, size: int, wait: float) -> None:
         """From now on, the queue goes out in batches (the handler declared it batched)."""
@@ -99,12 +107,25 @@ class Scheduler:
     def submit(self, pending: PendingCall) -> None:
         """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full.
         (A call is queued only while no slot is free: the queue is sent on whenever one frees.)"""
-        if self.admitted >= self._capacity:
+        queue = self._queue
+        if type(queue) is FairOrder:
+            self._make_room(queue, pending.tenant)
+        elif self.admitted >= self._capacity:
             raise ServiceBusy()
         self.admitted += 1
         pending.queued_at = self._clock()
         self._queue.append(pending)
         self.dispatch()
+
+    def _make_room(self, queue: FairOrder, tenant: str) -> None:
+        """Room for a call of ``tenant`` (:meth:`FairOrder.room_for`): the call it takes the
+        place of, if any, leaves the pool with ``503``."""
+        taken = queue.room_for(tenant, self._places, full=self.admitted >= self._capacity)
+        if taken is not None:
+            taken.abandon()
+            self._release(taken, self._clock())
+            if not taken.answer.done():
+                taken.answer.set_exception(ServiceBusy())
 
     def admit_before(self, deadline: float, budget: float) -> None:
         """A call whose caller's deadline (``budget`` seconds after it came) is ``deadline``:
@@ -176,7 +197,7 @@ class Scheduler:
         now = self._clock()
         wall = time.time()
         while queue:
-            if queue[0].deadline <= wall:  # never sent: its caller gave up already
+            if queue.peek().deadline <= wall:  # never sent: its caller gave up already
                 self._expire(queue.popleft(), now)
                 continue
             member = self._free_member(now)
@@ -244,7 +265,7 @@ class Scheduler:
                 waits = [now - pending.queued_at for pending in calls]
                 self.metrics.batching().released(size, reason, waits)
 
-    def _expire_passed(self, queue: deque[PendingCall]) -> bool:
+    def _expire_passed(self, queue: Waiting) -> bool:
         """Take the calls whose deadline passed out of ``queue`` (a batch is never sent with
         one); whether any call is left."""
         wall = time.time()
@@ -311,11 +332,7 @@ class Scheduler:
         if pending.abandoned:
             self._release(pending, self._clock())  # given up while it waited there
         else:
-            queue = self._queue
-            index = 0
-            while index < len(queue) and queue[index].frame.id < call_id:
-                index += 1
-            queue.insert(index, pending)
+            self._queue.put_back(pending)
         self.dispatch()
 
     # -- ends ---------------------------------------------------------------------------------
@@ -342,7 +359,9 @@ class Scheduler:
 
     def fail_queue(self, exc: HttpError) -> None:
         """Every queued call fails with ``exc`` (no process will take them soon)."""
-        queue, self._queue = self._queue, deque()
+        queue = list(self._queue)
+        for pending in queue:
+            self._queue.remove(pending)
         now = self._clock()
         for pending in queue:
             self._release(pending, now)
@@ -366,7 +385,8 @@ class Scheduler:
                 pending.member = None
                 requeue.append(pending)
         member.sent.clear()
-        self._queue.extendleft(reversed(requeue))
+        for pending in requeue:
+            self._queue.put_back(pending)
         self.dispatch()
 
 

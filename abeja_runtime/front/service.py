@@ -26,6 +26,7 @@ from abeja_runtime.front.caller_deadlines import CallerDeadlines
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
+from abeja_runtime.front.tenants import OTHER, Tenants
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.tracing import tracing_from
 
@@ -85,6 +86,13 @@ class CallService:
         #: Each call's deadline: the nearer of ``--timeout`` and what its caller gives.
         self.caller_deadlines = CallerDeadlines(config)
         pool.scheduler.expired = self._timed_out
+        #: Whose each call is, and its priority class (``None``: all alike, in arrival order).
+        self.tenants: Tenants | None = Tenants(config)
+        if self.tenants.on:
+            pool.scheduler.order_by(self.tenants.weights, config.priority_aging)
+            metrics.tenants((*self.tenants.weights, OTHER))
+        else:
+            self.tenants = None
         access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         #: The calls' spans, when OpenTelemetry's variables ask for traces.
         self.tracing = tracing_from(os.environ, "front")
@@ -111,6 +119,11 @@ class CallService:
             entry.note("deadline", round(budget, 6))
             if self.timeout is None or budget < self.timeout:
                 call.caller_budget = budget
+        tenants = self.tenants
+        if tenants is not None and head.carrier is not None:
+            call.priority = tenants.priority(head.carrier)
+            if not tenants.by_key:  # (else known once its key was checked: at its submit)
+                call.tenant = tenants.tenant(head.carrier, None)
         return call
 
     def begin_job(
@@ -129,7 +142,9 @@ class CallService:
             answered.requester_id,
         )
         entry.trace = trace
-        return FrontCall(self, entry, responder)
+        call = FrontCall(self, entry, responder)
+        call.deadline = self.caller_deadlines.deadline(answered.received, None)
+        return call
 
     def caller(self, headers: Mapping[str, str]) -> str | None:
         """Who sends a request with these ``headers`` (or gRPC metadata), with API keys on: its

@@ -1,0 +1,219 @@
+"""The calls that wait for a slot, and which goes next: in arrival order (:class:`ArrivalOrder`,
+the default), or by priority class and weighted fairness across tenants (:class:`FairOrder`,
+``--tenant-header`` or ``--priority-header``).
+
+Both are what the scheduler (``scheduler.py``) takes from: ``append`` a call, ``peek`` and
+``popleft`` the next, ``remove`` one given up, ``put_back`` one a process gave back (before the
+calls that came after it), iterate over all, ``len``.
+
+:class:`FairOrder` serves the highest priority class that has a call waiting, unless a call of a
+lower class has waited ``--priority-aging`` seconds: that one goes first (so a lower class waits at
+most that long behind a higher one, plus the calls running). Within a class, tenants take
+turns by deficit round robin (Shreedhar and Varghese): each turn a tenant is credited its
+weight, and a call costs one credit, so that over time each tenant is served in proportion to
+its weight while it has calls waiting; within a tenant, first come first served.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from abeja_runtime.errors import ServiceBusy
+
+if TYPE_CHECKING:
+    from abeja_runtime.front.pending import PendingCall
+
+__all__ = ["ArrivalOrder", "FairOrder", "Waiting"]
+
+
+class ArrivalOrder(deque["PendingCall"]):
+    """First come, first served: a deque, and :meth:`peek` and :meth:`put_back`."""
+
+    def peek(self) -> PendingCall:
+        return self[0]
+
+    def put_back(self, pending: PendingCall) -> None:
+        """Back in the queue before the calls that came after it (ids grow with arrival)."""
+        index = 0
+        call_id = pending.frame.id
+        while index < len(self) and self[index].frame.id < call_id:
+            index += 1
+        self.insert(index, pending)
+
+    def waiting_of(self, tenant: str) -> int:
+        """One tenant for all: every call waiting."""
+        return len(self)
+
+
+class _Class:
+    """The calls of one priority class: a queue per tenant, taking turns by deficit round
+    robin."""
+
+    __slots__ = ("credit", "queues", "turns")
+
+    def __init__(self) -> None:
+        self.queues: dict[str, deque[PendingCall]] = {}
+        #: The tenants with calls waiting, the one whose turn it is first.
+        self.turns: deque[str] = deque()
+        self.credit: dict[str, float] = {}
+
+    def next_tenant(self, weights: Mapping[str, float]) -> str:
+        """Whose call goes next (this class has calls)."""
+        turns, credit = self.turns, self.credit
+        while credit[turns[0]] < 1:
+            turns.rotate(-1)
+            tenant = turns[0]
+            credit[tenant] += weights.get(tenant, 1.0)
+        return turns[0]
+
+    def add(self, tenant: str, pending: PendingCall, *, front: bool) -> None:
+        queue = self.queues.get(tenant)
+        if queue is None:
+            queue = self.queues[tenant] = deque()
+            self.turns.append(tenant)
+            self.credit[tenant] = 0.0
+        if not front:
+            queue.append(pending)
+            return
+        ids = [call.frame.id for call in queue]
+        queue.insert(bisect.bisect_left(ids, pending.frame.id), pending)
+
+    def take(self, tenant: str, pending: PendingCall) -> None:
+        """``pending`` (of ``tenant``) leaves the class."""
+        queue = self.queues[tenant]
+        queue.remove(pending)
+        if not queue:
+            del self.queues[tenant], self.credit[tenant]
+            self.turns.remove(tenant)
+
+    def oldest(self) -> PendingCall:
+        return min((queue[0] for queue in self.queues.values()), key=_arrival)
+
+
+def _arrival(pending: PendingCall) -> float:
+    return pending.queued_at
+
+
+class FairOrder:
+    """Priority classes (``0`` the highest), weighted fairness across tenants within each
+    (see the module); a tenant not in ``weights`` weighs 1."""
+
+    __slots__ = ("_aging", "_classes", "_clock", "_count", "_tenants", "weights")
+
+    def __init__(
+        self,
+        weights: Mapping[str, float],
+        classes: int,
+        clock: Callable[[], float],
+        aging: float,
+    ) -> None:
+        self.weights = weights
+        self._aging = aging
+        self._classes = [_Class() for _ in range(classes)]
+        self._clock = clock
+        self._count = 0
+        #: Calls waiting per tenant (every class).
+        self._tenants: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __iter__(self) -> Iterator[PendingCall]:
+        for klass in self._classes:
+            for queue in klass.queues.values():
+                yield from queue
+
+    def waiting_of(self, tenant: str) -> int:
+        """Calls of ``tenant`` waiting now."""
+        return self._tenants.get(tenant, 0)
+
+    def append(self, pending: PendingCall) -> None:
+        self._add(pending, front=False)
+
+    def put_back(self, pending: PendingCall) -> None:
+        self._add(pending, front=True)
+
+    def _add(self, pending: PendingCall, *, front: bool) -> None:
+        self._classes[pending.priority].add(pending.tenant, pending, front=front)
+        self._count += 1
+        self._tenants[pending.tenant] = self._tenants.get(pending.tenant, 0) + 1
+
+    def peek(self) -> PendingCall:
+        """The call that goes next (the queue is not empty)."""
+        klass = self._next_class()
+        return klass.queues[klass.next_tenant(self.weights)][0]
+
+    def popleft(self) -> PendingCall:
+        klass = self._next_class()
+        tenant = klass.next_tenant(self.weights)
+        pending = klass.queues[tenant][0]
+        klass.credit[tenant] -= 1
+        self._take(klass, pending)
+        return pending
+
+    def remove(self, pending: PendingCall) -> None:
+        """``pending`` leaves the queue; ``ValueError`` when it is not in it."""
+        klass = self._classes[pending.priority]
+        queue = klass.queues.get(pending.tenant)
+        if queue is None or pending not in queue:
+            raise ValueError("not waiting")
+        self._take(klass, pending)
+
+    def room_for(self, tenant: str, places: int, *, full: bool) -> PendingCall | None:
+        """Whether a call of ``tenant`` may join: while the tenant holds less than its weighted
+        share of the ``places`` (among the tenants waiting), and there is room (not ``full``);
+        when full, the call that came last (of its lowest class) of the tenant most past its
+        share makes room: taken out, and returned. Else :class:`ServiceBusy`."""
+        weights = self.weights
+        waiting = dict(self._tenants)
+        waiting.setdefault(tenant, 0)
+        total = sum(weights.get(other, 1.0) for other in waiting)
+
+        def past_share(other: str) -> float:
+            return waiting[other] - places * weights.get(other, 1.0) / total
+
+        if waiting[tenant] and past_share(tenant) >= 0:
+            raise ServiceBusy()  # its share is full: its own calls wait, others' go on
+        if not full:
+            return None
+        most = max(waiting, key=past_share)
+        if most == tenant or past_share(most) <= 0:
+            raise ServiceBusy()
+        for klass in reversed(self._classes):
+            queue = klass.queues.get(most)
+            if queue:
+                taken = queue[-1]
+                self._take(klass, taken)
+                return taken
+        raise ServiceBusy()
+
+    def _take(self, klass: _Class, pending: PendingCall) -> None:
+        klass.take(pending.tenant, pending)
+        self._count -= 1
+        left = self._tenants[pending.tenant] - 1
+        if left:
+            self._tenants[pending.tenant] = left
+        else:
+            del self._tenants[pending.tenant]
+
+    def _next_class(self) -> _Class:
+        """The highest class with a call waiting, unless a lower one's oldest call has waited
+        ``aging`` seconds (the oldest such first)."""
+        waiting = [klass for klass in self._classes if klass.queues]
+        if len(waiting) > 1:
+            now = self._clock()
+            aging = self._aging
+            aged = [klass for klass in waiting[1:] if now - klass.oldest().queued_at >= aging]
+            if aged:
+                return min(aged, key=lambda klass: klass.oldest().queued_at)
+        return waiting[0]
+
+
+#: What the scheduler takes from.
+Waiting = ArrivalOrder | FairOrder

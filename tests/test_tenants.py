@@ -1,0 +1,203 @@
+"""Tenants and priorities (``--tenant-header``, ``--tenant-weights``, ``--priority-header``):
+waiting calls are served by priority class, then by weighted fairness across tenants; a tenant
+holds at most its share of the queue, so that a flooding tenant gets the ``503``s and the others
+do not. Over HTTP and gRPC, with one slot, so that the order in which calls start is the order
+in which the queue gives them."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.raw_http import events
+from helpers.servers import Response, RunningServer, ServerFactory
+from helpers.waiting import wait_until
+
+SYNC = {"HANDLER": "main:handler"}
+ONE_SLOT = ("--workers", "1", "--concurrency", "1")
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(16) as executor:
+        yield executor
+
+
+def send(
+    pool: ThreadPoolExecutor, server: RunningServer, tag: str, headers: dict[str, str]
+) -> Future[Response]:
+    return pool.submit(server.request, "POST", f"/?tag={tag}", b"{}", headers)
+
+
+def queued(server: RunningServer, count: int) -> None:
+    wait_until(lambda: server.queued() >= count, 30, f"{count} calls to wait in the queue")
+
+
+def start_order(server: RunningServer, tags: list[str]) -> list[str]:
+    """``tags`` in the order the handler started them."""
+    started = {tag: events(server, "start", tag)[0]["t"] for tag in tags}
+    return sorted(tags, key=started.__getitem__)
+
+
+def hold(pool: ThreadPoolExecutor, server: RunningServer, release: Path) -> Future[Response]:
+    """A call that keeps the one slot until ``release`` exists."""
+    held = pool.submit(server.request, "POST", f"/?tag=holder&until={release}", b"{}")
+    wait_until(lambda: events(server, "start", "holder"), 30, "the slot to be taken")
+    return held
+
+
+def test_a_flooding_tenant_gets_the_503s_and_another_is_served_first(
+    make_server: ServerFactory, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    server = make_server(
+        "ex_sleep", *ONE_SLOT, "--max-queue", "4", "--tenant-header", "x-tenant",
+        "--tenant-weights", "a=1,b=1", env=SYNC,
+    )  # fmt: skip
+    release = tmp_path / "release"
+    held = hold(pool, server, release)
+    flood = []
+    for index in range(4):  # one after the other: a3 is the newest
+        flood.append(send(pool, server, f"a{index}", {"x-tenant": "a"}))
+        queued(server, index + 1)  # tenant a alone: it may fill every place
+    refused = server.request("POST", "/?tag=a-extra", b"{}", {"x-tenant": "a"})
+    assert refused.status == 503  # its share is full
+    b = send(pool, server, "b0", {"x-tenant": "b"})  # takes the place of a's newest call
+    assert flood[3].result(30).status == 503
+    release.touch()
+    assert held.result(30).status == 200
+    assert b.result(30).status == 200
+    assert [call.result(30).status for call in flood[:3]] == [200, 200, 200]
+    order = start_order(server, ["a0", "a1", "a2", "b0"])
+    assert order.index("b0") <= 1, order  # b waits for one call at most, not a's whole queue
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+    assert counted(metrics, "tenant_served_requests", "b") == 1
+    assert counted(metrics, "tenant_refused_requests", "a") == 2
+    record = server.wait_for_record(lambda r: r.get("tenant") == "b")
+    assert (record["http_status"], record["priority"]) == (200, "normal")
+
+
+def counted(metrics: str, name: str, tenant: str) -> float:
+    found = re.search(rf'^abeja_runtime_{name}_total\{{tenant="{tenant}"\}} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_tenants_are_served_in_proportion_to_their_weights(
+    make_server: ServerFactory, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    server = make_server(
+        "ex_sleep", *ONE_SLOT, "--max-queue", "40", "--tenant-header", "x-tenant",
+        "--tenant-weights", "heavy=3,light=1", env=SYNC,
+    )  # fmt: skip
+    release = tmp_path / "release"
+    held = hold(pool, server, release)
+    calls = []
+    for index, tenant in enumerate(["heavy"] * 6 + ["light"] * 6):  # in this order
+        calls.append(send(pool, server, f"{tenant}{index % 6}", {"x-tenant": tenant}))
+        queued(server, index + 1)  # (light's share of the 40 places: 10)
+    release.touch()
+    assert held.result(30).status == 200
+    assert all(call.result(30).status == 200 for call in calls)
+    tags = [f"heavy{i}" for i in range(6)] + [f"light{i}" for i in range(6)]
+    first_eight = start_order(server, tags)[:8]
+    assert sum(tag.startswith("heavy") for tag in first_eight) == 6, first_eight
+    # Within a tenant, first come first served.
+    order = start_order(server, tags)
+    assert [tag for tag in order if tag.startswith("light")] == [f"light{i}" for i in range(6)]
+
+
+def test_a_higher_priority_goes_first_and_a_lower_one_is_not_starved(
+    make_server: ServerFactory, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    server = make_server(
+        "ex_sleep", *ONE_SLOT, "--max-queue", "8", "--priority-header", "x-priority",
+        "--priority-aging", "60", env=SYNC,
+    )  # fmt: skip
+    release = tmp_path / "release"
+    held = hold(pool, server, release)
+    calls = []
+    for index, priority in enumerate(["low", "normal", "high", "bogus", "high"]):
+        calls.append(send(pool, server, f"{priority}{index}", {"x-priority": priority}))
+        queued(server, index + 1)
+    release.touch()
+    assert held.result(30).status == 200
+    assert all(call.result(30).status == 200 for call in calls)
+    order = start_order(server, ["low0", "normal1", "high2", "bogus3", "high4"])
+    assert order == ["high2", "high4", "normal1", "bogus3", "low0"], order
+
+
+def test_priorities_and_tenants_apply_to_grpc_calls(
+    make_server: ServerFactory, pool: ThreadPoolExecutor
+) -> None:
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("kserve")
+    from helpers.grpc_calls import ASYNC_MODEL, with_grpc
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as stubs
+
+    server = with_grpc(
+        make_server, "st_kserve_async", "--concurrency", "1", "--priority-header", "x-priority",
+        "--priority-aging", "60", "--tenant-header", "x-tenant", env=ASYNC_MODEL,
+    )  # fmt: skip
+
+    def infer(seconds: float, metadata: list[tuple[str, str]]) -> Any:
+        tensor = pb.ModelInferRequest.InferInputTensor(
+            name="sleep", datatype="FP64", shape=[1],
+            contents=pb.InferTensorContents(fp64_contents=[seconds]),
+        )  # fmt: skip
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            request = pb.ModelInferRequest(model_name="model", inputs=[tensor])
+            return stubs.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, timeout=60, metadata=metadata
+            )
+
+    holder = pool.submit(infer, 2.0, [("x-tenant", "holder")])
+    wait_until(lambda: server.in_flight() >= 1, 10, "the slot to be taken")
+    low = pool.submit(infer, 0, [("x-priority", "low"), ("x-tenant", "t")])
+    queued(server, 1)
+    high = pool.submit(infer, 0, [("x-priority", "high"), ("x-tenant", "t")])
+    queued(server, 2)
+    for call in (holder, low, high):
+        call.result(60)
+    answered = {
+        priority: server.wait_for_record(lambda r, p=priority: r.get("priority") == p)
+        for priority in ("high", "low")
+    }
+    assert answered["high"]["tenant"] == answered["low"]["tenant"] == "t"
+    # The server's own clock: high answered before low, though low came first.
+    assert answered["high"]["response_timestamp"] < answered["low"]["response_timestamp"]
+
+
+def test_a_lower_class_waits_at_most_the_aging_bound(
+    make_server: ServerFactory, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    server = make_server(
+        "ex_sleep", *ONE_SLOT, "--max-queue", "8", "--priority-header", "x-priority",
+        "--priority-aging", "0.3", env=SYNC,
+    )  # fmt: skip
+    release = tmp_path / "release"
+    held = hold(pool, server, release)
+    low = send(pool, server, "old-low", {"x-priority": "low"})
+    queued(server, 1)
+    began = time.monotonic()
+    wait_until(lambda: time.monotonic() - began > 0.4, 5, "the low call to wait past the bound")
+    high = send(pool, server, "new-high", {"x-priority": "high"})
+    queued(server, 2)
+    release.touch()
+    for call in (held, low, high):
+        assert call.result(30).status == 200
+    assert start_order(server, ["old-low", "new-high"]) == ["old-low", "new-high"]
+
+
+def test_tenant_weights_that_are_not_pairs_are_refused() -> None:
+    from abeja_runtime.config import tenant_weights
+
+    assert tenant_weights("a=2, b=0.5") == {"a": 2.0, "b": 0.5}
+    with pytest.raises(ValueError, match="name=weight pairs"):
+        tenant_weights("a=2,b")
+    with pytest.raises(ValueError, match="'c=0' is not"):
+        tenant_weights("c=0")
