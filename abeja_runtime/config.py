@@ -237,16 +237,16 @@ class Config:
         server_only=True,
         default_text="none",
         help="a request header (gRPC: metadata) with the call's priority class, `high`, "
-        "`normal` (the default) or `low`: a higher class is served first; a lower one waits at "
-        "most `--priority-aging` behind higher ones, then goes first",
+        "`normal` (the default) or `low`: a higher class is served first, within "
+        "`--priority-aging`",
     )
     priority_aging: float = setting(
         1.0,
         kind="positive_seconds",
         envvar="ABEJA_RUNTIME_PRIORITY_AGING",
         server_only=True,
-        help="with `--priority-header`: seconds a call of a lower class waits at most behind "
-        "higher ones; then it goes first",
+        help="with `--priority-header`: a call of a lower class goes before those of higher "
+        "classes that came this many seconds (per class between them) after it",
     )
     stream_idle_timeout: float = setting(
         60.0,
@@ -778,6 +778,11 @@ def resolve_training_result_dir(workdir: Path, value: str) -> Path:
     return workdir / (value or _DEFAULT_TRAINING_RESULT_DIR)
 
 
+#: The weights a tenant may have: a thousand to one at most, each way.
+_LIGHTEST_WEIGHT: Final = 0.001
+_HEAVIEST_WEIGHT: Final = 1000.0
+
+
 def tenant_weights(text: str) -> dict[str, float]:
     """``--tenant-weights``: ``name=weight`` pairs separated by commas, each weight a number
     above 0; ``ValueError`` saying what is wrong."""
@@ -788,10 +793,11 @@ def tenant_weights(text: str) -> dict[str, float]:
             weight = float(number)
         except ValueError:
             weight = 0.0
-        if not equals or not name.strip() or not weight > 0:
+        if not equals or not name.strip() or not _LIGHTEST_WEIGHT <= weight <= _HEAVIEST_WEIGHT:
             raise ValueError(
-                f"must be name=weight pairs separated by commas, each weight a number above 0 "
-                f"(e.g. batch=1,interactive=4); {item!r} is not"
+                f"must be name=weight pairs separated by commas, each weight a number from "
+                f"{_LIGHTEST_WEIGHT:g} to {_HEAVIEST_WEIGHT:g} (e.g. batch=1,interactive=4); "
+                f"{item!r} is not"
             )
         weights[name.strip()] = weight
     return weights

@@ -95,9 +95,10 @@ def test_a_call_within_its_deadline_is_answered_and_its_record_says_it(
     status, body, _ = call(one_slot, "in-time", 0, {"Request-Timeout": "20"})
     assert (status, body["tag"]) == (200, "in-time")
     assert access_record(one_slot, "in-time")["deadline"] == 20
-    status, _, _ = call(one_slot, "no-deadline", 0, {"Request-Timeout": "soon"})  # ignored
-    assert status == 200
-    assert "deadline" not in access_record(one_slot, "no-deadline")
+    for index, value in enumerate(["soon", "inf", "nan", "-1", "9" * 400]):  # ignored
+        tag = f"no-deadline-{index}"
+        assert call(one_slot, tag, 0, {"Request-Timeout": value})[0] == 200, value
+        assert "deadline" not in access_record(one_slot, tag), value
 
 
 def test_a_queued_call_whose_deadline_passes_never_reaches_a_worker(

@@ -63,7 +63,7 @@ class BatchRule:
             return None
         if full:
             return NextBatch(free, size, "full")
-        left = queue.peek().queued_at + self.wait - now
+        left = queue.first_queued_at() + self.wait - now
         if left <= 0:
             return NextBatch(free, size, "waited")
         if self._timer is None:

@@ -178,6 +178,8 @@ class FrontCall:
         self.ticket = ticket
         self._stage = Stage.QUEUED
         deadline = self.deadline
+        if deadline is not None:
+            ticket.deadline, ticket.caller_budget = deadline, self.caller_budget
         tenants = service.tenants
         if tenants is not None:
             noted = self.entry.noted or {}
@@ -186,15 +188,14 @@ class FrontCall:
             self.entry.note("tenant", ticket.tenant)
             self.entry.note("priority", PRIORITIES[self.priority])
         try:
-            if deadline is not None and self.caller_budget:  # the caller's own deadline:
-                service.pool.admit_before(deadline, self.caller_budget)  # refused if too near
+            if self.caller_budget:  # the caller's own deadline: refused if too near
+                service.pool.admit_before(ticket, self.caller_budget)
             service.pool.submit(ticket)
         except (ServiceBusy, HandlerTimeout) as exc:
             ticket.finish()
             self.refuse(exc)
             return
         if deadline is not None:
-            ticket.deadline, ticket.caller_budget = deadline, self.caller_budget
             self._watched = service.deadlines.watch(ticket, deadline)
         ticket.answer.add_done_callback(self._answered)
 
@@ -271,7 +272,7 @@ class FrontCall:
         ticket = self.ticket
         tenants = self.service.tenants
         if tenants is not None and ticket is not None and ticket.tenant:
-            served = self.outcome is not Outcome.REFUSED and self.outcome is not Outcome.TIMED_OUT
+            served = self.outcome is Outcome.ANSWERED
             self.service.metrics.tenant_call(tenants.label(ticket.tenant), served)
         if ticket is None:
             if self.body is not None:

@@ -19,6 +19,8 @@ __all__ = ["REQUEST_TIMEOUT", "CallerDeadlines"]
 
 #: The plain header read besides ``--deadline-header``: seconds.
 REQUEST_TIMEOUT: Final = "request-timeout"
+#: Longer than this (a year) is no deadline (also ``inf``, and NaN, which fails every test).
+_LONGEST: Final = 365 * 24 * 3600.0
 
 
 class CallerDeadlines:
@@ -48,7 +50,7 @@ class CallerDeadlines:
                 seconds = float(text) * unit
             except ValueError:
                 continue
-            if seconds > 0 and seconds == seconds and (found is None or seconds < found):
+            if 0 < seconds < _LONGEST and (found is None or seconds < found):
                 found = seconds
         return found
 

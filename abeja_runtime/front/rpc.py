@@ -180,7 +180,7 @@ class RpcServer:
         service = self._service
         responder = AwaitedAnswer(service.loop)
         remaining = context.time_remaining()  # the caller's deadline (grpc-timeout), if any
-        budget = None if remaining is None or remaining > _NO_LIMIT else max(0.0, remaining)
+        budget = None if remaining is None or remaining > _NO_LIMIT else max(1e-6, remaining)
         head = CallHead("POST", method, received, request_id, None, given, True, budget)
         call = service.begin(head, responder)
         size = 0

@@ -83,6 +83,8 @@ class Scheduler:
         #: Whether :attr:`call_seconds` was measured yet (a call answered).
         self._measured = False
         self._slots = config.workers * config.concurrency
+        #: Calls a process may hold, running or waiting in its socket (:data:`PIPELINE`).
+        self._most_held = config.concurrency + PIPELINE
         #: Batch mode (``--max-batch-size`` above 1, or declared by the handler).
         self.batching: BatchRule | None = None
         if config.max_batch_size > 1:
@@ -91,7 +93,8 @@ class Scheduler:
     def order_by(self, weights: Mapping[str, float], aging: float) -> None:
         """From now on (before any call), waiting calls are served by priority class and by
         weighted fairness across tenants (``waiting.py``)."""
-        self._queue = FairOrder(weights, len(PRIORITIES), self._clock, aging)
+        self._queue = FairOrder(weights, len(PRIORITIES), aging)
+        self._most_held = self._concurrency  # no pipelining: a call given back loses its turn
 
     def batch_by(self, size: int, wait: float) -> None:
         """From now on, the queue goes out in batches (the handler declared it batched)."""
@@ -127,25 +130,31 @@ class Scheduler:
             if not taken.answer.done():
                 taken.answer.set_exception(ServiceBusy())
 
-    def admit_before(self, deadline: float, budget: float) -> None:
-        """A call whose caller's deadline (``budget`` seconds after it came) is ``deadline``:
-        :class:`CallerDeadlinePassed` when it passed already, :class:`DeadlineTooNear` when the
-        expected wait is longer than what is left of it."""
-        left = deadline - time.time()
+    def admit_before(self, pending: PendingCall, budget: float) -> None:
+        """``pending``, whose caller gave it ``budget`` seconds (its deadline):
+        :class:`CallerDeadlinePassed` when that passed already, :class:`DeadlineTooNear` when
+        the expected wait is longer than what is left of it."""
+        left = pending.deadline - time.time()
         if left <= 0:
             raise CallerDeadlinePassed(budget)
-        wait = self.expected_wait()
+        wait = self.expected_wait(pending)
         if wait > left:
             raise DeadlineTooNear(wait, left)
 
-    def expected_wait(self) -> float:
-        """Seconds a call submitted now is expected to wait before it runs: none while a slot
-        is free (or before any call was answered); else the calls ahead of it, and the one it
+    def expected_wait(self, pending: PendingCall) -> float:
+        """Seconds ``pending``, submitted now, is expected to wait before it runs: none while a
+        slot is free (or before any call was answered); else the calls that go before it
+        (with tenants or priorities, by its class and its tenant's turns), and the one it
         waits for, each the running mean of a call's time (:attr:`call_seconds`), shared by
         every slot of every process."""
-        ahead = self.admitted - self._slots
-        if ahead < 0 or not self._measured:
+        if self.admitted < self._slots or not self._measured:
             return 0.0
+        queue = self._queue
+        ahead = (
+            queue.ahead_of(pending.tenant, pending.priority)
+            if type(queue) is FairOrder
+            else self.admitted - self._slots
+        )
         return (ahead + 1) * self.call_seconds / self._slots
 
     def free_places(self) -> int:
@@ -196,14 +205,12 @@ class Scheduler:
             return
         now = self._clock()
         wall = time.time()
-        while queue:
-            if queue.peek().deadline <= wall:  # never sent: its caller gave up already
-                self._expire(queue.popleft(), now)
+        while queue and (member := self._free_member(now)) is not None:
+            pending = queue.popleft()
+            if pending.deadline <= wall:  # never sent: its caller gave up already
+                self._expire(pending, now)
                 continue
-            member = self._free_member(now)
-            if member is None:
-                return
-            self._send(member, queue.popleft(), now)
+            self._send(member, pending, now)
 
     def _free_member(self, now: float) -> Member | None:
         """Where the next call goes: while calls are quick, a serving process whose oldest call
@@ -211,7 +218,7 @@ class Scheduler:
         go round, so that each stays warm) with a free slot, or room in its pipeline while its
         oldest call is young. A call never waits in a process behind a slow one."""
         members = self._members
-        most_held = self._concurrency + PIPELINE
+        most_held = self._most_held
         if self.call_seconds < _QUICK_CALL:
             for member in members:
                 serving = member.state is ProcessState.READY and 0 < len(member.sent) < most_held

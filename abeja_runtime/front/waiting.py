@@ -2,23 +2,26 @@
 the default), or by priority class and weighted fairness across tenants (:class:`FairOrder`,
 ``--tenant-header`` or ``--priority-header``).
 
-Both are what the scheduler (``scheduler.py``) takes from: ``append`` a call, ``peek`` and
-``popleft`` the next, ``remove`` one given up, ``put_back`` one a process gave back (before the
-calls that came after it), iterate over all, ``len``.
+Both are what the scheduler (``scheduler.py``) takes from: ``append`` a call, ``popleft`` the
+next, ``remove`` one given up, ``put_back`` one a process gave back (before the calls that came
+after it), ``first_queued_at``, iterate over all, ``len``.
 
-:class:`FairOrder` serves the highest priority class that has a call waiting, unless a call of a
-lower class has waited ``--priority-aging`` seconds: that one goes first (so a lower class waits at
-most that long behind a higher one, plus the calls running). Within a class, tenants take
-turns by deficit round robin (Shreedhar and Varghese): each turn a tenant is credited its
-weight, and a call costs one credit, so that over time each tenant is served in proportion to
-its weight while it has calls waiting; within a tenant, first come first served.
+For :class:`FairOrder` the next call is of the class whose oldest call came first, a class's
+arrivals counted ``--priority-aging`` seconds later per class below the highest: a higher class
+goes first, and a lower call goes before the higher ones that came that long after it. Within a
+class, tenants take turns by deficit round robin (Shreedhar and Varghese): each turn a tenant is
+credited its weight, and a call costs one credit, so that over time each tenant is served in
+proportion to its weight while it has calls waiting; within a tenant, first come first served.
+A call is charged when it leaves the queue: the scheduler does not hold calls in a process's
+socket ahead of time with tenants on (a call given back would lose its tenant's turn).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from abeja_runtime.errors import ServiceBusy
@@ -30,10 +33,7 @@ __all__ = ["ArrivalOrder", "FairOrder", "Waiting"]
 
 
 class ArrivalOrder(deque["PendingCall"]):
-    """First come, first served: a deque, and :meth:`peek` and :meth:`put_back`."""
-
-    def peek(self) -> PendingCall:
-        return self[0]
+    """First come, first served: a deque, and :meth:`put_back`."""
 
     def put_back(self, pending: PendingCall) -> None:
         """Back in the queue before the calls that came after it (ids grow with arrival)."""
@@ -46,6 +46,10 @@ class ArrivalOrder(deque["PendingCall"]):
     def waiting_of(self, tenant: str) -> int:
         """One tenant for all: every call waiting."""
         return len(self)
+
+    def first_queued_at(self) -> float:
+        """When the call that waits longest joined (the queue is not empty)."""
+        return self[0].queued_at
 
 
 class _Class:
@@ -61,7 +65,8 @@ class _Class:
         self.credit: dict[str, float] = {}
 
     def next_tenant(self, weights: Mapping[str, float]) -> str:
-        """Whose call goes next (this class has calls)."""
+        """Whose call goes next (this class has calls): the tenant whose turn it is while its
+        credit lasts, then the next one, credited its weight (at least 1: one call a turn)."""
         turns, credit = self.turns, self.credit
         while credit[turns[0]] < 1:
             turns.rotate(-1)
@@ -69,12 +74,12 @@ class _Class:
             credit[tenant] += weights.get(tenant, 1.0)
         return turns[0]
 
-    def add(self, tenant: str, pending: PendingCall, *, front: bool) -> None:
+    def add(self, tenant: str, pending: PendingCall, weight: float, *, front: bool) -> None:
         queue = self.queues.get(tenant)
         if queue is None:
             queue = self.queues[tenant] = deque()
             self.turns.append(tenant)
-            self.credit[tenant] = 0.0
+            self.credit[tenant] = weight  # its first turn, when it comes
         if not front:
             queue.append(pending)
             return
@@ -89,6 +94,9 @@ class _Class:
             del self.queues[tenant], self.credit[tenant]
             self.turns.remove(tenant)
 
+    def __len__(self) -> int:
+        return sum(len(queue) for queue in self.queues.values())
+
     def oldest(self) -> PendingCall:
         return min((queue[0] for queue in self.queues.values()), key=_arrival)
 
@@ -101,19 +109,16 @@ class FairOrder:
     """Priority classes (``0`` the highest), weighted fairness across tenants within each
     (see the module); a tenant not in ``weights`` weighs 1."""
 
-    __slots__ = ("_aging", "_classes", "_clock", "_count", "_tenants", "weights")
+    __slots__ = ("_aging", "_classes", "_count", "_tenants", "_unnamed", "weights")
 
-    def __init__(
-        self,
-        weights: Mapping[str, float],
-        classes: int,
-        clock: Callable[[], float],
-        aging: float,
-    ) -> None:
-        self.weights = weights
+    def __init__(self, weights: Mapping[str, float], classes: int, aging: float) -> None:
+        #: The weights as credits a turn: the lightest tenant (or 1, a tenant not named) gets
+        #: one call a turn, so that a turn never passes without a call.
+        lightest = min((1.0, *weights.values()))
+        self.weights = {tenant: weight / lightest for tenant, weight in weights.items()}
+        self._unnamed = 1.0 / lightest
         self._aging = aging
         self._classes = [_Class() for _ in range(classes)]
-        self._clock = clock
         self._count = 0
         #: Calls waiting per tenant (every class).
         self._tenants: dict[str, int] = {}
@@ -133,6 +138,25 @@ class FairOrder:
         """Calls of ``tenant`` waiting now."""
         return self._tenants.get(tenant, 0)
 
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, self._unnamed)
+
+    def first_queued_at(self) -> float:
+        """When the call that waits longest joined (the queue is not empty)."""
+        return min(klass.oldest().queued_at for klass in self._classes if klass.queues)
+
+    def ahead_of(self, tenant: str, priority: int) -> int:
+        """About how many waiting calls go before a call of ``tenant`` in class ``priority``
+        joining now: those of the higher classes, and in its own the tenant's calls and the
+        others' turns between them (by weight)."""
+        ahead = sum(len(klass) for klass in self._classes[:priority])
+        klass = self._classes[priority]
+        own = len(klass.queues.get(tenant, ())) + 1
+        for other, queue in klass.queues.items():
+            if other != tenant:
+                ahead += min(len(queue), math.ceil(own * self.weight(other) / self.weight(tenant)))
+        return ahead + own - 1
+
     def append(self, pending: PendingCall) -> None:
         self._add(pending, front=False)
 
@@ -140,16 +164,13 @@ class FairOrder:
         self._add(pending, front=True)
 
     def _add(self, pending: PendingCall, *, front: bool) -> None:
-        self._classes[pending.priority].add(pending.tenant, pending, front=front)
+        tenant = pending.tenant
+        self._classes[pending.priority].add(tenant, pending, self.weight(tenant), front=front)
         self._count += 1
         self._tenants[pending.tenant] = self._tenants.get(pending.tenant, 0) + 1
 
-    def peek(self) -> PendingCall:
-        """The call that goes next (the queue is not empty)."""
-        klass = self._next_class()
-        return klass.queues[klass.next_tenant(self.weights)][0]
-
     def popleft(self) -> PendingCall:
+        """The call that goes next (the queue is not empty), taken out."""
         klass = self._next_class()
         tenant = klass.next_tenant(self.weights)
         pending = klass.queues[tenant][0]
@@ -170,13 +191,12 @@ class FairOrder:
         share of the ``places`` (among the tenants waiting), and there is room (not ``full``);
         when full, the call that came last (of its lowest class) of the tenant most past its
         share makes room: taken out, and returned. Else :class:`ServiceBusy`."""
-        weights = self.weights
         waiting = dict(self._tenants)
         waiting.setdefault(tenant, 0)
-        total = sum(weights.get(other, 1.0) for other in waiting)
+        total = sum(self.weight(other) for other in waiting)
 
         def past_share(other: str) -> float:
-            return waiting[other] - places * weights.get(other, 1.0) / total
+            return waiting[other] - places * self.weight(other) / total
 
         if waiting[tenant] and past_share(tenant) >= 0:
             raise ServiceBusy()  # its share is full: its own calls wait, others' go on
@@ -203,16 +223,17 @@ class FairOrder:
             del self._tenants[pending.tenant]
 
     def _next_class(self) -> _Class:
-        """The highest class with a call waiting, unless a lower one's oldest call has waited
-        ``aging`` seconds (the oldest such first)."""
-        waiting = [klass for klass in self._classes if klass.queues]
-        if len(waiting) > 1:
-            now = self._clock()
-            aging = self._aging
-            aged = [klass for klass in waiting[1:] if now - klass.oldest().queued_at >= aging]
-            if aged:
-                return min(aged, key=lambda klass: klass.oldest().queued_at)
-        return waiting[0]
+        """The class whose oldest call came first, each class's arrivals counted ``aging``
+        seconds later per class below the highest: a higher class goes first, but a call of
+        a lower class goes before higher ones that came that long after it (so neither waits
+        without end: a lower call at most ``aging`` per class, plus the calls older than it)."""
+        best, best_at = self._classes[0], math.inf
+        for level, klass in enumerate(self._classes):
+            if klass.queues:
+                at = klass.oldest().queued_at + level * self._aging
+                if at < best_at:
+                    best, best_at = klass, at
+        return best
 
 
 #: What the scheduler takes from.
