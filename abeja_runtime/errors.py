@@ -251,8 +251,8 @@ class DeadlineTooNear(ServiceBusy):
     def __init__(self, wait: float, left: float) -> None:
         HttpError.__init__(
             self,
-            f"the wait for a worker (about {wait:.3g} s) is longer than the {left:.3g} s left of "
-            "the caller's deadline; retry later, or give the call more time",
+            f"the wait for a worker and the call (about {wait:.3g} s) is longer than the "
+            f"{left:.3g} s left of the caller's deadline; retry later, or give the call more time",
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
 
@@ -278,6 +278,18 @@ class HandlerTimeout(HttpError):
             f"handler timed out after {timeout:g} s; the limit is ABEJA_RUNTIME_TIMEOUT (--timeout)"
         )
         self.timeout = timeout
+
+
+class NotStartedInTime(HttpError):
+    """The handler process got a call whose deadline had passed: its handler is not started."""
+
+    status = 504
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the call's deadline passed before its handler could start (it waited for a "
+            "worker); give the call more time (the caller's deadline, or --timeout)"
+        )
 
 
 class CallerDeadlinePassed(HandlerTimeout):

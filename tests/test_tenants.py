@@ -224,3 +224,25 @@ def test_a_newcomer_waits_for_the_turns_not_for_the_whole_flood(
     order = start_order(server, [f"a{i}" for i in range(12)] + ["c0"])
     # c's turn comes after at most a's credit of 4 calls (and the calls then running).
     assert order.index("c0") <= 7, order
+
+
+def test_a_higher_class_takes_the_place_of_a_lower_one_when_the_queue_is_full(
+    make_server: ServerFactory, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    server = make_server(
+        "ex_sleep", *ONE_SLOT, "--max-queue", "2", "--priority-header", "x-priority",
+        "--priority-aging", "60", env=SYNC,
+    )  # fmt: skip
+    release = tmp_path / "release"
+    held = hold(pool, server, release)
+    lows = []
+    for index in range(2):
+        lows.append(send(pool, server, f"low{index}", {"x-priority": "low"}))
+        queued(server, index + 1)
+    assert server.request("POST", "/?tag=low2", b"{}", {"x-priority": "low"}).status == 503
+    high = send(pool, server, "high", {"x-priority": "high"})
+    assert lows[1].result(30).status == 503  # the newest low call gave its place up
+    release.touch()
+    assert held.result(30).status == 200
+    assert (high.result(30).status, lows[0].result(30).status) == (200, 200)
+    assert start_order(server, ["low0", "high"]) == ["high", "low0"]

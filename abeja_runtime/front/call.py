@@ -166,7 +166,7 @@ class FrontCall:
         entry = self.entry
         return Call(
             self.id, method, url.raw_path, url.raw_query_string, raw_headers, entry.request_id,
-            entry.requester_id, data, spool_path, size, carrier(entry.trace),
+            entry.requester_id, data, spool_path, size, carrier(entry.trace), self.deadline or 0.0,
         )  # fmt: skip
 
     def submit(self, frame: Call | RpcCall, body: Body) -> None:

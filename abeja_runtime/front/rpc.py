@@ -261,11 +261,15 @@ class RpcServer:
         size = len(payload)
         if size <= INLINE_LIMIT:
             gate.leave()
-            return RpcCall(call.id, method, payload, metadata, request_id, 0, trace), IN_FRAME
+            deadline = call.deadline or 0.0
+            return RpcCall(
+                call.id, method, payload, metadata, request_id, 0, trace, deadline
+            ), IN_FRAME
         body, mapped = service.bodies.held(size)
         body.gate = None  # left when grpcio is done with the call
         # grpc-stubs types the callback as a class of its own, which no function is
         context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
         mapped[:size] = payload
         del payload  # the front holds the message once, in the buffer, while the call runs
-        return RpcCall(call.id, method, b"", metadata, request_id, size, trace), body
+        deadline = call.deadline or 0.0
+        return RpcCall(call.id, method, b"", metadata, request_id, size, trace, deadline), body

@@ -186,11 +186,13 @@ class FairOrder:
             raise ValueError("not waiting")
         self._take(klass, pending)
 
-    def room_for(self, tenant: str, places: int, *, full: bool) -> PendingCall | None:
-        """Whether a call of ``tenant`` may join: while the tenant holds less than its weighted
-        share of the ``places`` (among the tenants waiting), and there is room (not ``full``);
-        when full, the call that came last (of its lowest class) of the tenant most past its
-        share makes room: taken out, and returned. Else :class:`ServiceBusy`."""
+    def room_for(self, pending: PendingCall, places: int, *, full: bool) -> PendingCall | None:
+        """Whether ``pending`` may join: while its tenant holds less than its weighted share of
+        the ``places`` (among the tenants waiting), and there is room (not ``full``). Else a
+        waiting call makes room, taken out and returned: the newest (of its lowest class) of
+        the tenant most past its share; or the newest of a class below ``pending``'s (its own
+        tenant's, when that tenant is at its share). Else :class:`ServiceBusy`."""
+        tenant = pending.tenant
         waiting = dict(self._tenants)
         waiting.setdefault(tenant, 0)
         total = sum(self.weight(other) for other in waiting)
@@ -198,20 +200,27 @@ class FairOrder:
         def past_share(other: str) -> float:
             return waiting[other] - places * self.weight(other) / total
 
-        if waiting[tenant] and past_share(tenant) >= 0:
-            raise ServiceBusy()  # its share is full: its own calls wait, others' go on
-        if not full:
+        at_share = bool(waiting[tenant]) and past_share(tenant) >= 0
+        if not at_share and not full:
             return None
         most = max(waiting, key=past_share)
-        if most == tenant or past_share(most) <= 0:
-            raise ServiceBusy()
-        for klass in reversed(self._classes):
-            queue = klass.queues.get(most)
-            if queue:
-                taken = queue[-1]
-                self._take(klass, taken)
-                return taken
+        if not at_share and most != tenant and past_share(most) > 0:
+            for klass in reversed(self._classes):
+                queue = klass.queues.get(most)
+                if queue:
+                    return self._take_newest(klass, queue)
+        for klass in reversed(self._classes[pending.priority + 1 :]):
+            queues = [klass.queues[tenant]] if at_share and tenant in klass.queues else []
+            if not at_share:
+                queues = list(klass.queues.values())
+            if queues:
+                return self._take_newest(klass, max(queues, key=lambda queue: queue[-1].queued_at))
         raise ServiceBusy()
+
+    def _take_newest(self, klass: _Class, queue: deque[PendingCall]) -> PendingCall:
+        taken = queue[-1]
+        self._take(klass, taken)
+        return taken
 
     def _take(self, klass: _Class, pending: PendingCall) -> None:
         klass.take(pending.tenant, pending)

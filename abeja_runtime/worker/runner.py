@@ -11,12 +11,13 @@ from __future__ import annotations
 import io
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, Final, cast
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
-from abeja_runtime.errors import CallCancelled
+from abeja_runtime.errors import CallCancelled, NotStartedInTime
 from abeja_runtime.frames import (
     INLINE_LIMIT,
     Answer,
@@ -50,6 +51,8 @@ _log = logging.getLogger("abeja_runtime")
 #: A call as it was read: its frame, and the descriptor that came with it.
 Held = tuple[Call | RpcCall, int | None]
 _NO_SPANS: Final[dict[int, HandlerSpan]] = {}
+#: gRPC's status code of a call whose deadline passed.
+_DEADLINE_EXCEEDED: Final = 4
 #: The answer of an interrupted call, which the front drops (it answered the call already).
 _CANCELLED: Final = EncodedResponse(499, (), b"")
 
@@ -190,7 +193,10 @@ class Runner:
     def _request(
         self, call: Call, fd: int | None, span: HandlerSpan | None
     ) -> Request | EncodedResponse:
-        """The handler's request (in a span of its own, traced), or the error reply."""
+        """The handler's request (in a span of its own, traced), or the error reply (``504``
+        when the call's deadline has passed: its handler never starts late)."""
+        if call.deadline and time.time() >= call.deadline:
+            return self._invoker.error_reply(NotStartedInTime())
         if span is not None:
             with span.decode():
                 return self._request(call, fd, None)
@@ -235,6 +241,12 @@ class Runner:
     async def _rpc(self, call: RpcCall, fd: int | None, span: HandlerSpan | None) -> None:
         rpc = self._invoker.handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
+        if call.deadline and time.time() >= call.deadline:  # never started late
+            if fd is not None:
+                os.close(fd)
+            late = NotStartedInTime()
+            self.channel.write(RpcAnswer(call.id, _DEADLINE_EXCEEDED, b"", late.message, 504))
+            return
         payload = call.payload
         if fd is not None:  # the message in the front's shared memory: one copy, to parse it
             with self._shared.open(fd, call.size) as message:

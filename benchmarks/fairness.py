@@ -1,0 +1,320 @@
+"""Fair and deadline-aware admission, measured on a handler that takes 5 ms (one worker, one
+slot: 200 calls a second at most).
+
+    python -m benchmarks.fairness [--seconds 10] [--repeat 3] [--deadline-requests 100000]
+        [--server-cores 1] [--client-cores 0] [--write]
+
+Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the client, open-loop:
+requests sent at their times whatever the answers, on ``--client-cores``):
+
+* ``noisy neighbour``: tenant A sends 10x what the worker serves, tenant B 10 % of it, with
+  ``--tenant-header x-tenant --tenant-weights a=1,b=1``; B's p99 latency and success against B
+  alone (same rate, no A), and A's share of what was served (B takes what it asks, A the rest);
+* ``backlogged``: A and B each send 10x what the worker serves, weights ``a=3,b=1``: each one's
+  share of what is served, against its weight's (75 % and 25 %);
+* ``deadlines``: ``--deadline-requests`` requests at 1.5x what the worker serves, each with a
+  random ``Request-Timeout`` from 5 ms to 100 ms and its absolute deadline in ``x-deadline-at``:
+  the handler counts the calls it starts after their deadline (the target: none); every call
+  refused for its deadline (``504``, or ``503`` before waiting) is one the handler never saw;
+* ``priority``: ``low`` calls at 10x what the worker serves and ``high`` calls at 10 % of it,
+  ``--priority-header x-priority``: the high calls' latency less the handler's 5 ms, against
+  one running call (the target: at most one call's time, as a call that runs is not
+  interrupted).
+
+Each figure is the median of ``--repeat`` runs. Nothing is asserted; the report is printed
+(and appended to RESULTS.md with ``--write``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
+from benchmarks.report import machine_info
+from benchmarks.servers import REPO, SERVER_ENV
+
+HERE = Path(__file__).resolve().parent
+HANDLER_DIR = HERE / "handlers" / "fair_5ms"
+RESULTS = HERE / "RESULTS.md"
+#: The handler's own time per call, and so what one slot serves a second.
+CALL_SECONDS = 0.005
+CAPACITY = 1 / CALL_SECONDS
+
+
+@dataclass
+class Sent:
+    """What one sender saw: each answered call's latency (s), and the statuses."""
+
+    latencies: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    late_starts: int = 0
+    #: The tags of the calls answered 503 or 504.
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.statuses.values())
+
+    def count(self, status: int) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+
+async def _one(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], sent: Sent
+) -> None:
+    began = time.monotonic()
+    try:
+        async with session.post(url, data=b"{}", headers=headers) as response:
+            body = await response.read()
+            sent.count(response.status)
+            if response.status == 200:
+                sent.latencies.append(time.monotonic() - began)
+                sent.late_starts += bool(json.loads(body).get("late"))
+            elif response.status in (503, 504):
+                sent.refused.append(headers.get("x-tag", ""))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        sent.count(0)
+
+
+async def open_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    rate: float,
+    seconds: float,
+    headers: Callable[[], dict[str, str]],
+    sent: Sent,
+) -> None:
+    """Requests at ``rate`` a second for ``seconds``, each at its time (Poisson arrivals)."""
+    tasks: set[asyncio.Task[None]] = set()
+    end = time.monotonic() + seconds
+    at = time.monotonic()
+    while at < end:
+        at += random.expovariate(rate)
+        delay = at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(_one(session, url, headers(), sent))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=30)
+
+
+class Runtime:
+    """The runtime serving the 5 ms handler, pinned, with ``flags``."""
+
+    def __init__(self, flags: list[str], cores: str, tmp: Path) -> None:
+        self.port, health = free_ports(2)
+        command = runtime_command(
+            "--host", "127.0.0.1", "--port", str(self.port), "--healthcheck-port", str(health),
+            "--workers", "1", "--concurrency", "1", "--max-queue", "64", "--log-level",
+            "warning", *flags,
+        )  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ABEJA_RUNTIME_")}
+        env.update(SERVER_ENV)
+        env.update({"HANDLER": "main:handler", "TMPDIR": str(tmp)})
+        self.log = tmp / f"started-{self.port}.log"
+        env["FAIR_LOG"] = str(self.log)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        self.flags = flags
+        self.process = RuntimeProcess(["taskset", "-c", cores, *command], cwd=HANDLER_DIR, env=env)
+        self.process.port, self.process.healthcheck_port = self.port, health
+        self.process.wait_healthy(60)
+
+    def started(self) -> set[str]:
+        """The tags of the calls the handler started."""
+        return set(self.log.read_text().split()) if self.log.exists() else set()
+
+    def stop(self) -> None:
+        self.process.stop(30)
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
+
+
+async def _session_run(body: Callable[[aiohttp.ClientSession], object]) -> None:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await body(session)  # type: ignore[misc]
+
+
+def noisy(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    """B's p99 and success with A flooding, B alone, A's share."""
+    flags = ["--tenant-header", "x-tenant", "--tenant-weights", "a=1,b=1"]
+    alone, mixed_a, mixed_b = Sent(), Sent(), Sent()
+    server = Runtime(flags, args.server_cores, tmp)
+    url = f"http://127.0.0.1:{server.port}/"
+    try:
+
+        async def scenario(session: aiohttp.ClientSession) -> None:
+            b_headers = lambda: {"x-tenant": "b"}  # noqa: E731
+            await open_loop(session, url, CAPACITY * 0.1, args.seconds, b_headers, alone)
+            await asyncio.gather(
+                open_loop(
+                    session, url, CAPACITY * 10, args.seconds, lambda: {"x-tenant": "a"}, mixed_a
+                ),
+                open_loop(session, url, CAPACITY * 0.1, args.seconds, b_headers, mixed_b),
+            )
+
+        asyncio.run(_session_run(scenario))
+    finally:
+        server.stop()
+    served_a, served_b = mixed_a.statuses.get(200, 0), mixed_b.statuses.get(200, 0)
+    return {
+        "b_alone_p99_ms": p99(alone.latencies) * 1000,
+        "b_p99_ms": p99(mixed_b.latencies) * 1000,
+        "b_success": served_b / max(1, mixed_b.total),
+        "a_share": served_a / max(1, served_a + served_b),
+        "a_refused": 1 - served_a / max(1, mixed_a.total),
+    }
+
+
+def backlogged(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    flags = ["--tenant-header", "x-tenant", "--tenant-weights", "a=3,b=1"]
+    a, b = Sent(), Sent()
+    server = Runtime(flags, args.server_cores, tmp)
+    url = f"http://127.0.0.1:{server.port}/"
+    try:
+
+        async def scenario(session: aiohttp.ClientSession) -> None:
+            await asyncio.gather(
+                open_loop(session, url, CAPACITY * 10, args.seconds, lambda: {"x-tenant": "a"}, a),
+                open_loop(session, url, CAPACITY * 10, args.seconds, lambda: {"x-tenant": "b"}, b),
+            )
+
+        asyncio.run(_session_run(scenario))
+    finally:
+        server.stop()
+    served_a, served_b = a.statuses.get(200, 0), b.statuses.get(200, 0)
+    return {"a_share": served_a / max(1, served_a + served_b), "served": served_a + served_b}
+
+
+def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    sent = Sent()
+    server = Runtime([], args.server_cores, tmp)
+    url = f"http://127.0.0.1:{server.port}/"
+    rate = CAPACITY * 1.5
+    seconds = args.deadline_requests / rate
+
+    tags = iter(range(10**9))
+
+    def headers() -> dict[str, str]:
+        budget = random.uniform(0.005, 0.1)
+        return {
+            "Request-Timeout": f"{budget:.4f}",
+            "x-deadline-at": repr(time.time() + budget),
+            "x-tag": str(next(tags)),
+        }
+
+    try:
+        asyncio.run(_session_run(lambda s: open_loop(s, url, rate, seconds, headers, sent)))
+        started = server.started()
+    finally:
+        server.stop()
+    return {
+        "requests": sent.total,
+        "answered": sent.statuses.get(200, 0),
+        "refused_503": sent.statuses.get(503, 0),
+        "timed_out_504": sent.statuses.get(504, 0),
+        "started_late": sent.late_starts,
+        "refused_after_starting": sum(tag in started for tag in sent.refused),
+    }
+
+
+def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    low, high = Sent(), Sent()
+    server = Runtime(["--priority-header", "x-priority"], args.server_cores, tmp)
+    url = f"http://127.0.0.1:{server.port}/"
+    try:
+
+        async def scenario(session: aiohttp.ClientSession) -> None:
+            await asyncio.gather(
+                open_loop(
+                    session, url, CAPACITY * 10, args.seconds, lambda: {"x-priority": "low"}, low
+                ),
+                open_loop(
+                    session, url, CAPACITY * 0.1, args.seconds, lambda: {"x-priority": "high"}, high
+                ),
+            )
+
+        asyncio.run(_session_run(scenario))
+    finally:
+        server.stop()
+    waits = [latency - CALL_SECONDS for latency in high.latencies]
+    return {
+        "high_wait_p50_ms": statistics.median(waits) * 1000 if waits else float("nan"),
+        "high_wait_p99_ms": p99(waits) * 1000,
+        "high_success": high.statuses.get(200, 0) / max(1, high.total),
+    }
+
+
+SCENARIOS = {"noisy": noisy, "backlogged": backlogged, "deadlines": deadlines, "priority": priority}
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def render(results: dict[str, list[dict[str, float]]], command: str) -> str:
+    lines = [
+        f"Fairness ({time.strftime('%Y-%m-%d')}; `{command}`): a handler of 5 ms, one worker "
+        f"and one slot ({CAPACITY:.0f} calls/s), open-loop Poisson load; median of the runs "
+        "(every run in brackets).",
+        "",
+        *[f"- {name}: {value}" for name, value in machine_info("working tree")],
+        "",
+        "| scenario | figure | median | runs |",
+        "|---|---|---:|---|",
+    ]
+    for name, runs in results.items():
+        middle = median_of(runs)
+        for key, value in middle.items():
+            each = ", ".join(f"{run[key]:.3g}" for run in runs)
+            lines.append(f"| {name} | {key} | {value:.3g} | [{each}] |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fairness", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--deadline-requests", type=int, default=100_000)
+    parser.add_argument("--server-cores", default="1")
+    parser.add_argument("--client-cores", default="0")
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "-m", "benchmarks.fairness", *(argv or sys.argv[1:])])
+    os.sched_setaffinity(0, {int(cpu) for cpu in args.client_cores.split(",")})
+    results: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="abeja-fairness-") as tmp:
+        for name in args.only.split(","):
+            for run in range(args.repeat):
+                print(f"{name} ({run + 1}/{args.repeat})", file=sys.stderr, flush=True)
+                results.setdefault(name, []).append(SCENARIOS[name](args, Path(tmp)))
+    report = render(results, command)
+    print(report)
+    if args.write:
+        with RESULTS.open("a") as out:
+            out.write("\n" + report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The handler of ``python -m benchmarks.fairness``: 5 ms of work (a sleep, as a model on a
+device would hold its worker), and whether it started after the caller's deadline
+(``x-deadline-at``, seconds since the epoch); with ``FAIR_LOG`` set, each call's ``x-tag`` is
+appended to that file as it starts."""
+
+import os
+import time
+
+LOG = os.environ.get("FAIR_LOG")
+
+
+def handler(request, context):
+    started = time.time()
+    headers = request["http_headers"]
+    deadline = headers.get("x-deadline-at")
+    if LOG:
+        with open(LOG, "a") as log:
+            log.write(headers.get("x-tag", "") + "\n")
+    time.sleep(0.005)
+    late = deadline is not None and started > float(deadline)
+    return {"content_type": "application/json", "content": {"late": late}}
