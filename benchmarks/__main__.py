@@ -109,12 +109,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--also",
         action="append",
-        choices=("streams", "batching", "openai_streams"),
+        choices=("streams", "batching", "openai_streams", "fairness"),
         default=[],
         help="after the matrix, run this benchmark too, with its defaults (streams: time to "
         "first chunk and 1,000 SSE streams; batching: the fixed-cost model batched, beside Ray "
         "Serve and LitServe; openai_streams: the OpenAI style's chat streams beside LitServe's "
-        "OpenAISpec), and print its table (written too with --write-results)",
+        "OpenAISpec; fairness: tenants, deadlines and priorities on a 5 ms handler), and print "
+        "its table (written too with --write-results)",
     )
     args = p.parse_args(argv)
     if args.baseline_ref and "runtime-baseline" not in args.targets:

@@ -4,25 +4,29 @@ slot: 200 calls a second at most).
     python -m benchmarks.fairness [--seconds 10] [--repeat 3] [--deadline-requests 100000]
         [--server-cores 1] [--client-cores 0] [--write]
 
-Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the client, open-loop:
-requests sent at their times whatever the answers, on ``--client-cores``):
+Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the clients on
+``--client-cores``):
 
-* ``noisy neighbour``: tenant A sends 10x what the worker serves, tenant B 10 % of it, with
+* ``noisy``: tenant A floods (wrk, 64 connections each sending as its answer comes: tens of
+  times what the worker serves), tenant B sends 10 % of what the worker serves, with
   ``--tenant-header x-tenant --tenant-weights a=1,b=1``; B's p99 latency and success against B
   alone (same rate, no A), and A's share of what was served (B takes what it asks, A the rest);
-* ``backlogged``: A and B each send 10x what the worker serves, weights ``a=3,b=1``: each one's
-  share of what is served, against its weight's (75 % and 25 %);
+* ``backlogged``: A and B both flood (wrk, 32 connections each), weights ``a=3,b=1``: A's share
+  of what is served, against its weight's (75 %);
 * ``deadlines``: ``--deadline-requests`` requests at 1.5x what the worker serves, each with a
   random ``Request-Timeout`` from 5 ms to 100 ms and its absolute deadline in ``x-deadline-at``:
-  the handler counts the calls it starts after their deadline (the target: none); every call
-  refused for its deadline (``504``, or ``503`` before waiting) is one the handler never saw;
-* ``priority``: ``low`` calls at 10x what the worker serves and ``high`` calls at 10 % of it,
+  the calls the handler started after their deadline by the client's clock (which starts the
+  budget before the request's way to the server, the runtime's once it has it) and how late at
+  most (the target: none); and those refused for their deadline (``504``, or ``503`` before
+  waiting) that the handler had started;
+* ``priority``: ``low`` calls flooding (wrk) and ``high`` calls at 10 % of what it serves,
   ``--priority-header x-priority``: the high calls' latency less the handler's 5 ms, against
   one running call (the target: at most one call's time, as a call that runs is not
   interrupted).
 
-Each figure is the median of ``--repeat`` runs. Nothing is asserted; the report is printed
-(and appended to RESULTS.md with ``--write``).
+B's and the high calls' requests come from this Python client, open-loop (Poisson), on the
+client core beside wrk. Each figure is the median of ``--repeat`` runs. Nothing is asserted;
+the report is printed (and appended to RESULTS.md with ``--write``).
 """
 
 from __future__ import annotations
@@ -32,14 +36,17 @@ import asyncio
 import json
 import os
 import random
+import re
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import aiohttp
 
@@ -62,6 +69,8 @@ class Sent:
     latencies: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     late_starts: int = 0
+    #: How late the latest of them started (s).
+    latest_start: float = 0.0
     #: The tags of the calls answered 503 or 504.
     refused: list[str] = field(default_factory=list)
 
@@ -83,7 +92,10 @@ async def _one(
             sent.count(response.status)
             if response.status == 200:
                 sent.latencies.append(time.monotonic() - began)
-                sent.late_starts += bool(json.loads(body).get("late"))
+                late_by = float(json.loads(body).get("late_by", 0.0))
+                if late_by > 0:
+                    sent.late_starts += 1
+                    sent.latest_start = max(sent.latest_start, late_by)
             elif response.status in (503, 504):
                 sent.refused.append(headers.get("x-tag", ""))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -112,6 +124,43 @@ async def open_loop(
         task.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.wait(tasks, timeout=30)
+
+
+#: wrk's script: every request a small JSON POST (the headers come with ``-H``).
+_WRK_LUA: Final = """wrk.method = "POST"
+wrk.body = "{}"
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+@dataclass
+class Flood:
+    """A closed-loop flood by wrk (``connections`` at once, each sending its next request as
+    its answer comes): far more than the worker serves, refused ``503`` beyond the queue."""
+
+    header: str
+    connections: int
+    requests: int = 0
+    refused: int = 0
+
+    def run(self, url: str, seconds: float, cores: str, tmp: Path) -> None:
+        script = tmp / "flood.lua"
+        script.write_text(_WRK_LUA)
+        command = [
+            "taskset", "-c", cores, "wrk", "-t1", f"-c{self.connections}", f"-d{seconds:g}s",
+            "--timeout", "30s", "-H", self.header, "-s", str(script), url,
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=seconds + 90, check=True
+        )
+        total = re.search(r"^\s*(\d+) requests in", done.stdout, re.M)
+        refused = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", done.stdout)
+        self.requests = int(total.group(1)) if total else 0
+        self.refused = int(refused.group(1)) if refused else 0
+
+    @property
+    def served(self) -> int:
+        return self.requests - self.refused
 
 
 class Runtime:
@@ -155,54 +204,57 @@ async def _session_run(body: Callable[[aiohttp.ClientSession], object]) -> None:
 
 
 def noisy(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    """B's p99 and success with A flooding, B alone, A's share."""
+    """B's p99 and success with A flooding (wrk), B alone, A's share of what was served."""
     flags = ["--tenant-header", "x-tenant", "--tenant-weights", "a=1,b=1"]
-    alone, mixed_a, mixed_b = Sent(), Sent(), Sent()
+    alone, mixed_b = Sent(), Sent()
+    flood = Flood("x-tenant: a", 64)
     server = Runtime(flags, args.server_cores, tmp)
     url = f"http://127.0.0.1:{server.port}/"
+    b_rate = CAPACITY * 0.1
+
+    def b_headers() -> dict[str, str]:
+        return {"x-tenant": "b"}
+
     try:
 
         async def scenario(session: aiohttp.ClientSession) -> None:
-            b_headers = lambda: {"x-tenant": "b"}  # noqa: E731
-            await open_loop(session, url, CAPACITY * 0.1, args.seconds, b_headers, alone)
+            await open_loop(session, url, b_rate, args.seconds, b_headers, alone)
+            flooding = asyncio.to_thread(flood.run, url, args.seconds, args.client_cores, tmp)
             await asyncio.gather(
-                open_loop(
-                    session, url, CAPACITY * 10, args.seconds, lambda: {"x-tenant": "a"}, mixed_a
-                ),
-                open_loop(session, url, CAPACITY * 0.1, args.seconds, b_headers, mixed_b),
+                flooding, open_loop(session, url, b_rate, args.seconds, b_headers, mixed_b)
             )
 
         asyncio.run(_session_run(scenario))
     finally:
         server.stop()
-    served_a, served_b = mixed_a.statuses.get(200, 0), mixed_b.statuses.get(200, 0)
+    served_b = mixed_b.statuses.get(200, 0)
     return {
         "b_alone_p99_ms": p99(alone.latencies) * 1000,
         "b_p99_ms": p99(mixed_b.latencies) * 1000,
         "b_success": served_b / max(1, mixed_b.total),
-        "a_share": served_a / max(1, served_a + served_b),
-        "a_refused": 1 - served_a / max(1, mixed_a.total),
+        "a_share": flood.served / max(1, flood.served + served_b),
+        "a_sent_per_s": flood.requests / args.seconds,
     }
 
 
 def backlogged(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    """A and B both flooding (wrk each), weights 3 and 1: A's share of what was served."""
     flags = ["--tenant-header", "x-tenant", "--tenant-weights", "a=3,b=1"]
-    a, b = Sent(), Sent()
+    a, b = Flood("x-tenant: a", 32), Flood("x-tenant: b", 32)
     server = Runtime(flags, args.server_cores, tmp)
     url = f"http://127.0.0.1:{server.port}/"
     try:
 
-        async def scenario(session: aiohttp.ClientSession) -> None:
+        async def scenario() -> None:
             await asyncio.gather(
-                open_loop(session, url, CAPACITY * 10, args.seconds, lambda: {"x-tenant": "a"}, a),
-                open_loop(session, url, CAPACITY * 10, args.seconds, lambda: {"x-tenant": "b"}, b),
+                asyncio.to_thread(a.run, url, args.seconds, args.client_cores, tmp),
+                asyncio.to_thread(b.run, url, args.seconds, args.client_cores, tmp),
             )
 
-        asyncio.run(_session_run(scenario))
+        asyncio.run(scenario())
     finally:
         server.stop()
-    served_a, served_b = a.statuses.get(200, 0), b.statuses.get(200, 0)
-    return {"a_share": served_a / max(1, served_a + served_b), "served": served_a + served_b}
+    return {"a_share": a.served / max(1, a.served + b.served), "served": a.served + b.served}
 
 
 def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
@@ -233,24 +285,29 @@ def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         "refused_503": sent.statuses.get(503, 0),
         "timed_out_504": sent.statuses.get(504, 0),
         "started_late": sent.late_starts,
+        "started_late_by_ms_at_most": sent.latest_start * 1000,
         "refused_after_starting": sum(tag in started for tag in sent.refused),
     }
 
 
 def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    low, high = Sent(), Sent()
+    """``low`` calls flooding (wrk), ``high`` ones at 10 % of what the worker serves: the high
+    calls' wait (their latency less the handler's 5 ms)."""
+    high = Sent()
+    flood = Flood("x-priority: low", 64)
     server = Runtime(["--priority-header", "x-priority"], args.server_cores, tmp)
     url = f"http://127.0.0.1:{server.port}/"
+
+    def high_headers() -> dict[str, str]:
+        return {"x-priority": "high"}
+
     try:
 
         async def scenario(session: aiohttp.ClientSession) -> None:
+            flooding = asyncio.to_thread(flood.run, url, args.seconds, args.client_cores, tmp)
             await asyncio.gather(
-                open_loop(
-                    session, url, CAPACITY * 10, args.seconds, lambda: {"x-priority": "low"}, low
-                ),
-                open_loop(
-                    session, url, CAPACITY * 0.1, args.seconds, lambda: {"x-priority": "high"}, high
-                ),
+                flooding,
+                open_loop(session, url, CAPACITY * 0.1, args.seconds, high_headers, high),
             )
 
         asyncio.run(_session_run(scenario))
