@@ -77,11 +77,9 @@ class Scheduler:
         #: The places in the queue beyond the slots, which tenants share by weight.
         self._places = config.workers * config.max_queue
         self.metrics: FrontMetrics | None = None
-        #: Answers a call whose deadline passed while it waited (the call service's ``504``);
-        #: the scheduler has taken it out of the queue and the pool already.
+        #: Answers a call whose deadline passed while it waited (once out of the pool: 504).
         self.expired: Callable[[PendingCall], None] = _no_answer
-        #: Whether :attr:`call_seconds` was measured yet (a call answered).
-        self._measured = False
+        self._measured = False  # whether a call was answered: call_seconds measured
         self._slots = config.workers * config.concurrency
         #: Calls a process may hold, running or waiting in its socket (:data:`PIPELINE`).
         self._most_held = config.concurrency + PIPELINE
@@ -111,53 +109,42 @@ class Scheduler:
         """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full.
         (A call is queued only while no slot is free: the queue is sent on whenever one frees.)"""
         queue = self._queue
-        if type(queue) is FairOrder:
-            self._make_room(queue, pending)
+        if type(queue) is FairOrder:  # the call whose place it takes, if any, gets a 503
+            taken = queue.room_for(pending, self._places, full=self.admitted >= self._capacity)
+            if taken is not None:
+                taken.abandon()
+                self._release(taken, self._clock())
+                taken.answer.set_exception(ServiceBusy())
         elif self.admitted >= self._capacity:
             raise ServiceBusy()
         self.admitted += 1
         pending.queued_at = self._clock()
-        self._queue.append(pending)
+        queue.append(pending)
         self.dispatch()
 
-    def _make_room(self, queue: FairOrder, pending: PendingCall) -> None:
-        """Room for ``pending`` (:meth:`FairOrder.room_for`): the call it takes the place of,
-        if any, leaves the pool with ``503``."""
-        taken = queue.room_for(pending, self._places, full=self.admitted >= self._capacity)
-        if taken is not None:
-            taken.abandon()
-            self._release(taken, self._clock())
-            if not taken.answer.done():
-                taken.answer.set_exception(ServiceBusy())
-
     def admit_before(self, pending: PendingCall, budget: float) -> None:
-        """``pending``, whose caller gave it ``budget`` seconds (its deadline):
-        :class:`CallerDeadlinePassed` when that passed already, :class:`DeadlineTooNear` when
-        the expected wait is longer than what is left of it."""
+        """``pending``, whose caller gave it ``budget`` seconds: :class:`CallerDeadlinePassed`
+        when they passed already, :class:`DeadlineTooNear` when its expected wait and its own
+        call end after them. Each call takes the running mean of a call's time
+        (:attr:`call_seconds`; none is refused before one was measured), shared by every slot;
+        it waits while no slot is free, for the calls that go before it (by class and by its
+        tenant's turns, with those on) and the one that frees its slot."""
         left = pending.deadline - time.time()
         if left <= 0:
             raise CallerDeadlinePassed(budget)
-        wait = self.expected_wait(pending)
-        if self._measured:
-            wait += self.call_seconds  # its own call: an answer nobody waits for is not begun
-        if wait > left:
-            raise DeadlineTooNear(wait, left)
-
-    def expected_wait(self, pending: PendingCall) -> float:
-        """Seconds ``pending``, submitted now, is expected to wait before it runs: none while a
-        slot is free (or before any call was answered); else the calls that go before it
-        (with tenants or priorities, by its class and its tenant's turns), and the one it
-        waits for, each the running mean of a call's time (:attr:`call_seconds`), shared by
-        every slot of every process."""
-        if self.admitted < self._slots or not self._measured:
-            return 0.0
-        queue = self._queue
-        ahead = (
-            queue.ahead_of(pending.tenant, pending.priority)
-            if type(queue) is FairOrder
-            else self.admitted - self._slots
-        )
-        return (ahead + 1) * self.call_seconds / self._slots
+        if not self._measured:
+            return
+        expected = self.call_seconds  # its own call: an answer nobody waits for is not begun
+        if self.admitted >= self._slots:
+            queue = self._queue
+            ahead = (
+                queue.ahead_of(pending.tenant, pending.priority)
+                if type(queue) is FairOrder
+                else self.admitted - self._slots
+            )
+            expected += (ahead + 1) * self.call_seconds / self._slots
+        if expected > left:
+            raise DeadlineTooNear(expected, left)
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
