@@ -363,8 +363,9 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
 def render(results: dict[str, list[dict[str, float]]], command: str) -> str:
     lines = [
         f"Fairness ({time.strftime('%Y-%m-%d')}; `{command}`): a handler of 5 ms, one worker "
-        f"and one slot ({CAPACITY:.0f} calls/s), open-loop Poisson load; median of the runs "
-        "(every run in brackets).",
+        f"and one slot ({CAPACITY:.0f} calls/s); floods by wrk, the measured callers open-loop "
+        "(Poisson) from Python, both on the client core; median of the runs (every run in "
+        "brackets).",
         "",
         *[f"- {name}: {value}" for name, value in machine_info("working tree")],
         "",

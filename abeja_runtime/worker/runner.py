@@ -51,6 +51,9 @@ _log = logging.getLogger("abeja_runtime")
 #: A call as it was read: its frame, and the descriptor that came with it.
 Held = tuple[Call | RpcCall, int | None]
 _NO_SPANS: Final[dict[int, HandlerSpan]] = {}
+#: A call with less time than this left to its deadline is not started: the handler would
+#: start after it (the request is still to be built), and no answer could be in time.
+_LEAST_LEFT: Final = 0.001
 #: gRPC's status code of a call whose deadline passed.
 _DEADLINE_EXCEEDED: Final = 4
 #: The answer of an interrupted call, which the front drops (it answered the call already).
@@ -195,7 +198,7 @@ class Runner:
     ) -> Request | EncodedResponse:
         """The handler's request (in a span of its own, traced), or the error reply (``504``
         when the call's deadline has passed: its handler never starts late)."""
-        if call.deadline and time.time() >= call.deadline:
+        if call.deadline and time.time() + _LEAST_LEFT >= call.deadline:
             return self._invoker.error_reply(NotStartedInTime())
         if span is not None:
             with span.decode():
@@ -241,7 +244,7 @@ class Runner:
     async def _rpc(self, call: RpcCall, fd: int | None, span: HandlerSpan | None) -> None:
         rpc = self._invoker.handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
-        if call.deadline and time.time() >= call.deadline:  # never started late
+        if call.deadline and time.time() + _LEAST_LEFT >= call.deadline:  # never started late
             if fd is not None:
                 os.close(fd)
             late = NotStartedInTime()
