@@ -169,34 +169,15 @@ def chat_request(body: Any, model: str) -> ChatRequest:
 def completion_requests(body: Any, model: str) -> list[CompletionRequest]:
     """One request per prompt of ``body`` (a string or an array of strings)."""
     fields = _generation(body, model, default_max_tokens=_COMPLETION_MAX_TOKENS)
-    prompt = body.get("prompt")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not isinstance(prompts, list) or not prompts:
-        raise OpenaiError(
-            "'prompt' must be a string or a non-empty array of strings.", param="prompt"
-        )
-    if not all(isinstance(text, str) for text in prompts):
-        raise OpenaiError(
-            "'prompt' as token ids is not supported by this model; send the text.",
-            param="prompt",
-        )
     echo = _typed(body, "echo", bool, False)
+    prompts = _texts(body, "prompt")
     return [CompletionRequest(**fields, prompt=text, echo=echo) for text in prompts]
 
 
 def embedding_request(body: Any, model: str) -> EmbeddingRequest:
     """The embedding request ``body`` asks for, or the :class:`OpenaiError` of its first fault."""
     _object_with_model(body, model)
-    given = body.get("input")
-    texts = [given] if isinstance(given, str) else given
-    if not isinstance(texts, list) or not texts:
-        raise OpenaiError(
-            "'input' must be a string or a non-empty array of strings.", param="input"
-        )
-    if not all(isinstance(text, str) for text in texts):
-        raise OpenaiError(
-            "'input' as token ids is not supported by this model; send the text.", param="input"
-        )
+    texts = _texts(body, "input")
     encoding = _typed(body, "encoding_format", str, "float")
     if encoding not in ("float", "base64"):
         raise OpenaiError(
@@ -214,6 +195,19 @@ def embedding_request(body: Any, model: str) -> EmbeddingRequest:
         user=_typed(body, "user", str, None),
         body=body,
     )
+
+
+def _texts(body: dict[str, Any], name: str) -> list[str]:
+    """``body[name]``, a string or a non-empty array of them, as a list (token ids refused)."""
+    given = body.get(name)
+    texts = [given] if isinstance(given, str) else given
+    if not isinstance(texts, list) or not texts:
+        raise OpenaiError(f"'{name}' must be a string or a non-empty array of strings.", param=name)
+    if not all(isinstance(text, str) for text in texts):
+        raise OpenaiError(
+            f"'{name}' as token ids is not supported by this model; send the text.", param=name
+        )
+    return texts
 
 
 def _object_with_model(body: Any, model: str) -> None:
