@@ -435,6 +435,10 @@ class CallTrace:
         """A streamed answer's first chunk went ``seconds`` after its request came."""
         self._span.set_attribute("abeja.time_to_first_chunk_seconds", seconds)
 
+    def attribute(self, name: str, value: str | float) -> None:
+        """An attribute of the server span (what the access record notes of the call)."""
+        self._span.set_attribute(name, value)
+
     def status(self, status: int) -> None:
         """The answer's status (a gRPC call's as the access log counts it); a 5xx (504 too)
         marks the span as an error."""

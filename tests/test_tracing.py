@@ -127,6 +127,21 @@ def test_a_streamed_answer_s_span_has_its_time_to_first_chunk(
     assert record["time_to_first_byte_microsecs"] / 1e6 <= first_chunk <= elapsed
 
 
+def test_the_server_span_has_the_callers_deadline_tenant_and_priority(
+    make_server: Any, receiver: Receiver
+) -> None:
+    server = make_server(
+        "tr_traced", "--tenant-header", "x-tenant", "--priority-header", "x-priority",
+        env=exporting_to(receiver),
+    )  # fmt: skip
+    trace_id, _, headers = traceparent()
+    headers.update({"Request-Timeout": "20", "x-tenant": "team-a", "x-priority": "high"})
+    assert server.request("GET", "/", None, headers).status == 200
+    attributes = receiver.wait_for(trace_id, {"GET"})["GET"].attributes
+    assert attributes["abeja.deadline"] == 20
+    assert (attributes["abeja.tenant"], attributes["abeja.priority"]) == ("team-a", "high")
+
+
 def test_a_costly_decode_and_encode_have_spans_of_their_own(
     traced: RunningServer, receiver: Receiver
 ) -> None:

@@ -192,12 +192,15 @@ class CallEntry:
         self.noted: dict[str, Any] | None = None
 
     def note(self, name: str, value: Any) -> None:
-        """A field of its access record: ``caller`` (with API keys on, its key's short hash,
-        ``api_keys.py``), ``deadline`` (the seconds its caller gave it), ``refused`` (why the
-        front answered for it)."""
+        """A field of its access record, and an ``abeja.`` attribute of its server span:
+        ``caller`` (with API keys on, its key's short hash, ``api_keys.py``), ``deadline`` (the
+        seconds its caller gave it), ``refused`` (why the front answered for it), ``tenant``
+        and ``priority`` (``tenants.py``)."""
         if self.noted is None:
             self.noted = {}
         self.noted[name] = value
+        if self.trace is not None:
+            self.trace.attribute(f"abeja.{name}", value)
 
     def count(self, status: int) -> None:
         """The call's status, counted now (before its answer leaves); once: a later status is
