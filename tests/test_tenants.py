@@ -39,7 +39,10 @@ def queued(server: RunningServer, count: int) -> None:
 
 
 def start_order(server: RunningServer, tags: list[str]) -> list[str]:
-    """``tags`` in the order the handler started them."""
+    """``tags`` in the order the handler started them (their lines read, waited for)."""
+    wait_until(
+        lambda: all(events(server, "start", tag) for tag in tags), 10, "the calls' start lines"
+    )
     started = {tag: events(server, "start", tag)[0]["t"] for tag in tags}
     return sorted(tags, key=started.__getitem__)
 
