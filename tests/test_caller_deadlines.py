@@ -113,7 +113,8 @@ def test_a_queued_call_whose_deadline_passes_never_reaches_a_worker(
     assert holder.result(30).status == 200
     # The slot is free again: a call after it runs, and the late one never did.
     assert call(one_slot, "after", 0, {})[0] == 200
-    assert started(one_slot, "after") and not started(one_slot, "late")
+    wait_until(lambda: started(one_slot, "after"), 10, "the start line of the call after")
+    assert not started(one_slot, "late")
 
 
 def test_a_call_that_would_wait_past_its_deadline_is_refused_at_once(
