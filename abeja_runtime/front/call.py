@@ -37,7 +37,7 @@ from abeja_runtime.errors import (
 from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.stream_limits import StreamLimitReached
-from abeja_runtime.front.tenants import PRIORITIES
+from abeja_runtime.front.tenants import NORMAL, PRIORITIES
 from abeja_runtime.tracing import carrier
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class FrontCall:
         #: Whose it is and its priority class, with tenants or priorities on (``tenants.py``;
         #: the tenant of ``--tenant-header api-key`` is known once its key was checked).
         self.tenant = ""
-        self.priority = 1
+        self.priority = NORMAL
 
     @property
     def stage(self) -> Stage:

@@ -23,6 +23,7 @@ from abeja_runtime.frames import (
     RpcCall,
 )
 from abeja_runtime.front.answer_file import AnswerFile
+from abeja_runtime.front.tenants import NORMAL
 
 if TYPE_CHECKING:
     from abeja_runtime.tracing import CallTrace
@@ -117,7 +118,7 @@ class PendingCall:
         #: Whose it is and its priority class (0 the highest), with tenants or priorities on
         #: (``tenants.py``): how it waits its turn (``waiting.py``).
         self.tenant = ""
-        self.priority = 1
+        self.priority = NORMAL
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and

@@ -10,7 +10,7 @@ from typing import Final
 
 from abeja_runtime.config import Config, tenant_weights
 
-__all__ = ["API_KEY", "OTHER", "PRIORITIES", "Tenants"]
+__all__ = ["API_KEY", "NORMAL", "OTHER", "PRIORITIES", "Tenants"]
 
 #: ``--tenant-header api-key``: the tenant is the caller's key's short hash.
 API_KEY: Final = "api-key"
@@ -18,7 +18,8 @@ API_KEY: Final = "api-key"
 OTHER: Final = "other"
 #: The priority classes, highest first (their index is the class).
 PRIORITIES: Final = ("high", "normal", "low")
-_NORMAL: Final = PRIORITIES.index("normal")
+#: The class of a call that says none.
+NORMAL: Final = PRIORITIES.index("normal")
 
 
 class Tenants:
@@ -53,9 +54,9 @@ class Tenants:
         """The class of a call with these ``headers``: 0 the highest; ``normal`` when it says
         none, or a value that is not a class."""
         if not self._priority:
-            return _NORMAL
+            return NORMAL
         named = (headers.get(self._priority) or "").strip().lower()
-        return PRIORITIES.index(named) if named in PRIORITIES else _NORMAL
+        return PRIORITIES.index(named) if named in PRIORITIES else NORMAL
 
     def label(self, tenant: str) -> str:
         """The tenant as the metrics name it: a weighed one by its name, others ``other``."""

@@ -43,10 +43,6 @@ class ArrivalOrder(deque["PendingCall"]):
             index += 1
         self.insert(index, pending)
 
-    def waiting_of(self, tenant: str) -> int:
-        """One tenant for all: every call waiting."""
-        return len(self)
-
     def first_queued_at(self) -> float:
         """When the call that waits longest joined (the queue is not empty)."""
         return self[0].queued_at
@@ -133,10 +129,6 @@ class FairOrder:
         for klass in self._classes:
             for queue in klass.queues.values():
                 yield from queue
-
-    def waiting_of(self, tenant: str) -> int:
-        """Calls of ``tenant`` waiting now."""
-        return self._tenants.get(tenant, 0)
 
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, self._unnamed)
