@@ -18,13 +18,15 @@ from helpers.raw_http import events
 from helpers.servers import Response, RunningServer, ServerFactory
 from helpers.waiting import wait_until
 
+from abeja_runtime.front.waiting import BURST
+
 SYNC = {"HANDLER": "main:handler"}
 ONE_SLOT = ("--workers", "1", "--concurrency", "1")
 
 
 @pytest.fixture
 def pool() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(16) as executor:
+    with ThreadPoolExecutor(32) as executor:
         yield executor
 
 
@@ -99,18 +101,21 @@ def test_tenants_are_served_in_proportion_to_their_weights(
     release = tmp_path / "release"
     held = hold(pool, server, release)
     calls = []
-    for index, tenant in enumerate(["heavy"] * 6 + ["light"] * 6):  # in this order
-        calls.append(send(pool, server, f"{tenant}{index % 6}", {"x-tenant": tenant}))
+    tags = [f"heavy{i}" for i in range(16)] + [f"light{i}" for i in range(8)]
+    for index, tag in enumerate(tags):  # in this order
+        calls.append(send(pool, server, tag, {"x-tenant": tag.rstrip("0123456789")}))
         queued(server, index + 1)  # (light's share of the 40 places: 10)
     release.touch()
     assert held.result(30).status == 200
     assert all(call.result(30).status == 200 for call in calls)
-    tags = [f"heavy{i}" for i in range(6)] + [f"light{i}" for i in range(6)]
-    first_eight = start_order(server, tags)[:8]
-    assert sum(tag.startswith("heavy") for tag in first_eight) == 6, first_eight
-    # Within a tenant, first come first served.
     order = start_order(server, tags)
-    assert [tag for tag in order if tag.startswith("light")] == [f"light{i}" for i in range(6)]
+    # Each tenant's first BURST calls come early (neither had calls waiting before), then
+    # they take turns by weight: 3 heavy calls for each light one.
+    after_leads = order[2 * BURST : 2 * BURST + 16]
+    assert sum(tag.startswith("heavy") for tag in after_leads) == 12, order
+    # Within a tenant, first come first served.
+    assert [tag for tag in order if tag.startswith("light")] == [f"light{i}" for i in range(8)]
+    assert [tag for tag in order if tag.startswith("heavy")] == [f"heavy{i}" for i in range(16)]
 
 
 def test_a_higher_priority_goes_first_and_a_lower_one_is_not_starved(

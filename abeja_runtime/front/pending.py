@@ -71,7 +71,7 @@ class PendingCall:
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "caller_budget", "chunks",
         "deadline", "fd", "frame", "giving_back", "member", "priority", "queued_at", "sent_at",
-        "streaming", "tenant", "trace", "waited", "withdrawn_at",
+        "streaming", "tenant", "trace", "turn", "waited", "withdrawn_at",
     )  # fmt: skip
 
     def __init__(
@@ -119,6 +119,7 @@ class PendingCall:
         #: (``tenants.py``): how it waits its turn (``waiting.py``).
         self.tenant = ""
         self.priority = NORMAL
+        self.turn = 0.0  # its start tag there, with tenants on
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and

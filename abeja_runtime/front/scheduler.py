@@ -92,7 +92,9 @@ class Scheduler:
         """From now on (before any call), waiting calls are served by priority class and by
         weighted fairness across tenants (``waiting.py``)."""
         self._queue = FairOrder(weights, len(PRIORITIES), aging)
-        self._most_held = self._concurrency  # no pipelining: a call given back loses its turn
+        self._most_held = (
+            self._concurrency
+        )  # no pipelining: a call sent early goes before a newcomer
 
     def batch_by(self, size: int, wait: float) -> None:
         """From now on, the queue goes out in batches (the handler declared it batched)."""

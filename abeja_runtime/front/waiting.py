@@ -9,11 +9,15 @@ after it), ``first_queued_at``, iterate over all, ``len``.
 For :class:`FairOrder` the next call is of the class whose oldest call came first, a class's
 arrivals counted ``--priority-aging`` seconds later per class below the highest: a higher class
 goes first, and a lower call goes before the higher ones that came that long after it. Within a
-class, tenants take turns by deficit round robin (Shreedhar and Varghese): each turn a tenant is
-credited its weight, and a call costs one credit, so that over time each tenant is served in
-proportion to its weight while it has calls waiting; within a tenant, first come first served.
-A call is charged when it leaves the queue: the scheduler does not hold calls in a process's
-socket ahead of time with tenants on (a call given back would lose its tenant's turn).
+class, tenants take turns by start-time fair queuing (Goyal, Vin and Cheng): a call's start tag
+is the later of the class's progress (the start tag of the call taken last) and its tenant's
+previous call's finish tag, its finish tag its start plus 1 / the tenant's weight, and the
+smallest start tag goes next. So each tenant with calls waiting is served in proportion to its
+weight, first come first served within a tenant. A tenant that kept below its share starts up to
+:data:`BURST` of its calls before the class's progress: its calls wait behind the calls that
+run, not behind another tenant's backlog.
+The scheduler holds no call in a process's socket ahead of its turn with tenants on (one sent
+early would go before a newcomer's).
 """
 
 from __future__ import annotations
@@ -21,15 +25,20 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Final
 
 from abeja_runtime.errors import ServiceBusy
 
 if TYPE_CHECKING:
     from abeja_runtime.front.pending import PendingCall
 
-__all__ = ["ArrivalOrder", "FairOrder", "Waiting"]
+__all__ = ["BURST", "ArrivalOrder", "FairOrder", "Waiting"]
+
+#: How many calls a tenant that kept below its share may send at once ahead of the others'
+#: waiting calls: a light tenant's few calls wait behind the calls that run, not behind a
+#: heavy tenant's backlog (a tenant with calls waiting all along gets no such lead).
+BURST: Final = 4
 
 
 class ArrivalOrder(deque["PendingCall"]):
@@ -49,52 +58,80 @@ class ArrivalOrder(deque["PendingCall"]):
 
 
 class _Class:
-    """The calls of one priority class: a queue per tenant, taking turns by deficit round
-    robin."""
+    """The calls of one priority class: a queue per tenant, in start-time fair order."""
 
-    __slots__ = ("credit", "queues", "turns")
+    __slots__ = ("finish", "queues", "virtual", "weight")
 
-    def __init__(self) -> None:
+    def __init__(self, weight: Callable[[str], float]) -> None:
+        self.weight = weight
         self.queues: dict[str, deque[PendingCall]] = {}
-        #: The tenants with calls waiting, the one whose turn it is first.
-        self.turns: deque[str] = deque()
-        self.credit: dict[str, float] = {}
+        #: The start tag of the call taken last: how far the class's turns have come.
+        self.virtual = 0.0
+        #: Each tenant's last finish tag, while it holds its next call back (kept when its
+        #: queue empties, so that a tenant cannot leave and come back to jump the turns).
+        self.finish: dict[str, float] = {}
 
-    def next_tenant(self, weights: Mapping[str, float]) -> str:
-        """Whose call goes next (this class has calls): the tenant whose turn it is while its
-        credit lasts, then the next one, credited its weight (at least 1: one call a turn)."""
-        turns, credit = self.turns, self.credit
-        while credit[turns[0]] < 1:
-            turns.rotate(-1)
-            tenant = turns[0]
-            credit[tenant] += weights.get(tenant, 1.0)
-        return turns[0]
+    def next_tenant(self) -> str:
+        """Whose call goes next (this class has calls): the smallest start tag, the earlier
+        arrival on a tie."""
+        return min(self.queues, key=lambda tenant: _tag(self.queues[tenant][0]))
 
-    def add(self, tenant: str, pending: PendingCall, weight: float, *, front: bool) -> None:
+    def start_tag(self, tenant: str) -> float:
+        """The start tag of a call of ``tenant`` joining now: after its previous call's turn,
+        and at most :data:`BURST` of its calls before the class's progress."""
+        return max(self.virtual - BURST / self.weight(tenant), self.finish.get(tenant, -math.inf))
+
+    def add(self, tenant: str, pending: PendingCall, *, front: bool) -> None:
         queue = self.queues.get(tenant)
         if queue is None:
             queue = self.queues[tenant] = deque()
-            self.turns.append(tenant)
-            self.credit[tenant] = weight  # its first turn, when it comes
-        if not front:
-            queue.append(pending)
+        if front:  # given back: its tags kept, before the calls after it
+            ids = [call.frame.id for call in queue]
+            queue.insert(bisect.bisect_left(ids, pending.frame.id), pending)
             return
-        ids = [call.frame.id for call in queue]
-        queue.insert(bisect.bisect_left(ids, pending.frame.id), pending)
+        pending.turn = self.start_tag(tenant)
+        self.finish[tenant] = pending.turn + 1 / self.weight(tenant)
+        queue.append(pending)
 
-    def take(self, tenant: str, pending: PendingCall) -> None:
-        """``pending`` (of ``tenant``) leaves the class."""
+    def take(self, tenant: str, pending: PendingCall, *, served: bool) -> None:
+        """``pending`` (of ``tenant``) leaves the class: ``served``, to a process; else given
+        up or evicted, when its tenant's turn is handed back if it was the newest."""
         queue = self.queues[tenant]
         queue.remove(pending)
-        if not queue:
-            del self.queues[tenant], self.credit[tenant]
-            self.turns.remove(tenant)
+        if served:
+            self.virtual = max(self.virtual, pending.turn)
+        elif self.finish.get(tenant) == pending.turn + 1 / self.weight(tenant):
+            self.finish[tenant] = pending.turn
+        if queue:
+            return
+        del self.queues[tenant]
+        if not self.queues:  # nothing waits: every tenant starts afresh
+            self.finish.clear()
+        elif len(self.finish) > 2 * len(self.queues) + 64:
+            # a tenant with nothing waiting is forgotten once the turns pass it, or, when too
+            # many are, at once (it may go up to BURST calls early when it comes back)
+            behind = {t: at for t, at in self.finish.items() if at > self.start_tag(t)}
+            if len(behind) > 2 * len(self.queues) + 64:
+                behind = {t: behind[t] for t in self.queues}
+            self.finish = behind
+
+    def ahead_of(self, tenant: str) -> int:
+        """How many of its calls go before one of ``tenant`` joining now."""
+        turn = self.start_tag(tenant)
+        ahead = 0
+        for queue in self.queues.values():
+            ahead += bisect.bisect_right([call.turn for call in queue], turn)
+        return ahead
 
     def __len__(self) -> int:
         return sum(len(queue) for queue in self.queues.values())
 
     def oldest(self) -> PendingCall:
         return min((queue[0] for queue in self.queues.values()), key=_arrival)
+
+
+def _tag(pending: PendingCall) -> tuple[float, int]:
+    return pending.turn, pending.frame.id
 
 
 def _arrival(pending: PendingCall) -> float:
@@ -105,16 +142,12 @@ class FairOrder:
     """Priority classes (``0`` the highest), weighted fairness across tenants within each
     (see the module); a tenant not in ``weights`` weighs 1."""
 
-    __slots__ = ("_aging", "_classes", "_count", "_tenants", "_unnamed", "weights")
+    __slots__ = ("_aging", "_classes", "_count", "_tenants", "weights")
 
     def __init__(self, weights: Mapping[str, float], classes: int, aging: float) -> None:
-        #: The weights as credits a turn: the lightest tenant (or 1, a tenant not named) gets
-        #: one call a turn, so that a turn never passes without a call.
-        lightest = min((1.0, *weights.values()))
-        self.weights = {tenant: weight / lightest for tenant, weight in weights.items()}
-        self._unnamed = 1.0 / lightest
+        self.weights = dict(weights)
         self._aging = aging
-        self._classes = [_Class() for _ in range(classes)]
+        self._classes = [_Class(self.weight) for _ in range(classes)]
         self._count = 0
         #: Calls waiting per tenant (every class).
         self._tenants: dict[str, int] = {}
@@ -131,23 +164,17 @@ class FairOrder:
                 yield from queue
 
     def weight(self, tenant: str) -> float:
-        return self.weights.get(tenant, self._unnamed)
+        return self.weights.get(tenant, 1.0)
 
     def first_queued_at(self) -> float:
         """When the call that waits longest joined (the queue is not empty)."""
         return min(klass.oldest().queued_at for klass in self._classes if klass.queues)
 
     def ahead_of(self, tenant: str, priority: int) -> int:
-        """About how many waiting calls go before a call of ``tenant`` in class ``priority``
-        joining now: those of the higher classes, and in its own the tenant's calls and the
-        others' turns between them (by weight)."""
+        """How many waiting calls go before a call of ``tenant`` in class ``priority`` joining
+        now: those of the higher classes, and those of its own with earlier turns."""
         ahead = sum(len(klass) for klass in self._classes[:priority])
-        klass = self._classes[priority]
-        own = len(klass.queues.get(tenant, ())) + 1
-        for other, queue in klass.queues.items():
-            if other != tenant:
-                ahead += min(len(queue), math.ceil(own * self.weight(other) / self.weight(tenant)))
-        return ahead + own - 1
+        return ahead + self._classes[priority].ahead_of(tenant)
 
     def append(self, pending: PendingCall) -> None:
         self._add(pending, front=False)
@@ -157,17 +184,15 @@ class FairOrder:
 
     def _add(self, pending: PendingCall, *, front: bool) -> None:
         tenant = pending.tenant
-        self._classes[pending.priority].add(tenant, pending, self.weight(tenant), front=front)
+        self._classes[pending.priority].add(tenant, pending, front=front)
         self._count += 1
         self._tenants[pending.tenant] = self._tenants.get(pending.tenant, 0) + 1
 
     def popleft(self) -> PendingCall:
         """The call that goes next (the queue is not empty), taken out."""
         klass = self._next_class()
-        tenant = klass.next_tenant(self.weights)
-        pending = klass.queues[tenant][0]
-        klass.credit[tenant] -= 1
-        self._take(klass, pending)
+        pending = klass.queues[klass.next_tenant()][0]
+        self._take(klass, pending, served=True)
         return pending
 
     def remove(self, pending: PendingCall) -> None:
@@ -176,7 +201,7 @@ class FairOrder:
         queue = klass.queues.get(pending.tenant)
         if queue is None or pending not in queue:
             raise ValueError("not waiting")
-        self._take(klass, pending)
+        self._take(klass, pending, served=False)
 
     def room_for(self, pending: PendingCall, places: int, *, full: bool) -> PendingCall | None:
         """Whether ``pending`` may join: while its tenant holds less than its weighted share of
@@ -211,11 +236,11 @@ class FairOrder:
 
     def _take_newest(self, klass: _Class, queue: deque[PendingCall]) -> PendingCall:
         taken = queue[-1]
-        self._take(klass, taken)
+        self._take(klass, taken, served=False)
         return taken
 
-    def _take(self, klass: _Class, pending: PendingCall) -> None:
-        klass.take(pending.tenant, pending)
+    def _take(self, klass: _Class, pending: PendingCall, *, served: bool) -> None:
+        klass.take(pending.tenant, pending, served=served)
         self._count -= 1
         left = self._tenants[pending.tenant] - 1
         if left:
