@@ -102,7 +102,7 @@ def status_reply(
 def error_reply(exc: HttpError) -> EncodedResponse:
     """The runtime's answer for ``exc``: its status, its message (in the served style's words,
     :func:`word_errors_for`), its headers."""
-    body = _error_body(exc.status, exc.message)
+    body = _error_bodies(exc.status, exc.message)
     return EncodedResponse(exc.status, (("Content-Type", _JSON), *exc.headers.items()), body)
 
 
@@ -124,14 +124,16 @@ def _openai_error(status: int, message: str) -> bytes:
 #: The styles whose clients expect the runtime's own errors (a refused key, a full queue, a
 #: timeout) in another shape than ABEJA's ``{"status": message}``.
 _ERROR_BODIES: Final[dict[str, Callable[[int, str], bytes]]] = {"openai": _openai_error}
-_error_body: Callable[[int, str], bytes] = _status_error
+#: The body of an error as the style words it, kept for the messages that come again (a
+#: refusal of a full queue, under a flood, is one message answered thousands of times).
+_error_bodies = functools.lru_cache(maxsize=256)(_status_error)
 
 
 def word_errors_for(style: str) -> None:
     """The errors this process answers from now on, in ``style``'s words: set once the handler
     is loaded (in its process) or the first worker is ready (in the front)."""
-    global _error_body
-    _error_body = _ERROR_BODIES.get(style, _status_error)
+    global _error_bodies
+    _error_bodies = functools.lru_cache(maxsize=256)(_ERROR_BODIES.get(style, _status_error))
 
 
 def status_body(message: str) -> bytes:

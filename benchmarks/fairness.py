@@ -7,8 +7,9 @@ slot: 200 calls a second at most).
 Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the clients on
 ``--client-cores``):
 
-* ``noisy``: tenant A floods (wrk, 64 connections each sending as its answer comes: tens of
-  times what the worker serves), tenant B sends 10 % of what the worker serves, with
+* ``noisy``: tenant A floods at 10x what the worker serves (wrk, 800 connections each pausing
+  a random time before its next request, :data:`FLOOD_CONNECTIONS`), tenant B sends 10 % of
+  what the worker serves (both at random times), with
   ``--tenant-header x-tenant --tenant-weights a=1,b=1``; B's p99 latency and success against B
   alone (same rate, no A), and A's share of what was served (B takes what it asks, A the rest);
 * ``backlogged``: A and B both flood (wrk, 32 connections each), weights ``a=3,b=1``: A's share
@@ -61,6 +62,9 @@ RESULTS = HERE / "RESULTS.md"
 #: The handler's own time per call, and so what one slot serves a second.
 CALL_SECONDS = 0.005
 CAPACITY = 1 / CALL_SECONDS
+#: The noisy tenant's connections: enough that those refused at once send 10x the capacity
+#: while up to the queue's places wait for their answers.
+FLOOD_CONNECTIONS = 800
 
 
 @dataclass
@@ -134,19 +138,36 @@ wrk.headers["Content-Type"] = "application/json"
 """
 
 
+#: ... and, for a flood at a rate, each connection's pause before its next request: random,
+#: ``SPAN`` ms at most (twice the mean), so that the connections send at random times.
+_WRK_PACED_LUA: Final = """
+function delay()
+    return math.random(0, SPAN)
+end
+"""
+
+
 @dataclass
 class Flood:
-    """A closed-loop flood by wrk (``connections`` at once, each sending its next request as
-    its answer comes): far more than the worker serves, refused ``503`` beyond the queue."""
+    """A flood by wrk: ``connections`` at once, each sending its next request as its answer
+    comes (a closed loop, far more than the worker serves, refused ``503`` beyond the queue);
+    or, with ``rate``, each pausing a random time first, so that together they send about
+    ``rate`` requests a second at random times (while most of their calls are refused at
+    once: the connections are many more than the queue's places)."""
 
     header: str
     connections: int
+    rate: float | None = None
     requests: int = 0
     refused: int = 0
 
     def run(self, url: str, seconds: float, cores: str, tmp: Path) -> None:
-        script = tmp / "flood.lua"
-        script.write_text(_WRK_LUA)
+        script = tmp / f"flood-{id(self)}.lua"
+        lua = _WRK_LUA
+        if self.rate is not None:
+            span = round(2000 * self.connections / self.rate)
+            lua += _WRK_PACED_LUA.replace("SPAN", str(span))
+        script.write_text(lua)
         command = [
             "taskset", "-c", cores, "wrk", "-t1", f"-c{self.connections}", f"-d{seconds:g}s",
             "--timeout", "30s", "-H", self.header, "-s", str(script), url,
@@ -233,7 +254,7 @@ def noisy(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     """B's p99 and success with A flooding (wrk), B alone, A's share of what was served."""
     flags = ["--tenant-header", "x-tenant", "--tenant-weights", "a=1,b=1"]
     alone, mixed_b = Sent(), Sent()
-    flood = Flood("x-tenant: a", 64)
+    flood = Flood("x-tenant: a", FLOOD_CONNECTIONS, rate=CAPACITY * 10)
     server = Runtime(flags, args.server_cores, tmp)
     url = f"http://127.0.0.1:{server.port}/"
     b_rate = CAPACITY * 0.1

@@ -142,7 +142,7 @@ class FairOrder:
     """Priority classes (``0`` the highest), weighted fairness across tenants within each
     (see the module); a tenant not in ``weights`` weighs 1."""
 
-    __slots__ = ("_aging", "_classes", "_count", "_tenants", "weights")
+    __slots__ = ("_aging", "_classes", "_count", "_tenants", "_weight_waiting", "weights")
 
     def __init__(self, weights: Mapping[str, float], classes: int, aging: float) -> None:
         self.weights = dict(weights)
@@ -151,6 +151,8 @@ class FairOrder:
         self._count = 0
         #: Calls waiting per tenant (every class).
         self._tenants: dict[str, int] = {}
+        #: The sum of their weights.
+        self._weight_waiting = 0.0
 
     def __len__(self) -> int:
         return self._count
@@ -186,7 +188,10 @@ class FairOrder:
         tenant = pending.tenant
         self._classes[pending.priority].add(tenant, pending, front=front)
         self._count += 1
-        self._tenants[pending.tenant] = self._tenants.get(pending.tenant, 0) + 1
+        held = self._tenants.get(tenant, 0)
+        if not held:
+            self._weight_waiting += self.weight(tenant)
+        self._tenants[tenant] = held + 1
 
     def popleft(self) -> PendingCall:
         """The call that goes next (the queue is not empty), taken out."""
@@ -210,17 +215,17 @@ class FairOrder:
         the tenant most past its share; or the newest of a class below ``pending``'s (its own
         tenant's, when that tenant is at its share). Else :class:`ServiceBusy`."""
         tenant = pending.tenant
-        waiting = dict(self._tenants)
-        waiting.setdefault(tenant, 0)
-        total = sum(self.weight(other) for other in waiting)
+        waiting = self._tenants
+        held = waiting.get(tenant, 0)
+        total = self._weight_waiting if held else self._weight_waiting + self.weight(tenant)
 
         def past_share(other: str) -> float:
-            return waiting[other] - places * self.weight(other) / total
+            return waiting.get(other, 0) - places * self.weight(other) / total
 
-        at_share = bool(waiting[tenant]) and past_share(tenant) >= 0
+        at_share = bool(held) and past_share(tenant) >= 0
         if not at_share and not full:
             return None
-        most = max(waiting, key=past_share)
+        most = max((*waiting, tenant), key=past_share)
         if not at_share and most != tenant and past_share(most) > 0:
             for klass in reversed(self._classes):
                 queue = klass.queues.get(most)
@@ -247,6 +252,7 @@ class FairOrder:
             self._tenants[pending.tenant] = left
         else:
             del self._tenants[pending.tenant]
+            self._weight_waiting -= self.weight(pending.tenant)
 
     def _next_class(self) -> _Class:
         """The class whose oldest call came first, each class's arrivals counted ``aging``
