@@ -281,14 +281,16 @@ class HandlerTimeout(HttpError):
 
 
 class NotStartedInTime(HttpError):
-    """The handler process got a call whose deadline had passed: its handler is not started."""
+    """The handler process got a call past its latest start (its deadline less the time a call
+    takes): its handler is not started."""
 
     status = 504
 
     def __init__(self) -> None:
         super().__init__(
-            "the call's deadline passed before its handler could start (it waited for a "
-            "worker); give the call more time (the caller's deadline, or --timeout)"
+            "the call's deadline was too near for its handler to answer in time once a worker "
+            "was free (it waited for one); give the call more time (the caller's deadline, or "
+            "--timeout)"
         )
 
 

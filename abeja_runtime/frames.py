@@ -234,9 +234,10 @@ class Call(NamedTuple):
     #: The front's server span, as the handler span's parent (``traceparent`` and its kin:
     #: :mod:`abeja_runtime.tracing`); empty while tracing is off.
     trace: tuple[tuple[str, str], ...] = ()
-    #: When nobody waits for it any more (``time.time()``; 0: never): the handler process
-    #: answers ``504`` without starting its handler once it has passed.
-    deadline: float = 0.0
+    #: The latest its handler may start (``time.time()``; 0: any time): its deadline less the
+    #: time a call takes (``Scheduler.start_by``). The handler process answers ``504`` without
+    #: starting its handler after it: no answer could come in time.
+    start_by: float = 0.0
 
 
 def header_text(headers: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
@@ -266,9 +267,9 @@ class RpcCall(NamedTuple):
     metadata: tuple[tuple[str, str], ...]
     request_id: str
     size: int = 0
-    #: As :attr:`Call.trace` and :attr:`Call.deadline`.
+    #: As :attr:`Call.trace` and :attr:`Call.start_by`.
     trace: tuple[tuple[str, str], ...] = ()
-    deadline: float = 0.0
+    start_by: float = 0.0
 
 
 @_kind(FrameKind.CANCEL)

@@ -6,6 +6,7 @@ statuses a test queues); the runtime is pointed at it with ``ABEJA_API_URL``.
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import io
 import json
@@ -200,6 +201,22 @@ def test_a_handler_past_its_deadline_sends_its_504(make_server, platform_api):
     parts = put.parts()
     assert parts["status"][1] == b"504"
     assert json.loads(parts["body"][1])["status"].startswith("handler timed out after 1 s")
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["by header", "by api key"])
+def test_an_async_job_is_its_requests_tenants(make_server, platform_api, keyed):
+    tenant = hashlib.sha256(b"k-gold").hexdigest()[:8] if keyed else "gold"  # a key's: its hash
+    flags = ["--tenant-weights", f"{tenant}=2", "--tenant-header"]
+    flags += ["api-key", "--api-keys", "k-gold"] if keyed else ["x-tenant"]
+    caller = {"X-API-Key": "k-gold"} if keyed else {"x-tenant": "gold"}
+    server = start(make_server, platform_api, *flags)
+    answer = server.post_json({"x": 1}, headers=ASYNC | caller)
+    assert answer.status == 202
+    (put,) = platform_api.wait_for_puts(1)
+    assert put.parts()["status"][1] == b"200"
+    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+    # Counted under its tenant's name, not as "other".
+    assert f'tenant_served_requests_total{{tenant="{tenant}"}} 1.0' in metrics
 
 
 def test_the_result_is_retried_on_errors_but_not_after_429(make_server, platform_api):

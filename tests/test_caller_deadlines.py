@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,34 @@ def test_a_queued_call_whose_deadline_passes_never_reaches_a_worker(
     assert call(one_slot, "after", 0, {})[0] == 200
     wait_until(lambda: started(one_slot, "after"), 10, "the start line of the call after")
     assert not started(one_slot, "late")
+
+
+def test_a_call_left_less_than_a_calls_time_when_its_turn_comes_is_never_started(
+    one_slot: RunningServer, tmp_path: Path
+) -> None:
+    # Calls of 0.5 s and 3 s: a call takes about 0.75 s, but up to about 2.65 s (the mean and
+    # four times its spread).
+    for tag, sleep in [("short", 0.5), ("long", 3.0)]:
+        assert call(one_slot, tag, sleep, {})[0] == 200
+    assert one_slot.queued() == 0  # (the metrics' first scrape, done before the timed part)
+    release = tmp_path / "release"
+    holder = in_background(one_slot, f"/?tag=holder&until={release}")
+    wait_until(lambda: started(one_slot, "holder"), 30, "the first call to run")
+    # Its expected wait (0.75 s) comes before its latest start (4.5 s less 2.65): admitted.
+    sent = time.monotonic()
+    hopeful = ThreadPoolExecutor(1).submit(call, one_slot, "hopeful", 0, {"Request-Timeout": "4.5"})
+    wait_until(lambda: one_slot.queued() >= 1, 30, "the call to wait in the queue")
+    # The slot frees after its latest start, before its deadline: its handler never starts.
+    wait_until(lambda: time.monotonic() > sent + 2.4, 10, "its latest start to pass")
+    release.touch()
+    status, body, _ = hopeful.result(30)
+    assert status == 504, body
+    assert holder.result(30).status == 200
+    # The estimate refuses no call with time enough, nor one without a deadline.
+    assert call(one_slot, "roomy", 0, {"Request-Timeout": "30"})[0] == 200
+    assert call(one_slot, "after", 0, {})[0] == 200
+    wait_until(lambda: started(one_slot, "after"), 10, "the start line of the call after")
+    assert not started(one_slot, "hopeful")
 
 
 def test_a_call_that_would_wait_past_its_deadline_is_refused_at_once(

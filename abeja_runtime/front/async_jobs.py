@@ -90,7 +90,7 @@ class AsyncJobs:
         service = self._service
         to_platform = AwaitedAnswer(service.loop)
         job_trace = None if entry.trace is None else entry.trace.job(async_id)
-        job = service.begin_job(entry, job_trace, to_platform)
+        job = service.begin_job(call, job_trace, to_platform)
         job.submit(self._frame(request, job, body), body)
         token = request.headers.get(ASYNC_TOKEN_HEADER) or ""
         task = asyncio.create_task(self._send(job, to_platform, async_id, token))

@@ -166,8 +166,17 @@ class FrontCall:
         entry = self.entry
         return Call(
             self.id, method, url.raw_path, url.raw_query_string, raw_headers, entry.request_id,
-            entry.requester_id, data, spool_path, size, carrier(entry.trace), self.deadline or 0.0,
+            entry.requester_id, data, spool_path, size, carrier(entry.trace), self.start_by(),
         )  # fmt: skip
+
+    def start_by(self) -> float:
+        """The latest its handler may start (``time.time()``; 0: any time): with its caller's
+        own deadline, that less the time a call takes, so that no call starts that could not
+        answer before its caller gives up; else its deadline (``--timeout``'s)."""
+        deadline = self.deadline
+        if deadline is None:
+            return 0.0
+        return self.service.pool.scheduler.start_by(deadline) if self.caller_budget else deadline
 
     def submit(self, frame: Call | RpcCall, body: Body) -> None:
         """Hand the call to the pool, its deadline watched; the answer (or the front's refusal)

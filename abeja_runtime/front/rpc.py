@@ -261,9 +261,9 @@ class RpcServer:
         size = len(payload)
         if size <= INLINE_LIMIT:
             gate.leave()
-            deadline = call.deadline or 0.0
+            start_by = call.start_by()
             return RpcCall(
-                call.id, method, payload, metadata, request_id, 0, trace, deadline
+                call.id, method, payload, metadata, request_id, 0, trace, start_by
             ), IN_FRAME
         body, mapped = service.bodies.held(size)
         body.gate = None  # left when grpcio is done with the call
@@ -271,5 +271,5 @@ class RpcServer:
         context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
         mapped[:size] = payload
         del payload  # the front holds the message once, in the buffer, while the call runs
-        deadline = call.deadline or 0.0
-        return RpcCall(call.id, method, b"", metadata, request_id, size, trace, deadline), body
+        start_by = call.start_by()
+        return RpcCall(call.id, method, b"", metadata, request_id, size, trace, start_by), body

@@ -71,6 +71,8 @@ class Scheduler:
         #: The running mean of how long a process is busy with a call (from when the call was
         #: sent, or its previous answer came, to its answer), as the front sees it.
         self.call_seconds = 1.0
+        #: ... and the running mean of how far a call's time is from it.
+        self.call_spread = 0.0
         #: Calls admitted and not finished (queued, sent, or running past their deadline).
         self.admitted = 0
         self._capacity = config.workers * (config.concurrency + config.max_queue)
@@ -126,17 +128,19 @@ class Scheduler:
 
     def admit_before(self, pending: PendingCall, budget: float) -> None:
         """``pending``, whose caller gave it ``budget`` seconds: :class:`CallerDeadlinePassed`
-        when they passed already, :class:`DeadlineTooNear` when its expected wait and its own
-        call end after them. Each call takes the running mean of a call's time
-        (:attr:`call_seconds`; none is refused before one was measured), shared by every slot;
-        it waits while no slot is free, for the calls that go before it (by class and by its
-        tenant's turns, with those on) and the one that frees its slot."""
-        left = pending.deadline - time.time()
+        when they passed already, :class:`DeadlineTooNear` when it is expected to start after
+        its latest start (:meth:`start_by`). It waits while no slot is free, for the calls that
+        go before it (by class and by its tenant's turns, with those on) and the one that
+        frees its slot, each taking the running mean of a call's time (:attr:`call_seconds`)
+        shared by every slot. None is refused before a call was measured, nor while the pool
+        is empty (see :meth:`start_by`)."""
+        now = time.time()
+        left = pending.deadline - now
         if left <= 0:
             raise CallerDeadlinePassed(budget)
-        if not self._measured:
+        if not (self._measured and self.admitted):
             return
-        expected = self.call_seconds  # its own call: an answer nobody waits for is not begun
+        wait = 0.0
         if self.admitted >= self._slots:
             queue = self._queue
             ahead = (
@@ -144,9 +148,21 @@ class Scheduler:
                 if type(queue) is FairOrder
                 else self.admitted - self._slots
             )
-            expected += (ahead + 1) * self.call_seconds / self._slots
-        if expected > left:
-            raise DeadlineTooNear(expected, left)
+            wait = (ahead + 1) * self.call_seconds / self._slots
+        if now + wait > pending.frame.start_by > 0:
+            raise DeadlineTooNear(wait + pending.deadline - pending.frame.start_by, left)
+
+    def start_by(self, deadline: float) -> float:
+        """The latest a call due by ``deadline`` may start: earlier by the time a call takes,
+        but rarely more (the running mean and four times its spread, as TCP bounds a round
+        trip); a call with less time left is answered ``504`` then (here, or in its handler
+        process), rather than begun for nobody. Not before a call was measured, nor while no
+        call is in the pool: the call then goes, and measures the handler again (an estimate
+        made slow by one long call would otherwise refuse every call, and never be measured
+        again)."""
+        if not (self._measured and self.admitted):
+            return deadline
+        return deadline - self.call_seconds - 4 * self.call_spread
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -198,7 +214,7 @@ class Scheduler:
         wall = time.time()
         while queue and (member := self._free_member(now)) is not None:
             pending = queue.popleft()
-            if pending.deadline <= wall:  # never sent: its caller gave up already
+            if 0 < pending.frame.start_by <= wall:  # it could not answer in time: never sent
                 self._expire(pending, now)
                 continue
             self._send(member, pending, now)
@@ -349,9 +365,11 @@ class Scheduler:
         busy = now - max(pending.sent_at, member.answered_at)
         member.answered_at = now
         if self._measured:
-            self.call_seconds += _CALL_SECONDS_WEIGHT * (busy - self.call_seconds)
+            off = busy - self.call_seconds
+            self.call_seconds += _CALL_SECONDS_WEIGHT * off
+            self.call_spread += _CALL_SECONDS_WEIGHT * (abs(off) - self.call_spread)
         else:
-            self.call_seconds, self._measured = busy, True
+            self.call_seconds, self.call_spread, self._measured = busy, busy / 2, True
         self._release(pending, now)
         self.dispatch()
 

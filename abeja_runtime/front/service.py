@@ -127,23 +127,28 @@ class CallService:
         return call
 
     def begin_job(
-        self, answered: CallEntry, trace: CallTrace | None, responder: Responder
+        self, answered: FrontCall, trace: CallTrace | None, responder: Responder
     ) -> FrontCall:
-        """The call of an async request's job, whose request was ``answered`` (``202``): its
-        entry counts nothing, its spans hang from ``trace`` (the job's). The drain waits for it
-        until its responder says its result is sent (``accounting.release()``)."""
+        """The call of an async request's job, whose call was ``answered`` (``202``): its entry
+        counts nothing, its spans hang from ``trace`` (the job's), it is its request's tenant's
+        and class's. The drain waits for it until its responder says its result is sent
+        (``accounting.release()``)."""
         self.accounting.hold()
+        request = answered.entry
         entry = CallEntry(
             None,
             "POST",
-            answered.path,
-            answered.received,
-            answered.request_id,
-            answered.requester_id,
+            request.path,
+            request.received,
+            request.request_id,
+            request.requester_id,
         )
         entry.trace = trace
+        if request.noted and "caller" in request.noted:  # (its tenant, with api-key tenants)
+            entry.note("caller", request.noted["caller"])
         call = FrontCall(self, entry, responder)
-        call.deadline = self.caller_deadlines.deadline(answered.received, None)
+        call.deadline = self.caller_deadlines.deadline(request.received, None)
+        call.tenant, call.priority = answered.tenant, answered.priority
         return call
 
     def caller(self, headers: Mapping[str, str]) -> str | None:

@@ -51,8 +51,8 @@ _log = logging.getLogger("abeja_runtime")
 #: A call as it was read: its frame, and the descriptor that came with it.
 Held = tuple[Call | RpcCall, int | None]
 _NO_SPANS: Final[dict[int, HandlerSpan]] = {}
-#: A call with less time than this left to its deadline is not started: the handler would
-#: start after it (the request is still to be built), and no answer could be in time.
+#: A call with less time than this left before its latest start is not started: the handler
+#: would start after it (the request is still to be built).
 _LEAST_LEFT: Final = 0.001
 #: gRPC's status code of a call whose deadline passed.
 _DEADLINE_EXCEEDED: Final = 4
@@ -197,8 +197,8 @@ class Runner:
         self, call: Call, fd: int | None, span: HandlerSpan | None
     ) -> Request | EncodedResponse:
         """The handler's request (in a span of its own, traced), or the error reply (``504``
-        when the call's deadline has passed: its handler never starts late)."""
-        if call.deadline and time.time() + _LEAST_LEFT >= call.deadline:
+        when its latest start has passed: its handler never starts too late to answer)."""
+        if call.start_by and time.time() + _LEAST_LEFT >= call.start_by:
             return self._invoker.error_reply(NotStartedInTime())
         if span is not None:
             with span.decode():
@@ -244,7 +244,7 @@ class Runner:
     async def _rpc(self, call: RpcCall, fd: int | None, span: HandlerSpan | None) -> None:
         rpc = self._invoker.handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
-        if call.deadline and time.time() + _LEAST_LEFT >= call.deadline:  # never started late
+        if call.start_by and time.time() + _LEAST_LEFT >= call.start_by:  # never too late
             if fd is not None:
                 os.close(fd)
             late = NotStartedInTime()
