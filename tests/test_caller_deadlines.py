@@ -144,6 +144,11 @@ def test_a_call_left_less_than_a_calls_time_when_its_turn_comes_is_never_started
     assert call(one_slot, "after", 0, {})[0] == 200
     wait_until(lambda: started(one_slot, "after"), 10, "the start line of the call after")
     assert not started(one_slot, "hopeful")
+    # With no call in the runtime and none answered for a second, the estimate refuses nothing:
+    # a call with less time than it says a call may take goes, and measures the handler again.
+    answered = time.monotonic()
+    wait_until(lambda: time.monotonic() > answered + 1.2, 10, "a second with no answer")
+    assert call(one_slot, "measures-again", 0, {"Request-Timeout": "1.0"})[0] == 200
 
 
 def test_a_call_that_would_wait_past_its_deadline_is_refused_at_once(

@@ -50,6 +50,9 @@ _QUICK_CALL: Final = 0.0002
 _JOIN_WHILE_YOUNGER: Final = 0.002
 #: The weight of the last call in the running mean of :attr:`Scheduler.call_seconds`.
 _CALL_SECONDS_WEIGHT: Final = 0.1
+#: How long after the last answer the estimate of a call's time refuses calls while none is in
+#: the pool (see :meth:`Scheduler.start_by`).
+_ESTIMATE_TRUSTED_FOR: Final = 1.0
 
 
 class Scheduler:
@@ -82,6 +85,7 @@ class Scheduler:
         #: Answers a call whose deadline passed while it waited (once out of the pool: 504).
         self.expired: Callable[[PendingCall], None] = _no_answer
         self._measured = False  # whether a call was answered: call_seconds measured
+        self._answered_at = 0.0  # when the last call was answered (the clock's)
         self._slots = config.workers * config.concurrency
         #: Calls a process may hold, running or waiting in its socket (:data:`PIPELINE`).
         self._most_held = config.concurrency + PIPELINE
@@ -132,13 +136,13 @@ class Scheduler:
         its latest start (:meth:`start_by`). It waits while no slot is free, for the calls that
         go before it (by class and by its tenant's turns, with those on) and the one that
         frees its slot, each taking the running mean of a call's time (:attr:`call_seconds`)
-        shared by every slot. None is refused before a call was measured, nor while the pool
-        is empty (see :meth:`start_by`)."""
+        shared by every slot. None is refused before a call was measured, nor when the pool
+        is empty and no call was answered lately (see :meth:`start_by`)."""
         now = time.time()
         left = pending.deadline - now
         if left <= 0:
             raise CallerDeadlinePassed(budget)
-        if not (self._measured and self.admitted):
+        if not self._estimating():
             return
         wait = 0.0
         if self.admitted >= self._slots:
@@ -156,13 +160,19 @@ class Scheduler:
         """The latest a call due by ``deadline`` may start: earlier by the time a call takes,
         but rarely more (the running mean and four times its spread, as TCP bounds a round
         trip); a call with less time left is answered ``504`` then (here, or in its handler
-        process), rather than begun for nobody. Not before a call was measured, nor while no
-        call is in the pool: the call then goes, and measures the handler again (an estimate
-        made slow by one long call would otherwise refuse every call, and never be measured
-        again)."""
-        if not (self._measured and self.admitted):
+        process), rather than begun for nobody. Not before a call was measured, nor when no
+        call is in the pool and none was answered for :data:`_ESTIMATE_TRUSTED_FOR`: the call
+        then goes, and measures the handler again (an estimate made slow by one long call
+        would otherwise refuse every call, and never be measured again)."""
+        if not self._estimating():
             return deadline
         return deadline - self.call_seconds - 4 * self.call_spread
+
+    def _estimating(self) -> bool:
+        """Whether :attr:`call_seconds` and its spread may refuse calls now."""
+        return self._measured and (
+            self.admitted > 0 or self._clock() - self._answered_at < _ESTIMATE_TRUSTED_FOR
+        )
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -363,7 +373,7 @@ class Scheduler:
             if not following.giving_back:  # (given back: it waits on)
                 self._started(following, now)
         busy = now - max(pending.sent_at, member.answered_at)
-        member.answered_at = now
+        member.answered_at = self._answered_at = now
         if self._measured:
             off = busy - self.call_seconds
             self.call_seconds += _CALL_SECONDS_WEIGHT * off
