@@ -121,20 +121,20 @@ def test_a_queued_call_whose_deadline_passes_never_reaches_a_worker(
 def test_a_call_left_less_than_a_calls_time_when_its_turn_comes_is_never_started(
     one_slot: RunningServer, tmp_path: Path
 ) -> None:
-    # Calls of 0.5 s and 3 s: a call takes about 0.75 s, but up to about 2.65 s (the mean and
-    # four times its spread).
-    for tag, sleep in [("short", 0.5), ("long", 3.0)]:
+    # Calls of 0.2, 0.2 and 1 s: a call takes about 0.4 s, but up to about 1.33 s (the mean
+    # and four times its spread, call_time.py).
+    for tag, sleep in [("short", 0.2), ("short-again", 0.2), ("long", 1.0)]:
         assert call(one_slot, tag, sleep, {})[0] == 200
     assert one_slot.queued() == 0  # (the metrics' first scrape, done before the timed part)
     release = tmp_path / "release"
     holder = in_background(one_slot, f"/?tag=holder&until={release}")
     wait_until(lambda: started(one_slot, "holder"), 30, "the first call to run")
-    # Its expected wait (0.75 s) comes before its latest start (4.5 s less 2.65): admitted.
+    # Its expected wait (0.4 s) comes before its latest start (3 s less 1.33): admitted.
     sent = time.monotonic()
-    hopeful = ThreadPoolExecutor(1).submit(call, one_slot, "hopeful", 0, {"Request-Timeout": "4.5"})
+    hopeful = ThreadPoolExecutor(1).submit(call, one_slot, "hopeful", 0, {"Request-Timeout": "3"})
     wait_until(lambda: one_slot.queued() >= 1, 30, "the call to wait in the queue")
     # The slot frees after its latest start, before its deadline: its handler never starts.
-    wait_until(lambda: time.monotonic() > sent + 2.4, 10, "its latest start to pass")
+    wait_until(lambda: time.monotonic() > sent + 2.1, 10, "its latest start to pass")
     release.touch()
     status, body, _ = hopeful.result(30)
     assert status == 504, body

@@ -28,6 +28,7 @@ from abeja_runtime.errors import (
 )
 from abeja_runtime.frames import Cancel, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
+from abeja_runtime.front.call_time import CallTime
 from abeja_runtime.front.members import Member, ProcessState
 from abeja_runtime.front.pending import STREAM_LOST, Batch, PendingCall
 from abeja_runtime.front.tenants import PRIORITIES
@@ -42,17 +43,12 @@ __all__ = ["PIPELINE", "Scheduler"]
 PIPELINE: Final = 16
 _PIPELINE_WHILE_YOUNGER: Final = 0.05
 #: Calls are quick while a process is busy for less than this per call, on average
-#: (:attr:`Scheduler.call_seconds`). Quick calls go to a process that is already serving
+#: (:attr:`Scheduler.call_time`). Quick calls go to a process that is already serving
 #: rather than wake an idle one: waking a process costs more than the call.
 _QUICK_CALL: Final = 0.0002
 #: ... but only while that process's oldest call is younger than this: a call that turns out
 #: slow holds up what joined it in its first milliseconds only.
 _JOIN_WHILE_YOUNGER: Final = 0.002
-#: The weight of the last call in the running mean of :attr:`Scheduler.call_seconds`.
-_CALL_SECONDS_WEIGHT: Final = 0.1
-#: How long after the last answer the estimate of a call's time refuses calls while none is in
-#: the pool (see :meth:`Scheduler.start_by`).
-_ESTIMATE_TRUSTED_FOR: Final = 1.0
 
 
 class Scheduler:
@@ -71,11 +67,8 @@ class Scheduler:
         self._clock = clock
         self._queue: Waiting = ArrivalOrder()
         self._turn = 0  # where the next search for a free process starts
-        #: The running mean of how long a process is busy with a call (from when the call was
-        #: sent, or its previous answer came, to its answer), as the front sees it.
-        self.call_seconds = 1.0
-        #: ... and the running mean of how far a call's time is from it.
-        self.call_spread = 0.0
+        #: How long a process is busy with a call, as the front sees it.
+        self.call_time = CallTime()
         #: Calls admitted and not finished (queued, sent, or running past their deadline).
         self.admitted = 0
         self._capacity = config.workers * (config.concurrency + config.max_queue)
@@ -84,8 +77,6 @@ class Scheduler:
         self.metrics: FrontMetrics | None = None
         #: Answers a call whose deadline passed while it waited (once out of the pool: 504).
         self.expired: Callable[[PendingCall], None] = _no_answer
-        self._measured = False  # whether a call was answered: call_seconds measured
-        self._answered_at = 0.0  # when the last call was answered (the clock's)
         self._slots = config.workers * config.concurrency
         #: Calls a process may hold, running or waiting in its socket (:data:`PIPELINE`).
         self._most_held = config.concurrency + PIPELINE
@@ -98,9 +89,7 @@ class Scheduler:
         """From now on (before any call), waiting calls are served by priority class and by
         weighted fairness across tenants (``waiting.py``)."""
         self._queue = FairOrder(weights, len(PRIORITIES), aging)
-        self._most_held = (
-            self._concurrency
-        )  # no pipelining: a call sent early goes before a newcomer
+        self._most_held = self._concurrency  # no pipelining: one sent early would go first
 
     def batch_by(self, size: int, wait: float) -> None:
         """From now on, the queue goes out in batches (the handler declared it batched)."""
@@ -135,14 +124,13 @@ class Scheduler:
         when they passed already, :class:`DeadlineTooNear` when it is expected to start after
         its latest start (:meth:`start_by`). It waits while no slot is free, for the calls that
         go before it (by class and by its tenant's turns, with those on) and the one that
-        frees its slot, each taking the running mean of a call's time (:attr:`call_seconds`)
-        shared by every slot. None is refused before a call was measured, nor when the pool
-        is empty and no call was answered lately (see :meth:`start_by`)."""
+        frees its slot, each taking the running mean of a call's time (:attr:`call_time`)
+        shared by every slot (none while the estimate is not trusted)."""
         now = time.time()
         left = pending.deadline - now
         if left <= 0:
             raise CallerDeadlinePassed(budget)
-        if not self._estimating():
+        if not self.call_time.trusted(self.admitted, self._clock()):
             return
         wait = 0.0
         if self.admitted >= self._slots:
@@ -152,27 +140,18 @@ class Scheduler:
                 if type(queue) is FairOrder
                 else self.admitted - self._slots
             )
-            wait = (ahead + 1) * self.call_seconds / self._slots
+            wait = (ahead + 1) * self.call_time.mean / self._slots
         if now + wait > pending.frame.start_by > 0:
             raise DeadlineTooNear(wait + pending.deadline - pending.frame.start_by, left)
 
     def start_by(self, deadline: float) -> float:
         """The latest a call due by ``deadline`` may start: earlier by the time a call takes,
-        but rarely more (the running mean and four times its spread, as TCP bounds a round
-        trip); a call with less time left is answered ``504`` then (here, or in its handler
-        process), rather than begun for nobody. Not before a call was measured, nor when no
-        call is in the pool and none was answered for :data:`_ESTIMATE_TRUSTED_FOR`: the call
-        then goes, and measures the handler again (an estimate made slow by one long call
-        would otherwise refuse every call, and never be measured again)."""
-        if not self._estimating():
+        but rarely more (:meth:`CallTime.bound`), while the estimate is trusted
+        (:meth:`CallTime.trusted`); a call with less time left is answered ``504`` then (here,
+        or in its handler process), rather than begun for nobody."""
+        if not self.call_time.trusted(self.admitted, self._clock()):
             return deadline
-        return deadline - self.call_seconds - 4 * self.call_spread
-
-    def _estimating(self) -> bool:
-        """Whether :attr:`call_seconds` and its spread may refuse calls now."""
-        return self._measured and (
-            self.admitted > 0 or self._clock() - self._answered_at < _ESTIMATE_TRUSTED_FOR
-        )
+        return deadline - self.call_time.bound()
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -220,8 +199,7 @@ class Scheduler:
         queue = self._queue
         if not queue:
             return
-        now = self._clock()
-        wall = time.time()
+        now, wall = self._clock(), time.time()
         while queue and (member := self._free_member(now)) is not None:
             pending = queue.popleft()
             if 0 < pending.frame.start_by <= wall:  # it could not answer in time: never sent
@@ -236,7 +214,7 @@ class Scheduler:
         oldest call is young. A call never waits in a process behind a slow one."""
         members = self._members
         most_held = self._most_held
-        if self.call_seconds < _QUICK_CALL:
+        if self.call_time.mean < _QUICK_CALL:
             for member in members:
                 serving = member.state is ProcessState.READY and 0 < len(member.sent) < most_held
                 if serving and member.oldest_call_age(now) < _JOIN_WHILE_YOUNGER:
@@ -293,15 +271,13 @@ class Scheduler:
         """Take the calls whose deadline passed out of ``queue`` (a batch is never sent with
         one); whether any call is left."""
         wall = time.time()
-        if any(pending.deadline <= wall for pending in queue):
-            now = self._clock()
-            for pending in [pending for pending in queue if pending.deadline <= wall]:
-                queue.remove(pending)
-                self._expire(pending, now)
+        for pending in [pending for pending in queue if pending.deadline <= wall]:
+            queue.remove(pending)
+            self._expire(pending, self._clock())
         return bool(queue)
 
     def _expire(self, pending: PendingCall, now: float) -> None:
-        """``pending``, taken out of the queue, leaves the pool: its deadline passed."""
+        """``pending``, taken out of the queue, leaves the pool: too late to answer in time."""
         pending.abandon()
         self._release(pending, now)
         self.expired(pending)
@@ -373,23 +349,16 @@ class Scheduler:
             if not following.giving_back:  # (given back: it waits on)
                 self._started(following, now)
         busy = now - max(pending.sent_at, member.answered_at)
-        member.answered_at = self._answered_at = now
-        if self._measured:
-            off = busy - self.call_seconds
-            self.call_seconds += _CALL_SECONDS_WEIGHT * off
-            self.call_spread += _CALL_SECONDS_WEIGHT * (abs(off) - self.call_spread)
-        else:
-            self.call_seconds, self.call_spread, self._measured = busy, busy / 2, True
+        member.answered_at = now
+        self.call_time.add(busy, now)
         self._release(pending, now)
         self.dispatch()
 
     def fail_queue(self, exc: HttpError) -> None:
         """Every queued call fails with ``exc`` (no process will take them soon)."""
-        queue = list(self._queue)
+        queue, now = list(self._queue), self._clock()
         for pending in queue:
             self._queue.remove(pending)
-        now = self._clock()
-        for pending in queue:
             self._release(pending, now)
             if not pending.answer.done():
                 pending.answer.set_exception(exc)

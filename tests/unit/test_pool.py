@@ -52,7 +52,7 @@ def test_calls_go_to_the_least_busy_process_and_a_full_pool_refuses() -> None:
         first.ready()
         second.ready()
         calls = [pending(fake) for _ in range(4)]
-        fake.pool.scheduler.call_seconds = 1.0  # slow calls: no joining a busy process
+        fake.pool.scheduler.call_time.mean = 1.0  # slow calls: no joining a busy process
         fake.pool.submit(calls[0])
         fake.pool.submit(calls[1])
         assert {calls[0].member, calls[1].member} == {first.sink, second.sink}
@@ -75,7 +75,7 @@ def test_a_crash_fails_the_running_call_and_requeues_the_others_for_the_replacem
         process.ready()
         running, behind = pending(fake), pending(fake)
         fake.pool.submit(running)
-        fake.pool.scheduler.call_seconds = 0.0  # quick calls: the second joins the busy process
+        fake.pool.scheduler.call_time.mean = 0.0  # quick calls: the second joins the busy process
         fake.pool.submit(behind)
         assert behind.member is process.sink
         process.exit(3)
