@@ -214,9 +214,15 @@ def test_an_async_job_is_its_requests_tenants(make_server, platform_api, keyed):
     assert answer.status == 202
     (put,) = platform_api.wait_for_puts(1)
     assert put.parts()["status"][1] == b"200"
-    metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
-    # Counted under its tenant's name, not as "other".
-    assert f'tenant_served_requests_total{{tenant="{tenant}"}} 1.0' in metrics
+    # Counted under its tenant's name, not as "other" (once its result is sent: waited for).
+    counted = f'tenant_served_requests_total{{tenant="{tenant}"}} 1.0'
+    wait_until(
+        lambda: (
+            counted in server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
+        ),
+        10,
+        "the job counted under its tenant",
+    )
 
 
 def test_the_result_is_retried_on_errors_but_not_after_429(make_server, platform_api):

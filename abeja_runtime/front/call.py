@@ -31,6 +31,7 @@ from abeja_runtime.errors import (
     DeadlineTooNear,
     HandlerTimeout,
     HttpError,
+    NotStartedInTime,
     ServiceBusy,
     ServiceUnavailable,
 )
@@ -230,7 +231,7 @@ class FrontCall:
         else:
             self.outcome = Outcome.REFUSED
         metrics = self.service.metrics
-        if isinstance(exc, DeadlineTooNear):
+        if isinstance(exc, (DeadlineTooNear, NotStartedInTime)):
             metrics.rejected("deadline")
             self.entry.note("refused", "deadline")
         elif isinstance(exc, ServiceBusy):

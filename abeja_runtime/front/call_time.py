@@ -29,17 +29,19 @@ class CallTime:
         self.answered_at = 0.0
 
     def add(self, busy: float, now: float) -> None:
-        """A call answered at ``now`` took ``busy`` seconds: the plain mean of the first ones (a
-        slow first call weighs as one of them, not for many calls after), then the running one.
-        A call longer than twice :meth:`bound` counts as that long: one very long call moves the
-        estimate a step, not all the way."""
+        """A call answered at ``now`` took ``busy`` seconds: the plain means of the first ones (a
+        slow first call weighs as one of them, not for many calls after), then the running ones,
+        where a call longer than twice :meth:`bound` counts as that long (one very long call
+        moves the estimate a step, not all the way)."""
         self.answered_at = now
         self.measured += 1
         if self.measured == 1:
-            self.mean, self.spread = busy, busy / 2
+            self.mean = busy
             return
-        weight = max(_WEIGHT, 1 / self.measured)
-        off = min(busy, 2 * self.bound()) - self.mean
+        weight = 1 / self.measured
+        if weight < _WEIGHT:
+            weight, busy = _WEIGHT, min(busy, 2 * self.bound())
+        off = busy - self.mean
         self.mean += weight * off
         self.spread += weight * (abs(off) - self.spread)
 

@@ -23,6 +23,7 @@ from abeja_runtime.errors import (
     CallerDeadlinePassed,
     DeadlineTooNear,
     HttpError,
+    NotStartedInTime,
     ServiceBusy,
     WorkerCrashed,
 )
@@ -75,8 +76,8 @@ class Scheduler:
         #: The places in the queue beyond the slots, which tenants share by weight.
         self._places = config.workers * config.max_queue
         self.metrics: FrontMetrics | None = None
-        #: Answers a call whose deadline passed while it waited (once out of the pool: 504).
-        self.expired: Callable[[PendingCall], None] = _no_answer
+        #: Answers a call taken out of the queue too late: 504 for its deadline, or the error given.
+        self.expired: Callable[[PendingCall, HttpError | None], None] = _no_answer
         self._slots = config.workers * config.concurrency
         #: Calls a process may hold, running or waiting in its socket (:data:`PIPELINE`).
         self._most_held = config.concurrency + PIPELINE
@@ -121,11 +122,11 @@ class Scheduler:
 
     def admit_before(self, pending: PendingCall, budget: float) -> None:
         """``pending``, whose caller gave it ``budget`` seconds: :class:`CallerDeadlinePassed`
-        when they passed already, :class:`DeadlineTooNear` when it is expected to start after
-        its latest start (:meth:`start_by`). It waits while no slot is free, for the calls that
-        go before it (by class and by its tenant's turns, with those on) and the one that
-        frees its slot, each taking the running mean of a call's time (:attr:`call_time`)
-        shared by every slot (none while the estimate is not trusted)."""
+        when they passed already, :class:`DeadlineTooNear` when its expected wait and call end
+        after them. It waits while no slot is free, for the calls that go before it (by class
+        and by its tenant's turns, with those on) and the one that frees its slot, each taking
+        the running mean of a call's time (:attr:`call_time`) shared by every slot, and so does
+        its own call (none is refused while the estimate is not trusted)."""
         now = time.time()
         left = pending.deadline - now
         if left <= 0:
@@ -141,17 +142,16 @@ class Scheduler:
                 else self.admitted - self._slots
             )
             wait = (ahead + 1) * self.call_time.mean / self._slots
-        if now + wait > pending.frame.start_by > 0:
-            raise DeadlineTooNear(wait + pending.deadline - pending.frame.start_by, left)
+        if wait + self.call_time.mean > left:
+            raise DeadlineTooNear(wait + self.call_time.mean, left)
 
     def start_by(self, deadline: float) -> float:
         """The latest a call due by ``deadline`` may start: earlier by the time a call takes,
         but rarely more (:meth:`CallTime.bound`), while the estimate is trusted
         (:meth:`CallTime.trusted`); a call with less time left is answered ``504`` then (here,
         or in its handler process), rather than begun for nobody."""
-        if not self.call_time.trusted(self.admitted, self._clock()):
-            return deadline
-        return deadline - self.call_time.bound()
+        trusted = self.call_time.trusted(self.admitted, self._clock())
+        return deadline - self.call_time.bound() if trusted else deadline
 
     def free_places(self) -> int:
         """Calls that may still be admitted before the queue is full."""
@@ -203,7 +203,7 @@ class Scheduler:
         while queue and (member := self._free_member(now)) is not None:
             pending = queue.popleft()
             if 0 < pending.frame.start_by <= wall:  # it could not answer in time: never sent
-                self._expire(pending, now)
+                self._expire(pending, now, NotStartedInTime())
                 continue
             self._send(member, pending, now)
 
@@ -276,11 +276,12 @@ class Scheduler:
             self._expire(pending, self._clock())
         return bool(queue)
 
-    def _expire(self, pending: PendingCall, now: float) -> None:
-        """``pending``, taken out of the queue, leaves the pool: too late to answer in time."""
+    def _expire(self, pending: PendingCall, now: float, exc: HttpError | None = None) -> None:
+        """``pending``, taken out of the queue, leaves the pool, answered by :attr:`expired`: its
+        deadline passed, or it is too late to answer in time (``exc``)."""
         pending.abandon()
         self._release(pending, now)
-        self.expired(pending)
+        self.expired(pending, exc)
 
     def _started(self, pending: PendingCall, now: float) -> None:
         """``pending``'s wait in the queue ends now (its handler call starts, or it is given up):
@@ -385,7 +386,7 @@ class Scheduler:
         self.dispatch()
 
 
-def _no_answer(pending: PendingCall) -> None:
+def _no_answer(pending: PendingCall, late: HttpError | None) -> None:
     """Until the call service says how an expired call is answered."""
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
-from abeja_runtime.errors import CallerDeadlinePassed, HandlerTimeout
+from abeja_runtime.errors import CallerDeadlinePassed, HandlerTimeout, HttpError
 from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.body import BodyPlaces
@@ -178,8 +178,9 @@ class CallService:
             self._timed_out(pending)
             self.pool.withdraw(pending)
 
-    def _timed_out(self, pending: PendingCall) -> None:
+    def _timed_out(self, pending: PendingCall, late: HttpError | None = None) -> None:
+        """``pending`` is answered ``504``: its deadline passed, or it is ``late`` to start."""
         if not pending.answer.done():
             budget = pending.caller_budget
             exc = CallerDeadlinePassed(budget) if budget else HandlerTimeout(self._config.timeout)
-            pending.answer.set_exception(exc)
+            pending.answer.set_exception(late or exc)

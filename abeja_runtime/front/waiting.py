@@ -10,12 +10,13 @@ For :class:`FairOrder` the next call is of the class whose oldest call came firs
 arrivals counted ``--priority-aging`` seconds later per class below the highest: a higher class
 goes first, and a lower call goes before the higher ones that came that long after it. Within a
 class, tenants take turns by start-time fair queuing (Goyal, Vin and Cheng): a call's start tag
-is the later of the class's progress (the start tag of the call taken last) and its tenant's
-previous call's finish tag, its finish tag its start plus 1 / the tenant's weight, and the
+is the later of the class's progress (the start tag of the last call taken in its turn) and its
+tenant's previous finish tag, its finish tag its start plus 1 / the tenant's weight, and the
 smallest start tag goes next. So each tenant with calls waiting is served in proportion to its
-weight, first come first served within a tenant. A tenant that kept below its share starts up to
-:data:`BURST` of its calls before the class's progress: its calls wait behind the calls that
-run, not behind another tenant's backlog.
+weight, first come first served within a tenant. A tenant that kept below its share gets a
+lead (:data:`BURST`): its few calls wait behind the calls that run, not behind another tenant's
+backlog; each call taken early moves the earliest lead on by a turn shared among the tenants
+waiting, so that a stream of new tenants cannot hold a backlog back.
 The scheduler holds no call in a process's socket ahead of its turn with tenants on (one sent
 early would go before a newcomer's).
 """
@@ -35,9 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BURST", "ArrivalOrder", "FairOrder", "Waiting"]
 
-#: How many calls a tenant that kept below its share may send at once ahead of the others'
-#: waiting calls: a light tenant's few calls wait behind the calls that run, not behind a
-#: heavy tenant's backlog (a tenant with calls waiting all along gets no such lead).
+#: The lead of a tenant that kept below its share: with equal weights, this many of its calls
+#: go before the next call of another tenant's backlog (a light tenant waits behind the calls
+#: that run, not behind a heavy tenant's backlog); a tenant with calls waiting all along gets
+#: no such lead.
 BURST: Final = 4
 
 
@@ -60,7 +62,7 @@ class ArrivalOrder(deque["PendingCall"]):
 class _Class:
     """The calls of one priority class: a queue per tenant, in start-time fair order."""
 
-    __slots__ = ("finish", "queues", "virtual", "weight")
+    __slots__ = ("finish", "lead", "queues", "virtual", "weight")
 
     def __init__(self, weight: Callable[[str], float]) -> None:
         self.weight = weight
@@ -70,6 +72,9 @@ class _Class:
         #: Each tenant's last finish tag, while it holds its next call back (kept when its
         #: queue empties, so that a tenant cannot leave and come back to jump the turns).
         self.finish: dict[str, float] = {}
+        #: The earliest start tag a lead gives now: each call taken early moves it on by a turn
+        #: shared among the tenants waiting, so that new tenants cannot hold the others back.
+        self.lead = -math.inf
 
     def next_tenant(self) -> str:
         """Whose call goes next (this class has calls): the smallest start tag, the earlier
@@ -78,8 +83,14 @@ class _Class:
 
     def start_tag(self, tenant: str) -> float:
         """The start tag of a call of ``tenant`` joining now: after its previous call's turn,
-        and at most :data:`BURST` of its calls before the class's progress."""
-        return max(self.virtual - BURST / self.weight(tenant), self.finish.get(tenant, -math.inf))
+        and at most its lead before the class's progress."""
+        return max(self._earliest(tenant), self.finish.get(tenant, -math.inf))
+
+    def _earliest(self, tenant: str) -> float:
+        """The earliest start tag of ``tenant``'s calls: ``BURST - 1`` of its turns before the
+        class's progress (so that, with equal weights, ``BURST`` of its calls go before the
+        next call of a backlog), and not before :attr:`lead`."""
+        return max(self.virtual - (BURST - 1) / self.weight(tenant), self.lead)
 
     def add(self, tenant: str, pending: PendingCall, *, front: bool) -> None:
         queue = self.queues.get(tenant)
@@ -98,8 +109,11 @@ class _Class:
         up or evicted, when its tenant's turn is handed back if it was the newest."""
         queue = self.queues[tenant]
         queue.remove(pending)
-        if served:
-            self.virtual = max(self.virtual, pending.turn)
+        if served and pending.turn <= self.virtual:  # early (or tied): later leads go after it
+            shared = sum(self.weight(waiting) for waiting in self.queues)
+            self.lead = max(self.lead, pending.turn) + 1 / shared
+        elif served:
+            self.virtual = pending.turn
         elif self.finish.get(tenant) == pending.turn + 1 / self.weight(tenant):
             self.finish[tenant] = pending.turn
         if queue:
@@ -107,13 +121,16 @@ class _Class:
         del self.queues[tenant]
         if not self.queues:  # nothing waits: every tenant starts afresh
             self.finish.clear()
+            self.lead = -math.inf
         elif len(self.finish) > 2 * len(self.queues) + 64:
-            # a tenant with nothing waiting is forgotten once the turns pass it, or, when too
-            # many are, at once (it may go up to BURST calls early when it comes back)
-            behind = {t: at for t, at in self.finish.items() if at > self.start_tag(t)}
-            if len(behind) > 2 * len(self.queues) + 64:
-                behind = {t: behind[t] for t in self.queues}
-            self.finish = behind
+            # a tenant with nothing waiting is forgotten once its lead is whole again, or, when
+            # too many are, at once (it may take its whole lead when it comes back)
+            kept = {
+                t: at for t, at in self.finish.items() if t in self.queues or at > self._earliest(t)
+            }
+            if len(kept) > 2 * len(self.queues) + 64:
+                kept = {t: kept[t] for t in self.queues}
+            self.finish = kept
 
     def ahead_of(self, tenant: str) -> int:
         """How many of its calls go before one of ``tenant`` joining now."""
@@ -253,6 +270,8 @@ class FairOrder:
         else:
             del self._tenants[pending.tenant]
             self._weight_waiting -= self.weight(pending.tenant)
+            if not self._tenants:  # (no drift of the sum's rounding)
+                self._weight_waiting = 0.0
 
     def _next_class(self) -> _Class:
         """The class whose oldest call came first, each class's arrivals counted ``aging``
