@@ -384,7 +384,8 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
 def render(results: dict[str, list[dict[str, float]]], command: str) -> str:
     lines = [
         f"Fairness ({time.strftime('%Y-%m-%d')}; `{command}`): a handler of 5 ms, one worker "
-        f"and one slot ({CAPACITY:.0f} calls/s); floods by wrk, the measured callers open-loop "
+        f"and one slot ({CAPACITY:.0f} calls/s); floods by wrk (noisy: 10x the capacity at "
+        "random times; backlogged and priority: closed loops), the measured callers open-loop "
         "(Poisson) from Python, both on the client core; median of the runs (every run in "
         "brackets).",
         "",
