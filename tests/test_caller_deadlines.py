@@ -138,6 +138,8 @@ def test_a_call_left_less_than_a_calls_time_when_its_turn_comes_is_never_started
     release.touch()
     status, body, _ = hopeful.result(30)
     assert status == 504, body
+    assert body["status"].startswith("the call's deadline was too near for its handler")
+    assert access_record(one_slot, "hopeful")["refused"] == "deadline"
     assert holder.result(30).status == 200
     # The estimate refuses no call with time enough, nor one without a deadline.
     assert call(one_slot, "roomy", 0, {"Request-Timeout": "30"})[0] == 200
