@@ -60,6 +60,7 @@ from typing import IO, Any
 
 from abeja_runtime.launch import RuntimeProcess, free_port
 from benchmarks.load import WrkResult, run_wrk, wrk_script
+from benchmarks.report import write_results
 from benchmarks.servers import (
     REPO,
     SERVER_ENV,
@@ -75,7 +76,6 @@ from benchmarks.servers import (
 HERE = Path(__file__).resolve().parent
 HANDLER_DIR = "batching"
 PEERS = HERE / "peers"
-RESULTS = HERE / "RESULTS.md"
 BODY = b'{"scale": 1.5}'
 SCALE = 1.5
 CONTENT_TYPE = "application/json"
@@ -507,8 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     table = render(rows, args, command)
     print(table)
     if args.write:
-        with RESULTS.open("a") as results:
-            results.write("\n" + table)
+        write_results(table, append=True)
     return 1 if any(row.wrk is None and not row.skipped for row in rows) else 0
 
 

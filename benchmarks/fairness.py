@@ -53,12 +53,11 @@ from typing import Final
 import aiohttp
 
 from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command
-from benchmarks.report import machine_info
+from benchmarks.report import machine_info, write_results
 from benchmarks.servers import REPO, SERVER_ENV
 
 HERE = Path(__file__).resolve().parent
 HANDLER_DIR = HERE / "handlers" / "fair_5ms"
-RESULTS = HERE / "RESULTS.md"
 #: The handler's own time per call, and so what one slot serves a second.
 CALL_SECONDS = 0.005
 CAPACITY = 1 / CALL_SECONDS
@@ -423,8 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     report = render(results, command)
     print(report)
     if args.write:
-        with RESULTS.open("a") as out:
-            out.write("\n" + report)
+        write_results(report, append=True)
     return 0
 
 

@@ -71,13 +71,12 @@ import aiohttp
 from abeja_runtime.launch import free_port, free_ports, runtime_command
 from benchmarks.batching import Peer
 from benchmarks.processes import PAGE_TICKS, proc_table
-from benchmarks.report import machine_info
+from benchmarks.report import machine_info, write_results
 from benchmarks.servers import REPO, SERVER_ENV, Server, ServerError
 
 HERE = Path(__file__).resolve().parent
 HANDLER_DIR = HERE / "handlers" / "chat"
 PEER = HERE / "peers" / "litserve_openai.py"
-RESULTS = HERE / "RESULTS.md"
 DEFAULT_LITSERVE_PYTHON = Path("/work/venvs/litserve/bin/python")
 #: ``litserve-async``: the same peer with ``--enable-async`` (its ``predict`` an async
 #: generator), LitServe's way to interleave streams that wait.
@@ -699,8 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     report = render(rows, args, command, machine)
     print(report)
     if args.write:
-        with RESULTS.open("a") as results:
-            results.write("\n" + report)
+        write_results(report, append=True)
     unmeasured = [row for row in rows.values() if not row.ok_runs and not row.runs[0].skipped]
     return 1 if unmeasured else 0
 

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from abeja_runtime.launch import RuntimeProcess, free_ports, runtime_command, wait_healthy
+from benchmarks.report import write_results
 
 HERE = Path(__file__).resolve().parent
 HANDLER = HERE / "handlers" / "sse"
-RESULTS = HERE / "RESULTS.md"
 
 #: The bare app: the same events as the handler, written by aiohttp itself.
 _BARE = textwrap.dedent(
@@ -232,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:
-        with RESULTS.open("a") as results:
-            results.write("\n" + table)
+        write_results(table, append=True)
     return 0
 
 
