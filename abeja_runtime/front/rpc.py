@@ -259,9 +259,9 @@ class RpcServer:
         trace = carrier(call.entry.trace)
         request_id = call.entry.request_id
         size = len(payload)
+        start_by = call.start_by()
         if size <= INLINE_LIMIT:
             gate.leave()
-            start_by = call.start_by()
             return RpcCall(
                 call.id, method, payload, metadata, request_id, 0, trace, start_by
             ), IN_FRAME
@@ -271,5 +271,4 @@ class RpcServer:
         context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
         mapped[:size] = payload
         del payload  # the front holds the message once, in the buffer, while the call runs
-        start_by = call.start_by()
         return RpcCall(call.id, method, b"", metadata, request_id, size, trace, start_by), body

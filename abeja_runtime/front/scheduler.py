@@ -142,8 +142,8 @@ class Scheduler:
                 else self.admitted - self._slots
             )
             wait = (ahead + 1) * self.call_time.mean / self._slots
-        if wait + self.call_time.mean > left:
-            raise DeadlineTooNear(wait + self.call_time.mean, left)
+        if (expected := wait + self.call_time.mean) > left:
+            raise DeadlineTooNear(expected, left)
 
     def start_by(self, deadline: float) -> float:
         """The latest a call due by ``deadline`` may start: earlier by the time a call takes,

@@ -180,7 +180,9 @@ class CallService:
 
     def _timed_out(self, pending: PendingCall, late: HttpError | None = None) -> None:
         """``pending`` is answered ``504``: its deadline passed, or it is ``late`` to start."""
-        if not pending.answer.done():
-            budget = pending.caller_budget
-            exc = CallerDeadlinePassed(budget) if budget else HandlerTimeout(self._config.timeout)
-            pending.answer.set_exception(late or exc)
+        if pending.answer.done():
+            return
+        budget = pending.caller_budget
+        if late is None:
+            late = CallerDeadlinePassed(budget) if budget else HandlerTimeout(self._config.timeout)
+        pending.answer.set_exception(late)

@@ -198,11 +198,16 @@ class Runner:
     ) -> Request | EncodedResponse:
         """The handler's request (in a span of its own, traced), or the error reply (``504``
         when its latest start has passed: its handler never starts too late to answer)."""
-        if call.start_by and time.time() + _LEAST_LEFT >= call.start_by:
+        if _too_late(call):
+            if fd is not None:  # its body, never read
+                os.close(fd)
             return self._invoker.error_reply(NotStartedInTime())
         if span is not None:
             with span.decode():
-                return self._request(call, fd, None)
+                return self._decode(call, fd)
+        return self._decode(call, fd)
+
+    def _decode(self, call: Call, fd: int | None) -> Request | EncodedResponse:
         body: IO[bytes]
         if fd is None:
             body = io.BytesIO(call.body or b"")
@@ -244,7 +249,7 @@ class Runner:
     async def _rpc(self, call: RpcCall, fd: int | None, span: HandlerSpan | None) -> None:
         rpc = self._invoker.handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
-        if call.start_by and time.time() + _LEAST_LEFT >= call.start_by:  # never too late
+        if _too_late(call):
             if fd is not None:
                 os.close(fd)
             late = NotStartedInTime()
@@ -326,4 +331,9 @@ class Runner:
         if type(frame) is Call:
             self.channel.write(Answer(frame.id, 504, (), b"", False))
         else:
-            self.channel.write(RpcAnswer(frame.id, 4, b"", "cancelled", 504))
+            self.channel.write(RpcAnswer(frame.id, _DEADLINE_EXCEEDED, b"", "cancelled", 504))
+
+
+def _too_late(call: Call | RpcCall) -> bool:
+    """Whether ``call`` is past its latest start (or less than :data:`_LEAST_LEFT` before it)."""
+    return bool(call.start_by) and time.time() + _LEAST_LEFT >= call.start_by
