@@ -40,6 +40,18 @@ def queued(server: RunningServer, count: int) -> None:
     wait_until(lambda: server.queued() >= count, 30, f"{count} calls to wait in the queue")
 
 
+def queue_in_order(
+    pool: ThreadPoolExecutor, server: RunningServer, calls: list[tuple[str, dict[str, str]]]
+) -> list[Future[Response]]:
+    """Each ``(tag, headers)`` sent once the one before it waits in the queue (the slot is
+    held): they join in this order."""
+    sent = []
+    for index, (tag, headers) in enumerate(calls):
+        sent.append(send(pool, server, tag, headers))
+        queued(server, index + 1)
+    return sent
+
+
 def start_order(server: RunningServer, tags: list[str]) -> list[str]:
     """``tags`` in the order the handler started them (their lines read, waited for)."""
     wait_until(
@@ -65,10 +77,8 @@ def test_a_flooding_tenant_gets_the_503s_and_another_is_served_first(
     )  # fmt: skip
     release = tmp_path / "release"
     held = hold(pool, server, release)
-    flood = []
-    for index in range(4):  # one after the other: a3 is the newest
-        flood.append(send(pool, server, f"a{index}", {"x-tenant": "a"}))
-        queued(server, index + 1)  # tenant a alone: it may fill every place
+    # One after the other (a3 the newest); tenant a alone: it may fill every place.
+    flood = queue_in_order(pool, server, [(f"a{index}", {"x-tenant": "a"}) for index in range(4)])
     refused = server.request("POST", "/?tag=a-extra", b"{}", {"x-tenant": "a"})
     assert refused.status == 503  # its share is full
     b = send(pool, server, "b0", {"x-tenant": "b"})  # takes the place of a's newest call
@@ -100,11 +110,11 @@ def test_tenants_are_served_in_proportion_to_their_weights(
     )  # fmt: skip
     release = tmp_path / "release"
     held = hold(pool, server, release)
-    calls = []
     tags = [f"heavy{i}" for i in range(16)] + [f"light{i}" for i in range(8)]
-    for index, tag in enumerate(tags):  # in this order
-        calls.append(send(pool, server, tag, {"x-tenant": tag.rstrip("0123456789")}))
-        queued(server, index + 1)  # (light's share of the 40 places: 10)
+    # (light's share of the 40 places: 10)
+    calls = queue_in_order(
+        pool, server, [(tag, {"x-tenant": tag.rstrip("0123456789")}) for tag in tags]
+    )
     release.touch()
     assert held.result(30).status == 200
     assert all(call.result(30).status == 200 for call in calls)
@@ -127,10 +137,12 @@ def test_a_higher_priority_goes_first_and_a_lower_one_is_not_starved(
     )  # fmt: skip
     release = tmp_path / "release"
     held = hold(pool, server, release)
-    calls = []
-    for index, priority in enumerate(["low", "normal", "high", "bogus", "high"]):
-        calls.append(send(pool, server, f"{priority}{index}", {"x-priority": priority}))
-        queued(server, index + 1)
+    priorities = ["low", "normal", "high", "bogus", "high"]
+    calls = queue_in_order(
+        pool,
+        server,
+        [(f"{name}{index}", {"x-priority": name}) for index, name in enumerate(priorities)],
+    )
     release.touch()
     assert held.result(30).status == 200
     assert all(call.result(30).status == 200 for call in calls)
@@ -230,7 +242,7 @@ def test_a_newcomer_waits_for_the_turns_not_for_the_whole_flood(
     assert newcomer.result(30).status == 200
     assert all(call.result(30).status == 200 for call in flood)
     order = start_order(server, [f"a{i}" for i in range(12)] + ["c0"])
-    # c's turn comes after at most a's credit of 4 calls (and the calls then running).
+    # c, below its share, goes before a's waiting calls: after the calls then running.
     assert order.index("c0") <= 7, order
 
 
@@ -243,10 +255,9 @@ def test_a_higher_class_takes_the_place_of_a_lower_one_when_the_queue_is_full(
     )  # fmt: skip
     release = tmp_path / "release"
     held = hold(pool, server, release)
-    lows = []
-    for index in range(2):
-        lows.append(send(pool, server, f"low{index}", {"x-priority": "low"}))
-        queued(server, index + 1)
+    lows = queue_in_order(
+        pool, server, [(f"low{index}", {"x-priority": "low"}) for index in range(2)]
+    )
     assert server.request("POST", "/?tag=low2", b"{}", {"x-priority": "low"}).status == 503
     high = send(pool, server, "high", {"x-priority": "high"})
     assert lows[1].result(30).status == 503  # the newest low call gave its place up
