@@ -6,6 +6,7 @@ Only fixtures live here; what the tests import (``RunningServer``, ``wait_until`
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,14 @@ from helpers.servers import ServerFactory
 # The runtimes tests start themselves (with the environment they inherit) have no balancer in
 # front to wait for at their stop; the drain tests give their own delay.
 os.environ.setdefault("ABEJA_RUNTIME_DRAIN_DELAY", "0")
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect after each test, so that what a test left unclosed (a client's socket) fails
+    that test with its ``ResourceWarning`` (warnings are errors), not a later one at random."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture

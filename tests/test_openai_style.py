@@ -9,6 +9,7 @@ import base64
 import http.client
 import json
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,15 @@ def served(make_module_server: ServerFactory) -> RunningServer:
 
 
 @pytest.fixture(scope="module")
-def api(served: RunningServer) -> openai.OpenAI:
-    return client(served)
+def api(served: RunningServer) -> Iterator[openai.OpenAI]:
+    with client(served) as opened:  # its connections closed after the module's tests
+        yield opened
 
 
 @pytest.fixture(scope="module")
-def plain(make_module_server: ServerFactory) -> openai.OpenAI:
-    return client(make_module_server("oa_sync", env=ENV))
+def plain(make_module_server: ServerFactory) -> Iterator[openai.OpenAI]:
+    with client(make_module_server("oa_sync", env=ENV)) as opened:
+        yield opened
 
 
 def streamed_text(stream: Any) -> tuple[str, list[Any]]:
@@ -451,13 +454,14 @@ def keyed(make_module_server: ServerFactory) -> RunningServer:
 
 
 def test_a_wrong_key_is_refused_and_the_right_one_served(keyed: RunningServer) -> None:
-    with pytest.raises(openai.AuthenticationError) as raised:
-        client(keyed, "sk-wrong").chat.completions.create(model=MODEL, messages=HELLO)
+    with pytest.raises(openai.AuthenticationError) as raised, client(keyed, "sk-wrong") as wrong:
+        wrong.chat.completions.create(model=MODEL, messages=HELLO)
     assert raised.value.code == "invalid_api_key"
     assert raised.value.message.endswith(
         "the API key sent is not one this model accepts; check the key"
     )
-    answer = client(keyed, KEY).chat.completions.create(model=MODEL, messages=HELLO)
+    with client(keyed, KEY) as right:
+        answer = right.chat.completions.create(model=MODEL, messages=HELLO)
     assert answer.choices[0].message.content == REVERSED
     assert all(KEY not in line for line in keyed.lines)
 

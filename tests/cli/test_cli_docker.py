@@ -687,10 +687,11 @@ def test_the_chat_template_streams_openai_chunks_from_a_container(
         "model", "run-local-server", "-i", base_image, "--engine", "docker", "-h", "main:chat",
         cwd=cwd,
     )  # fmt: skip
-    client = openai.OpenAI(base_url=cli.endpoint() + "/v1", api_key="unused", max_retries=0)
     request = json.loads((cwd / "request.json").read_text())
-    stream = client.chat.completions.create(**request, stream=True)
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == whole
+    url = cli.endpoint() + "/v1"
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        stream = client.chat.completions.create(**request, stream=True)
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == whole
     cli.send(signal.SIGINT)
     assert cli.wait(60) == 0, cli.output()
     assert ours(docker_client, cwd) == []
