@@ -79,8 +79,14 @@ def test_a_flooding_tenant_gets_the_503s_and_another_is_served_first(
     held = hold(pool, server, release)
     # One after the other (a3 the newest); tenant a alone: it may fill every place.
     flood = queue_in_order(pool, server, [(f"a{index}", {"x-tenant": "a"}) for index in range(4)])
-    refused = server.request("POST", "/?tag=a-extra", b"{}", {"x-tenant": "a"})
-    assert refused.status == 503  # its share is full
+    refused = server.request(
+        "POST", "/?tag=a-extra", b"{}", {"x-tenant": "a", "x-abeja-request-id": "a-extra"}
+    )
+    assert refused.status == 503  # its share is full: refused at the door, before any call
+    assert (refused.json(), refused.headers["Retry-After"]) == ({"status": "service busy"}, "1")
+    assert refused.headers["x-abeja-request-id"] == "a-extra"
+    record = server.wait_for_record(lambda r: r.get("request_id") == "a-extra")
+    assert (record["http_status"], record["tenant"], record["priority"]) == (503, "a", "normal")
     b = send(pool, server, "b0", {"x-tenant": "b"})  # takes the place of a's newest call
     assert flood[3].result(30).status == 503
     release.touch()
@@ -92,6 +98,10 @@ def test_a_flooding_tenant_gets_the_503s_and_another_is_served_first(
     metrics = server.request("GET", "/metrics", port=server.healthcheck_port).body.decode()
     assert counted(metrics, "tenant_served_requests", "b") == 1
     assert counted(metrics, "tenant_refused_requests", "a") == 2
+    busy = re.search(
+        r'^abeja_runtime_rejected_requests_total\{reason="busy"\} (\S+)$', metrics, re.M
+    )
+    assert busy is not None and float(busy.group(1)) == 2
     record = server.wait_for_record(lambda r: r.get("tenant") == "b")
     assert (record["http_status"], record["priority"]) == (200, "normal")
 

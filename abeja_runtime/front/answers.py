@@ -44,6 +44,7 @@ from abeja_runtime.front.stream_limits import StreamIdle, StreamLimits, StreamTo
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
+    from abeja_runtime.front.accounting import CallEntry
     from abeja_runtime.front.call import FrontCall
     from abeja_runtime.front.connection import Connection
 
@@ -137,7 +138,7 @@ def _reason(status: int) -> str:
 
 def send_whole(
     connection: Connection,
-    call: FrontCall,
+    entry: CallEntry,
     status: int,
     headers: Headers,
     body: bytes,
@@ -145,9 +146,9 @@ def send_whole(
     close: bool,
 ) -> None:
     """Write a whole answer on the direct path: counted (its status as sent), then its head and
-    body in one write. The caller ends the call and the connection's turn, whatever this
+    body in one write. The caller ends the entry (its call) and the connection's turn, whatever this
     raised."""
-    request_id = call.entry.request_id
+    request_id = entry.request_id
     try:
         head = answer_head(status, headers, request_id, len(body), close=close)
     except ValueError as exc:  # a header that would split the answer, or not encode
@@ -157,7 +158,7 @@ def send_whole(
         head = answer_head(status, reply.headers, request_id, len(body), close=close)
     if status in EMPTY_BODY_STATUSES:
         body = b""
-    call.entry.count(status)
+    entry.count(status)
     connection.send_direct(head, body)
 
 

@@ -50,6 +50,13 @@ class CallTime:
         bounds a round trip)."""
         return self.mean + 4 * self.spread
 
+    def expected(self, ahead: int | None, slots: int) -> float:
+        """The seconds until a call that joins now is answered: its own call, after (``None``:
+        a slot is free) the ``ahead`` calls that go before it and the one that frees its slot,
+        each a mean call, shared by the ``slots``."""
+        wait = 0.0 if ahead is None else (ahead + 1) * self.mean / slots
+        return wait + self.mean
+
     def trusted(self, calls_in_pool: int, now: float) -> bool:
         """Whether the estimate may refuse calls now: once a call was measured, while calls
         are in the pool or for :data:`_TRUSTED_FOR` after the last answer. Else a call goes

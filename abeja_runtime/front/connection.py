@@ -60,9 +60,10 @@ class DirectPath(Protocol):
         message: RawRequestMessage,
         payload: StreamReader,
         captured: int,
-    ) -> DirectCall:
-        """Start serving the request (it may be answered at once). The answer is given with
-        :meth:`Connection.send_direct`, and :meth:`Connection.direct_done` ends the call."""
+    ) -> DirectCall | None:
+        """Start serving the request (it may be answered at once: ``None`` when it was, before
+        a call began). The answer is given with :meth:`Connection.send_direct`, and
+        :meth:`Connection.direct_done` ends the call."""
 
 
 class _Taking:

@@ -2,7 +2,8 @@
 
 Nearly every model call is one HTTP/1.1 request whose body (JSON, a small image) arrives with
 its head. :class:`DirectRequests` takes such a request from the connection as soon as aiohttp's
-parser has it (``connection.py``), begins its call (``call.py``) and submits it; its
+parser has it (``connection.py``), begins its call (``call.py``) and submits it (or, when the
+pool would refuse it at once, refuses it at the door, before a call is begun); its
 :class:`DirectResponder` writes the answer from the answer's callback: no aiohttp request or
 response object, no task, no coroutine. A body above the inline limit with a
 ``Content-Length``, up to the spool threshold, is read into a buffer of shared memory first
@@ -26,7 +27,7 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from abeja_runtime.encode import error_reply
-from abeja_runtime.errors import HttpError, Unauthorized
+from abeja_runtime.errors import HttpError, ServiceBusy, Unauthorized
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
 from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
@@ -45,6 +46,7 @@ from abeja_runtime.logs import (
 )
 
 if TYPE_CHECKING:
+    from abeja_runtime.front.accounting import CallEntry
     from abeja_runtime.front.service import CallService
 
 __all__ = ["DirectRequests", "DirectResponder"]
@@ -133,7 +135,9 @@ class DirectRequests:
         message: RawRequestMessage,
         payload: StreamReader,
         captured: int,
-    ) -> DirectResponder:
+    ) -> DirectResponder | None:
+        """Begin the request's call, its answer written by the responder returned; or refuse
+        it at once, at the door (``None``; see :meth:`CallService.turned_away`)."""
         headers = message.headers
         service = self._service
         method = message.method
@@ -141,10 +145,15 @@ class DirectRequests:
         request_id = request_id_from(headers.get(REQUEST_ID_HEADER))
         requester_id = requester_id_from(headers.get(REQUESTER_ID_HEADER))
         head = CallHead(method, url.path, time.time(), request_id, requester_id, headers)
+        # (A key given: accepts() saw it.)
+        caller = None if service.keys is None else service.keys.caller(headers)
+        if not captured and (refused := service.turned_away(head, caller)) is not None:
+            _turn_away(connection, refused, close=message.should_close or service.draining)
+            return None
         responder = DirectResponder(service, connection, keep_alive=not message.should_close)
         call = responder.call = service.begin(head, responder)
-        if service.keys is not None:  # (a key given: accepts() saw it)
-            call.entry.note("caller", service.keys.caller(headers))
+        if caller is not None:
+            call.entry.note("caller", caller)
         if captured:  # read into a shared buffer first (DirectBody)
             body: bytes | None = None
             size = captured
@@ -157,6 +166,20 @@ class DirectRequests:
         else:
             call.submit(frame, IN_FRAME)
         return responder
+
+
+def _turn_away(connection: Connection, entry: CallEntry, *, close: bool) -> None:
+    """Answer a request refused at the door ``503``, and end its entry and the connection's
+    turn (whatever the writing raised)."""
+    reply = error_reply(ServiceBusy())
+    assert isinstance(reply.body, bytes)
+    sent = False
+    try:
+        send_whole(connection, entry, reply.status, reply.headers, reply.body, close=close)
+        sent = True
+    finally:
+        entry.end()
+        connection.direct_done(close=close or not sent)
 
 
 class DirectResponder:
@@ -216,7 +239,7 @@ class DirectResponder:
         close = self._closes()
         sent = False
         try:
-            send_whole(self._connection, call, status, headers, body, close=close)
+            send_whole(self._connection, call.entry, status, headers, body, close=close)
             sent = True
         finally:  # whatever failed above, the call ends (and a connection left unanswered)
             call.finish()

@@ -76,8 +76,9 @@ class Scheduler:
         #: The places in the queue beyond the slots, which tenants share by weight.
         self._places = config.workers * config.max_queue
         self.metrics: FrontMetrics | None = None
-        #: Answers a call taken out of the queue too late: 504 for its deadline, or the error given.
-        self.expired: Callable[[PendingCall, HttpError | None], None] = _no_answer
+        #: Answers a call taken out of the queue too late (504 for its deadline, or the error
+        #: given): the call service's.
+        self.expired: Callable[[PendingCall, HttpError | None], None] = lambda *_: None
         self._slots = config.workers * config.concurrency
         #: Calls a process may hold, running or waiting in its socket (:data:`PIPELINE`).
         self._most_held = config.concurrency + PIPELINE
@@ -106,34 +107,38 @@ class Scheduler:
     def submit(self, pending: PendingCall) -> None:
         """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full.
         (A call is queued only while no slot is free: the queue is sent on whenever one frees.)"""
-        queue = self._queue
+        full, queue = self.admitted >= self._capacity, self._queue
         if type(queue) is FairOrder:  # the call whose place it takes, if any, gets a 503
-            taken = queue.room_for(pending, self._places, full=self.admitted >= self._capacity)
-            if taken is not None:
+            if (taken := queue.room_for(pending, self._places, full=full)) is not None:
                 taken.abandon()
                 self._release(taken, self._clock())
                 taken.answer.set_exception(ServiceBusy())
-        elif self.admitted >= self._capacity:
+        elif full:
             raise ServiceBusy()
         self.admitted += 1
         pending.queued_at = self._clock()
         queue.append(pending)
         self.dispatch()
 
+    def turns_away(self, tenant: str, priority: int) -> bool:
+        """Whether :meth:`submit` would refuse a call of ``tenant`` in class ``priority`` now."""
+        full, queue = self.admitted >= self._capacity, self._queue
+        if type(queue) is FairOrder:
+            return queue.turns_away(tenant, priority, self._places, full=full)
+        return full
+
     def admit_before(self, pending: PendingCall, budget: float) -> None:
         """``pending``, whose caller gave it ``budget`` seconds: :class:`CallerDeadlinePassed`
-        when they passed already, :class:`DeadlineTooNear` when its expected wait and call end
-        after them. It waits while no slot is free, for the calls that go before it (by class
-        and by its tenant's turns, with those on) and the one that frees its slot, each taking
-        the running mean of a call's time (:attr:`call_time`) shared by every slot, and so does
-        its own call (none is refused while the estimate is not trusted)."""
-        now = time.time()
-        left = pending.deadline - now
+        when they passed already, :class:`DeadlineTooNear` when it would be answered after
+        them (:meth:`CallTime.expected`: it waits, while no slot is free, for the calls that go
+        before it, by class and by its tenant's turns with those on); none is refused while the
+        estimate is not trusted."""
+        left = pending.deadline - time.time()
         if left <= 0:
             raise CallerDeadlinePassed(budget)
         if not self.call_time.trusted(self.admitted, self._clock()):
             return
-        wait = 0.0
+        ahead = None
         if self.admitted >= self._slots:
             queue = self._queue
             ahead = (
@@ -141,8 +146,7 @@ class Scheduler:
                 if type(queue) is FairOrder
                 else self.admitted - self._slots
             )
-            wait = (ahead + 1) * self.call_time.mean / self._slots
-        if (expected := wait + self.call_time.mean) > left:
+        if (expected := self.call_time.expected(ahead, self._slots)) > left:
             raise DeadlineTooNear(expected, left)
 
     def start_by(self, deadline: float) -> float:
@@ -268,8 +272,7 @@ class Scheduler:
                 self.metrics.batching().released(size, reason, waits)
 
     def _expire_passed(self, queue: Waiting) -> bool:
-        """Take the calls whose deadline passed out of ``queue`` (a batch is never sent with
-        one); whether any call is left."""
+        """Take the expired calls out of ``queue`` (none goes in a batch); whether any is left."""
         wall = time.time()
         for pending in [pending for pending in queue if pending.deadline <= wall]:
             queue.remove(pending)
@@ -384,10 +387,6 @@ class Scheduler:
         for pending in requeue:
             self._queue.put_back(pending)
         self.dispatch()
-
-
-def _no_answer(pending: PendingCall, late: HttpError | None) -> None:
-    """Until the call service says how an expired call is answered."""
 
 
 def _left_batch(member: Member, pending: PendingCall) -> None:

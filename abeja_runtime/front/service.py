@@ -26,7 +26,7 @@ from abeja_runtime.front.caller_deadlines import CallerDeadlines
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
-from abeja_runtime.front.tenants import OTHER, Tenants
+from abeja_runtime.front.tenants import NORMAL, OTHER, PRIORITIES, Tenants
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.tracing import tracing_from
 
@@ -125,6 +125,32 @@ class CallService:
             if not tenants.by_key:  # (else known once its key was checked: at its submit)
                 call.tenant = tenants.tenant(head.carrier, None)
         return call
+
+    def turned_away(self, head: CallHead, caller: str | None) -> CallEntry | None:
+        """The entry of a request refused at the door, before a call is begun for it: the pool
+        would refuse its call at once (its tenant holds its share of the queue's places, or the
+        queue is full with no call of a lower class to make room), so it is answered ``503``
+        (the way in writes it, and ends the entry) and counted as the pool's refusal is, for a
+        fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins.
+        ``caller``: its API key's short hash, with keys on."""
+        tenants = self.tenants
+        tenant, priority = "", NORMAL
+        if tenants is not None:
+            tenant, priority = tenants.tenant(head.carrier, caller), tenants.priority(head.carrier)
+        if not self.pool.scheduler.turns_away(tenant, priority):
+            return None
+        entry = self.accounting.open(
+            head.method, head.path, head.received, head.request_id, head.requester_id,
+            head.carrier, rpc=head.rpc,
+        )  # fmt: skip
+        if caller is not None:
+            entry.note("caller", caller)
+        if tenants is not None:
+            entry.note("tenant", tenant)
+            entry.note("priority", PRIORITIES[priority])
+            self.metrics.tenant_call(tenants.label(tenant), False)
+        self.metrics.rejected("busy")
+        return entry
 
     def begin_job(
         self, answered: FrontCall, trace: CallTrace | None, responder: Responder

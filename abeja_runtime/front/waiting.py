@@ -231,7 +231,26 @@ class FairOrder:
         waiting call makes room, taken out and returned: the newest (of its lowest class) of
         the tenant most past its share; or the newest of a class below ``pending``'s (its own
         tenant's, when that tenant is at its share). Else :class:`ServiceBusy`."""
-        tenant = pending.tenant
+        room = self._room(pending.tenant, pending.priority, places, full)
+        if room is False:
+            raise ServiceBusy()
+        if room is True:
+            return None
+        klass, queue = room
+        taken = queue[-1]
+        self._take(klass, taken, served=False)
+        return taken
+
+    def turns_away(self, tenant: str, priority: int, places: int, *, full: bool) -> bool:
+        """Whether a call of ``tenant`` in class ``priority`` would be refused now
+        (:meth:`room_for`'s :class:`ServiceBusy`), nothing taken."""
+        return self._room(tenant, priority, places, full) is False
+
+    def _room(
+        self, tenant: str, priority: int, places: int, full: bool
+    ) -> tuple[_Class, deque[PendingCall]] | bool:
+        """:meth:`room_for`'s rule: ``True``, a call of ``tenant`` in class ``priority`` joins
+        as it is; a class and a queue, whose newest call makes room for it; ``False``, none."""
         waiting = self._tenants
         held = waiting.get(tenant, 0)
         total = self._weight_waiting if held else self._weight_waiting + self.weight(tenant)
@@ -241,25 +260,21 @@ class FairOrder:
 
         at_share = bool(held) and past_share(tenant) >= 0
         if not at_share and not full:
-            return None
-        most = max((*waiting, tenant), key=past_share)
-        if not at_share and most != tenant and past_share(most) > 0:
-            for klass in reversed(self._classes):
-                queue = klass.queues.get(most)
-                if queue:
-                    return self._take_newest(klass, queue)
-        for klass in reversed(self._classes[pending.priority + 1 :]):
+            return True
+        if not at_share:
+            most = max(waiting, key=past_share, default=tenant)
+            if most != tenant and past_share(most) > 0:
+                for klass in reversed(self._classes):
+                    queue = klass.queues.get(most)
+                    if queue:
+                        return klass, queue
+        for klass in reversed(self._classes[priority + 1 :]):
             queues = [klass.queues[tenant]] if at_share and tenant in klass.queues else []
             if not at_share:
                 queues = list(klass.queues.values())
             if queues:
-                return self._take_newest(klass, max(queues, key=lambda queue: queue[-1].queued_at))
-        raise ServiceBusy()
-
-    def _take_newest(self, klass: _Class, queue: deque[PendingCall]) -> PendingCall:
-        taken = queue[-1]
-        self._take(klass, taken, served=False)
-        return taken
+                return klass, max(queues, key=lambda queue: queue[-1].queued_at)
+        return False
 
     def _take(self, klass: _Class, pending: PendingCall, *, served: bool) -> None:
         klass.take(pending.tenant, pending, served=served)
