@@ -170,7 +170,7 @@ def test_a_whole_answer_is_counted_and_written_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         connection, call = Written(), begun(tmp_path)
         counts = call.entry
-        send_whole(connection, call, 200, JSON, b"{}", close=True)  # type: ignore[arg-type]
+        send_whole(connection, call.entry, 200, JSON, b"{}", close=True)  # type: ignore[arg-type]
         ((head, body),) = connection.sent
         assert body == b"{}" and header(head, "Content-Length") == "2"
         assert lines_of(head)[-1] == "Connection: close"
@@ -186,7 +186,7 @@ def test_a_whole_answer_with_a_bad_header_is_the_runtime_s_500(
         connection, call = Written(), begun(tmp_path)
         counts = call.entry
         headers = (*JSON, ("X-A", "a\x01b"))
-        send_whole(connection, call, 200, headers, b"{}", close=False)  # type: ignore[arg-type]
+        send_whole(connection, call.entry, 200, headers, b"{}", close=False)  # type: ignore[arg-type]
         ((head, body),) = connection.sent
         assert lines_of(head)[0] == "HTTP/1.1 500 Internal Server Error"
         assert body == UNEXPECTED_ERROR.body
@@ -203,7 +203,7 @@ def test_a_whole_answer_without_a_body_status_sends_no_body(tmp_path: Path) -> N
     async def scenario() -> None:
         connection, call = Written(), begun(tmp_path)
         counts = call.entry
-        send_whole(connection, call, 204, (), b"dropped", close=False)  # type: ignore[arg-type]
+        send_whole(connection, call.entry, 204, (), b"dropped", close=False)  # type: ignore[arg-type]
         ((head, body),) = connection.sent
         assert lines_of(head)[0] == "HTTP/1.1 204 No Content" and body == b""
         assert counts.status == 204
