@@ -30,6 +30,7 @@ __all__ = [
     "TooManyParts",
     "Unauthorized",
     "WorkerCrashed",
+    "deadline_passed",
     "handler_format_message",
 ]
 
@@ -193,10 +194,17 @@ class BodyPastDeadline(HttpError):
     status = 408
     ends_connection = True
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, *, callers: bool = False) -> None:
+        """``callers``: the deadline is the one its caller gave, of ``seconds``."""
+        limit = (
+            "the deadline its caller gave (a deadline header, or gRPC's own): send the body "
+            "sooner, or give a longer one"
+            if callers
+            else "ABEJA_RUNTIME_TIMEOUT (--timeout)"
+        )
         super().__init__(
             f"request body not received within the request's deadline of {seconds:g} s; the "
-            "limit is ABEJA_RUNTIME_TIMEOUT (--timeout)"
+            f"limit is {limit}"
         )
 
 
@@ -304,3 +312,9 @@ class CallerDeadlinePassed(HandlerTimeout):
             "deadline header, or gRPC's deadline); give the call more time",
         )
         self.timeout = budget
+
+
+def deadline_passed(budget: float, timeout: float) -> HandlerTimeout:
+    """The ``504`` of a call whose deadline passed: the one its caller gave (``budget``
+    seconds), or else ``--timeout``'s (``timeout``)."""
+    return CallerDeadlinePassed(budget) if budget else HandlerTimeout(timeout)

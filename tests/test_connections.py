@@ -175,21 +175,28 @@ def test_a_body_that_stops_arriving_gets_408_and_is_counted(
     assert server.wait_for_record(lambda r: r.get("http_status") == 408)
 
 
+@pytest.mark.parametrize("limit", ["--timeout", "the caller's"])
 @pytest.mark.parametrize("framing", ["1 MiB", "chunked"])
 def test_a_body_still_trickling_in_at_the_deadline_gets_408(
-    make_server: ServerFactory, framing: str
+    make_server: ServerFactory, framing: str, limit: str
 ):
     """A client that sends a byte now and then keeps clear of the progress timeout, not of
-    the request's deadline: its body's reading ends there with a 408, and the connection is
-    closed (its place is then free for a body that may yet be answered in time)."""
-    server = make_server("rq_echo", "--timeout", "1", "--request-head-timeout", "5")
+    the request's deadline (``--timeout``'s, or a nearer one its caller gave): its body's
+    reading ends there with a 408, and the connection is closed (its place is then free for a
+    body that may yet be answered in time)."""
+    callers = limit == "the caller's"
+    timeout = "60" if callers else "1"
+    server = make_server("rq_echo", "--timeout", timeout, "--request-head-timeout", "5")
+    given = b"Request-Timeout: 1\r\n" if callers else b""
     sock = connect(server)
     if framing == "1 MiB":  # read from the socket into a shared buffer, past the parser
-        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n" + given + b"\r\n")
         sock.sendall(b"x" * 100_000)
         byte = b"x"
     else:
-        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + given + b"\r\n"
+        )
         byte = b"1\r\nx\r\n"
     # The client's pace (what is tested): a byte every 0.3 s until the answer comes, 9 s at
     # most. The answer says which limit ended it: the 1 s deadline, not the 5 s progress one.
@@ -201,6 +208,7 @@ def test_a_body_still_trickling_in_at_the_deadline_gets_408(
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
     assert b"not received within the request's deadline of 1 s" in answer
+    assert (b"the limit is the deadline its caller gave" in answer) is callers, answer[-300:]
     body = bytes(range(256)) * 4096
     answer = server.request("POST", "/", body, {"Content-Type": "application/octet-stream"})
     assert answer.status == 200

@@ -20,7 +20,7 @@ from collections import deque
 from typing import IO, TYPE_CHECKING, Final
 
 from abeja_runtime.config import Config
-from abeja_runtime.errors import BodyPastDeadline, HandlerTimeout, ServiceBusy
+from abeja_runtime.errors import BodyPastDeadline, ServiceBusy, deadline_passed
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.spool import Scratch
 
@@ -93,20 +93,20 @@ class BodyPlaces:
         its call, and it is refused (``503``) before it is read."""
         return self.gate.waiting < self._pool.free_places()
 
-    async def enter(self) -> None:
+    async def enter(self, deadline: float | None, budget: float) -> None:
         """A place, waiting for one if all are held; the wait counts as waiting in the queue,
-        and ends at the request's deadline (``504``); ``503`` at once when the queue could not
-        take the call."""
+        and ends at the call's ``deadline`` (``504``; ``budget``: the seconds its caller gave,
+        when they set it); ``503`` at once when the queue could not take the call."""
         gate = self.gate
         if not self.may_read():
             raise ServiceBusy()
         if gate.try_enter():
             return
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self.time_left(deadline)):
                 await gate.enter()
         except TimeoutError:
-            raise HandlerTimeout(self._timeout or 0) from None
+            raise deadline_passed(budget, self._timeout or 0) from None
 
     def held(self, size: int) -> tuple[Body, mmap.mmap]:
         """A shared buffer for a body of ``size`` bytes whose place is held; the mapping is the
@@ -120,15 +120,15 @@ class BodyPlaces:
         body.gate = self.gate
         return body, mapped
 
-    def time_left(self, received: float) -> float | None:
-        """Seconds to the deadline of a call received at ``received`` (``None``: none)."""
-        if self._timeout is None:
-            return None
-        return max(0.0, received + self._timeout - time.time())
+    @staticmethod
+    def time_left(deadline: float | None) -> float | None:
+        """Seconds to a call's ``deadline`` (``time.time()``; ``None``: none)."""
+        return None if deadline is None else max(0.0, deadline - time.time())
 
-    def past_deadline(self) -> BodyPastDeadline:
-        """The error of a body still arriving at its request's deadline."""
-        return BodyPastDeadline(self._timeout or 0)
+    def past_deadline(self, budget: float) -> BodyPastDeadline:
+        """The error of a body still arriving at its call's deadline: the one its caller gave
+        (``budget`` seconds), or ``--timeout``'s."""
+        return BodyPastDeadline(budget or self._timeout or 0, callers=bool(budget))
 
 
 class BodyGate:

@@ -207,7 +207,8 @@ class DirectResponder:
             self._connection,
             payload,
             frame.body_size,
-            call.entry.received,
+            call.deadline,
+            call.caller_budget,
             lambda body: call.submit(frame, body),
             self._body_failed,
         )

@@ -6,14 +6,14 @@ the direct path itself: it takes a place in the front's :class:`~abeja_runtime.f
 BodyGate` (waiting in line, unread in its connection, while all are held), then a shared
 buffer, into which the connection reads the body straight from the socket
 (:meth:`~abeja_runtime.front.capture.CapturingConnection.capture_body`). Then the call is submitted.
-A body that stops arriving, or is still arriving at the request's deadline, fails with
-``408``, and the connection closes.
+A body that stops arriving, or is still arriving at its call's deadline (the nearer of the one
+its caller gave and ``--timeout``'s), fails with ``408``, and the connection closes.
 
 A body waiting in line needs no timer of its own: places are handed out in arrival order, and
-each one held ends by its holder's deadline, which is earlier than the waiting request's
-(the body read by then, the call answered or withdrawn), except under the calls that are
-running, which are fewer than the places. A request whose place comes after its deadline
-anyway gets its ``504`` when its call is submitted.
+each one held ends by its holder's deadline (the body read by then, the call answered or
+withdrawn), which is earlier than the waiting request's unless that one's caller gave a nearer
+one, or under the calls that are running, which are fewer than the places. A request whose
+place comes after its deadline gets its ``504`` when its call is submitted.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ class DirectBody:
 
     __slots__ = (
         "_body",
+        "_budget",
         "_capture",
         "_connection",
+        "_deadline",
         "_failed",
         "_payload",
         "_ready",
-        "_received",
         "_service",
         "_timer",
         "_turn",
@@ -60,15 +61,18 @@ class DirectBody:
         connection: Connection,
         payload: StreamReader,
         size: int,
-        received: float,
+        deadline: float | None,
+        budget: float,
         ready: Callable[[Body], None],
         failed: Callable[[HttpError], None],
     ) -> None:
+        """``deadline``: the call's (``time.time()``; ``None``: none), and ``budget``, the
+        seconds its caller gave when they set it (0: ``--timeout`` did)."""
         self._service = service
         self._connection = connection
         self._payload = payload
         self.size = size
-        self._received = received
+        self._deadline, self._budget = deadline, budget
         self._ready = ready
         self._failed = failed
         self._turn: asyncio.Future[None] | None = None
@@ -125,7 +129,7 @@ class DirectBody:
             self._hand_over()
             return
         capture = self._capture
-        left = self._service.bodies.time_left(self._received)
+        left = self._service.bodies.time_left(self._deadline)
         connection.watch_body(
             lambda: capture.arriving, self._stalled, lambda: capture.received, self.size, left
         )
@@ -152,7 +156,7 @@ class DirectBody:
         """Still arriving at the request's deadline: ``408`` (the connection closes), and
         the place goes to a body that may yet be answered in time."""
         self._timer = None
-        self._stop_reading(self._service.bodies.past_deadline())
+        self._stop_reading(self._service.bodies.past_deadline(self._budget))
 
     def _stop_reading(self, exc: HttpError) -> None:
         assert self._capture is not None

@@ -244,7 +244,7 @@ class RpcServer:
         holds the answer twice until then."""
         service = self._service
         gate = service.bodies.gate
-        await service.bodies.enter()
+        await service.bodies.enter(call.deadline, call.caller_budget)
         try:
             # The next message of the connection is read once this one is in its buffer: no
             # await comes between the read and the copy below.

@@ -130,7 +130,7 @@ class HttpServer:
                 raise ServiceUnavailable()
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)
-            body = await self._read_body(request, call.entry.received)
+            body = await self._read_body(request, call)
         except HttpError as exc:
             call.refuse(exc)
             return None
@@ -148,7 +148,7 @@ class HttpServer:
             request.method, request.rel_url, request.raw_headers, body.data, body.size, spool_path
         )
 
-    async def _read_body(self, request: BaseRequest, received: float) -> Body:
+    async def _read_body(self, request: BaseRequest, call: FrontCall) -> Body:
         """The whole body, counted against the limit: in the frame up to
         :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
         in a spool file above it."""
@@ -158,10 +158,11 @@ class HttpServer:
         decoder = decoder_for(request.headers.get("Content-Encoding"))
         declared = request.content_length
         if declared is not None and declared <= INLINE_LIMIT and decoder is None:
-            return await self._read_in_time(request, received, decoder, in_place=False)
-        await self.call_service.bodies.enter()  # a compressed body may grow past the inline limit
+            return await self._read_in_time(request, call, decoder, in_place=False)
+        # A compressed body may grow past the inline limit.
+        await self.call_service.bodies.enter(call.deadline, call.caller_budget)
         try:
-            body = await self._read_in_time(request, received, decoder, in_place=True)
+            body = await self._read_in_time(request, call, decoder, in_place=True)
         except BaseException:
             self.call_service.bodies.gate.leave()
             raise
@@ -171,22 +172,22 @@ class HttpServer:
     async def _read_in_time(
         self,
         request: BaseRequest,
-        received: float,
+        call: FrontCall,
         decoder: BodyDecoder | None,
         *,
         in_place: bool,
     ) -> Body:
-        """The body read whole, or ``408`` when it is still arriving at the request's deadline
+        """The body read whole, or ``408`` when it is still arriving at the call's deadline
         (a client trickling a byte now and then would otherwise hold its place for ever), or,
         ``in_place``, when it arrives slower than the minimum rate."""
-        left = self.call_service.bodies.time_left(received)
+        left = self.call_service.bodies.time_left(call.deadline)
         if left is None or request.content.is_eof():
             return await self._read_whole(request, decoder, in_place, left)
         try:
             async with asyncio.timeout(left):
                 return await self._read_whole(request, decoder, in_place, left)
         except TimeoutError:
-            raise self.call_service.bodies.past_deadline() from None
+            raise self.call_service.bodies.past_deadline(call.caller_budget) from None
 
     async def _read_whole(
         self,

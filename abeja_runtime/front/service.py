@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
-from abeja_runtime.errors import CallerDeadlinePassed, HandlerTimeout, HttpError
+from abeja_runtime.errors import HttpError, deadline_passed
 from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.body import BodyPlaces
@@ -208,7 +208,6 @@ class CallService:
         """``pending`` is answered ``504``: its deadline passed, or it is ``late`` to start."""
         if pending.answer.done():
             return
-        budget = pending.caller_budget
         if late is None:
-            late = CallerDeadlinePassed(budget) if budget else HandlerTimeout(self._config.timeout)
+            late = deadline_passed(pending.caller_budget, self._config.timeout)
         pending.answer.set_exception(late)

@@ -131,14 +131,14 @@ def test_a_body_waits_for_a_place_and_is_refused_when_the_queue_could_not_take_i
         fake, calls, _ = service(tmp_path, max_queue=1)  # places: 1 + 4; queue room: 2
         fake.made[0].ready()
         for _ in range(5):
-            await calls.bodies.enter()  # every place taken at once
-        waiter = asyncio.ensure_future(calls.bodies.enter())
+            await calls.bodies.enter(None, 0.0)  # every place taken at once
+        waiter = asyncio.ensure_future(calls.bodies.enter(None, 0.0))
         await asyncio.sleep(0)
         assert not waiter.done() and calls.bodies.gate.waiting == 1
-        second = asyncio.ensure_future(calls.bodies.enter())
+        second = asyncio.ensure_future(calls.bodies.enter(None, 0.0))
         await asyncio.sleep(0)  # two wait: as many as the queue takes
         with pytest.raises(ServiceBusy):
-            await calls.bodies.enter()
+            await calls.bodies.enter(None, 0.0)
         calls.bodies.gate.leave()  # a place comes free: the first in line takes it
         await asyncio.wait_for(waiter, 5)
         assert not second.done()
