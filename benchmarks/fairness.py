@@ -18,8 +18,11 @@ Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the client
   random ``Request-Timeout`` from 5 ms to 100 ms and its absolute deadline in ``x-deadline-at``:
   the calls the handler started after their deadline as the runtime reckons it (its access
   record's arrival plus the budget; the target: none), the same by the client's clock (which
-  starts the budget before the request is sent), and the calls refused for their deadline
-  (``504``, or ``503`` before waiting) that the handler had started;
+  starts the budget before the request is sent); the calls the runtime refused for their
+  deadline (``503`` at once, or ``504`` past their latest start: their access records'
+  ``refused``), and those of them the handler had started (the target: none); and the calls
+  started in time that were still running at their deadline, answered ``504`` then (a timeout,
+  as at ``--timeout``: a call that runs is not refused);
 * ``priority``: ``low`` calls flooding (wrk) and ``high`` calls at 10 % of what it serves,
   ``--priority-header x-priority``: the high calls' latency less the handler's 5 ms, against
   one running call (the target: at most one call's time, as a call that runs is not
@@ -219,17 +222,20 @@ class Runtime:
         pairs = (line.split() for line in self.log.read_text().splitlines())
         return {pair[0]: float(pair[1]) for pair in pairs if len(pair) == 2}
 
-    def deadlines(self) -> dict[str, float]:
+    def deadlines(self) -> tuple[dict[str, float], set[str]]:
         """Each call's deadline as the runtime reckons it (its access record's arrival plus the
-        ``deadline`` it noted), by the tag sent as its request id."""
-        found = {}
+        ``deadline`` it noted), by the tag sent as its request id; and the tags of the calls
+        it refused for their deadline (their records' ``refused``)."""
+        found, refused = {}, set()
         for line in self.records:
             if '"deadline"' not in line:
                 continue
             record = json.loads(line)
             arrived = datetime.fromisoformat(record["request_timestamp"]).timestamp()
             found[record["request_id"]] = arrived + float(record["deadline"])
-        return found
+            if record.get("refused") == "deadline":
+                refused.add(record["request_id"])
+        return found, refused
 
     def stop(self) -> None:
         self.process.stop(30)
@@ -325,7 +331,7 @@ def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     try:
         asyncio.run(_session_run(lambda s: open_loop(s, url, rate, seconds, headers, sent)))
         server.stop()  # its last access records written
-        started, reckoned = server.started(), server.deadlines()
+        started, (reckoned, refused) = server.started(), server.deadlines()
     finally:
         server.stop()
     late = [started[tag] - reckoned[tag] for tag in started if tag in reckoned]
@@ -338,7 +344,9 @@ def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         "started_calls_checked": len(late),
         "started_late_by_the_clients_clock": sent.late_starts,
         "clients_clock_late_by_ms_at_most": sent.latest_start * 1000,
-        "refused_after_starting": sum(tag in started for tag in sent.refused),
+        "deadline_refusals_started": sum(tag in started for tag in refused),
+        "deadline_refusals": len(refused),
+        "cut_at_the_deadline_while_running": sum(tag in started for tag in sent.refused),
     }
 
 
