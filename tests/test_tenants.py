@@ -79,14 +79,14 @@ def test_a_flooding_tenant_gets_the_503s_and_another_is_served_first(
     held = hold(pool, server, release)
     # One after the other (a3 the newest); tenant a alone: it may fill every place.
     flood = queue_in_order(pool, server, [(f"a{index}", {"x-tenant": "a"}) for index in range(4)])
-    refused = server.request(
-        "POST", "/?tag=a-extra", b"{}", {"x-tenant": "a", "x-abeja-request-id": "a-extra"}
-    )
+    extra = {"x-tenant": "a", "x-abeja-request-id": "a-extra", "Request-Timeout": "30"}
+    refused = server.request("POST", "/?tag=a-extra", b"{}", extra)
     assert refused.status == 503  # its share is full: refused at the door, before any call
     assert (refused.json(), refused.headers["Retry-After"]) == ({"status": "service busy"}, "1")
     assert refused.headers["x-abeja-request-id"] == "a-extra"
     record = server.wait_for_record(lambda r: r.get("request_id") == "a-extra")
     assert (record["http_status"], record["tenant"], record["priority"]) == (503, "a", "normal")
+    assert (record["deadline"], "refused" in record) == (30, False)  # busy, not its deadline
     b = send(pool, server, "b0", {"x-tenant": "b"})  # takes the place of a's newest call
     assert flood[3].result(30).status == 503
     release.touch()

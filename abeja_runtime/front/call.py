@@ -199,7 +199,9 @@ class FrontCall:
             self.entry.note("priority", PRIORITIES[self.priority])
         try:
             if self.caller_budget:  # the caller's own deadline: refused if too near
-                service.pool.admit_before(ticket, self.caller_budget)
+                service.pool.admit_before(
+                    ticket.deadline, self.caller_budget, ticket.tenant, ticket.priority
+                )
             service.pool.submit(ticket)
         except (ServiceBusy, HandlerTimeout) as exc:
             ticket.finish()

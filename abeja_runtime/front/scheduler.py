@@ -127,13 +127,13 @@ class Scheduler:
             return queue.turns_away(tenant, priority, self._places, full=full)
         return full
 
-    def admit_before(self, pending: PendingCall, budget: float) -> None:
-        """``pending``, whose caller gave it ``budget`` seconds: :class:`CallerDeadlinePassed`
-        when they passed already, :class:`DeadlineTooNear` when it would be answered after
-        them (:meth:`CallTime.expected`: it waits, while no slot is free, for the calls that go
-        before it, by class and by its tenant's turns with those on); none is refused while the
-        estimate is not trusted."""
-        left = pending.deadline - time.time()
+    def admit_before(self, deadline: float, budget: float, tenant: str, priority: int) -> None:
+        """A call of ``tenant`` in class ``priority`` whose caller gave it ``budget`` seconds, to
+        ``deadline``: :class:`CallerDeadlinePassed` when they passed already,
+        :class:`DeadlineTooNear` when it would be answered after them (:meth:`CallTime.expected`:
+        it waits, while no slot is free, for the calls that go before it, by class and by its
+        tenant's turns with those on); none is refused while the estimate is not trusted."""
+        left = deadline - time.time()
         if left <= 0:
             raise CallerDeadlinePassed(budget)
         if not self.call_time.trusted(self.admitted, self._clock()):
@@ -142,7 +142,7 @@ class Scheduler:
         if self.admitted >= self._slots:
             queue = self._queue
             ahead = (
-                queue.ahead_of(pending.tenant, pending.priority)
+                queue.ahead_of(tenant, priority)
                 if type(queue) is FairOrder
                 else self.admitted - self._slots
             )

@@ -5,7 +5,9 @@ buffers for bodies (:class:`Body`), the accounting and the traces.
 Three ways lead into the front: aiohttp's request handling (``server.py``), the direct path
 (``direct.py``, ``direct_body.py``) and gRPC (``rpc.py``). Each parses its request into a
 :class:`CallHead`, begins a :class:`~abeja_runtime.front.call.FrontCall` with it, reads the
-body and submits the call; the call's life is written once, in ``call.py``.
+body and submits the call; the call's life is written once, in ``call.py``. The direct path
+asks first whether the pool would refuse the request at once (:meth:`CallService.turned_away`):
+such a request is refused at the door, counted and recorded, and no call is begun for it.
 """
 
 from __future__ import annotations
@@ -105,20 +107,10 @@ class CallService:
 
     def begin(self, head: CallHead, responder: Responder) -> FrontCall:
         """A call of a parsed request: counted in flight, its span begun, until it finishes."""
-        entry = self.accounting.open(
-            head.method, head.path, head.received, head.request_id, head.requester_id,
-            head.carrier, rpc=head.rpc,
-        )  # fmt: skip
+        given, deadline, budget = self._deadline(head)
+        entry = self._open(head, given)
         call = FrontCall(self, entry, responder)
-        caller_deadlines = self.caller_deadlines
-        budget = head.budget
-        if budget is None and head.carrier is not None and not head.rpc:
-            budget = caller_deadlines.budget(head.carrier)
-        call.deadline = caller_deadlines.deadline(head.received, budget)
-        if budget is not None:
-            entry.note("deadline", round(budget, 6))
-            if self.timeout is None or budget < self.timeout:
-                call.caller_budget = budget
+        call.deadline, call.caller_budget = deadline, budget
         tenants = self.tenants
         if tenants is not None and head.carrier is not None:
             call.priority = tenants.priority(head.carrier)
@@ -131,25 +123,55 @@ class CallService:
         would refuse its call at once (its tenant holds its share of the queue's places, or the
         queue is full with no call of a lower class to make room), so it is answered ``503``
         (the way in writes it, and ends the entry) and counted as the pool's refusal is, for a
-        fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins.
+        fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins
+        (and one its caller's deadline would refuse is refused for that, as a call).
         ``caller``: its API key's short hash, with keys on."""
         tenants = self.tenants
         tenant, priority = "", NORMAL
         if tenants is not None:
             tenant, priority = tenants.tenant(head.carrier, caller), tenants.priority(head.carrier)
-        if not self.pool.scheduler.turns_away(tenant, priority):
+        scheduler = self.pool.scheduler
+        given, deadline, budget = self._deadline(head)
+        if budget:  # (a deadline before --timeout's: with one, ``deadline`` is not None)
+            try:
+                scheduler.admit_before(deadline or 0.0, budget, tenant, priority)
+            except HttpError:
+                return None
+        if not scheduler.turns_away(tenant, priority):
             return None
-        entry = self.accounting.open(
-            head.method, head.path, head.received, head.request_id, head.requester_id,
-            head.carrier, rpc=head.rpc,
-        )  # fmt: skip
+        metrics = self.metrics
+        metrics.rejected("busy")
+        if tenants is not None:
+            metrics.tenant_call(tenants.label(tenant), False)
+        entry = self._open(head, given)
         if caller is not None:
             entry.note("caller", caller)
         if tenants is not None:
             entry.note("tenant", tenant)
             entry.note("priority", PRIORITIES[priority])
-            self.metrics.tenant_call(tenants.label(tenant), False)
-        self.metrics.rejected("busy")
+        return entry
+
+    def _deadline(self, head: CallHead) -> tuple[float | None, float | None, float]:
+        """A call's deadline, from its head: the seconds its caller gave (``None``: none), its
+        deadline (``time.time()``; ``None``: none), the nearer of theirs and ``--timeout``'s,
+        and its caller's seconds again when they set it (0: ``--timeout`` did, or none)."""
+        caller_deadlines = self.caller_deadlines
+        given = head.budget
+        if given is None and head.carrier is not None and not head.rpc:
+            given = caller_deadlines.budget(head.carrier)
+        deadline = caller_deadlines.deadline(head.received, given)
+        nearer = given is not None and (self.timeout is None or given < self.timeout)
+        return given, deadline, given if nearer and given is not None else 0.0
+
+    def _open(self, head: CallHead, given: float | None) -> CallEntry:
+        """The entry of a request with this head, counted in flight until it ends (``given``:
+        its caller's seconds, noted)."""
+        entry = self.accounting.open(
+            head.method, head.path, head.received, head.request_id, head.requester_id,
+            head.carrier, rpc=head.rpc,
+        )  # fmt: skip
+        if given is not None:
+            entry.note("deadline", round(given, 6))
         return entry
 
     def begin_job(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -176,3 +177,32 @@ def test_new_tenants_cannot_hold_a_backlog_back() -> None:
     # Each new tenant has its lead, yet x keeps a part (each call taken early moves the leads
     # on): without that, x got no call at all.
     assert taken[1000:].count("x") >= 80
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_turning_away_at_the_door_is_what_room_for_refuses(seed: int) -> None:
+    """The door's question (``turns_away``, nothing taken) and the queue's answer
+    (``room_for``'s ServiceBusy) agree, over random queues of three tenants and three classes,
+    weighed, full or not."""
+    rng = random.Random(seed)
+    order = fair({"a": 3, "b": 1})
+    places = 12
+    checked = 0
+    for _ in range(400):
+        tenant, priority = rng.choice("abc"), rng.randrange(3)
+        full = len(order) >= places
+        refused = order.turns_away(tenant, priority, places, full=full)
+        before = len(order)
+        newcomer = Waiter(tenant, priority)
+        try:
+            taken = order.room_for(newcomer, places, full=full)  # type: ignore[arg-type]
+        except ServiceBusy:
+            assert refused and len(order) == before
+            checked += 1
+        else:
+            assert not refused
+            assert len(order) == before - (taken is not None)
+            order.append(newcomer)  # type: ignore[arg-type]
+        if order and rng.random() < 0.3:
+            order.popleft()
+    assert checked  # some were refused: the comparison covered both answers
