@@ -214,6 +214,27 @@ def test_a_body_still_trickling_in_at_the_deadline_gets_408(
     assert answer.status == 200
 
 
+def test_a_big_body_waiting_for_a_place_gets_504_at_its_callers_deadline(
+    make_server: ServerFactory,
+):
+    """Every body's place held by stalled bodies (5 for one process), a sixth whose caller gave
+    1 s waits in line for that long at most: its 504 says why, its connection closes."""
+    server = make_server("rq_echo", "--request-head-timeout", "30")
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n"
+    with contextlib.ExitStack() as stack:
+        for _ in range(5):
+            holder = stack.enter_context(connect(server))
+            holder.sendall(head + b"\r\n" + b"x" * 100_000)
+        wait_until(lambda: server.in_flight() == 5, 30, "five bodies to hold the places")
+        waiting = stack.enter_context(connect(server))
+        waiting.sendall(head + b"Request-Timeout: 1\r\n\r\n" + b"x" * 100_000)
+        answer = read_until_closed(waiting)
+    assert answer.startswith(b"HTTP/1.1 504 "), answer[:200]
+    assert b"the caller's deadline gave" in answer, answer[-300:]
+    record = server.wait_for_record(lambda r: r.get("http_status") == 504)
+    assert record["deadline"] == 1
+
+
 def test_stalled_big_bodies_give_their_places_back(make_server: ServerFactory):
     """More stalled 1 MiB bodies than the front reads at a time (5 for one process): each gets
     its 408 (those that waited for a place once one is given back), and a big body is served

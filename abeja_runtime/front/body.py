@@ -20,7 +20,7 @@ from collections import deque
 from typing import IO, TYPE_CHECKING, Final
 
 from abeja_runtime.config import Config
-from abeja_runtime.errors import BodyPastDeadline, ServiceBusy, deadline_passed
+from abeja_runtime.errors import BodyPastDeadline, HttpError, ServiceBusy, deadline_passed
 from abeja_runtime.mapped import BodyBuffers
 from abeja_runtime.spool import Scratch
 
@@ -106,7 +106,12 @@ class BodyPlaces:
             async with asyncio.timeout(self.time_left(deadline)):
                 await gate.enter()
         except TimeoutError:
-            raise deadline_passed(budget, self._timeout or 0) from None
+            raise self.not_placed_in_time(budget) from None
+
+    def not_placed_in_time(self, budget: float) -> HttpError:
+        """The ``504`` of a body whose call's deadline passed while it waited for a place (the
+        one its caller gave, ``budget`` seconds, or ``--timeout``'s)."""
+        return deadline_passed(budget, self._timeout or 0)
 
     def held(self, size: int) -> tuple[Body, mmap.mmap]:
         """A shared buffer for a body of ``size`` bytes whose place is held; the mapping is the

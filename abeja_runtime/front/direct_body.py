@@ -9,11 +9,8 @@ buffer, into which the connection reads the body straight from the socket
 A body that stops arriving, or is still arriving at its call's deadline (the nearer of the one
 its caller gave and ``--timeout``'s), fails with ``408``, and the connection closes.
 
-A body waiting in line needs no timer of its own: places are handed out in arrival order, and
-each one held ends by its holder's deadline (the body read by then, the call answered or
-withdrawn), which is earlier than the waiting request's unless that one's caller gave a nearer
-one, or under the calls that are running, which are fewer than the places. A request whose
-place comes after its deadline gets its ``504`` when its call is submitted.
+A body waits in line (places are handed out in arrival order) until its call's deadline at
+most: then it gets its ``504``, and the connection closes, the body unread.
 """
 
 from __future__ import annotations
@@ -94,12 +91,26 @@ class DirectBody:
         self._turn = gate.wait()
         self._turn.add_done_callback(self._placed)
         self._connection.hold_body(self._payload)
+        left = self._service.bodies.time_left(self._deadline)
+        if left is not None:
+            self._timer = self._service.loop.call_later(left, self._not_placed_in_time)
 
     def _placed(self, turn: asyncio.Future[None]) -> None:
         if turn is not self._turn or turn.cancelled():  # given up meanwhile
             return
         self._turn = None
+        self._stop_timer()
         self._read()
+
+    def _not_placed_in_time(self) -> None:
+        """Its call's deadline passed while it waited for a place: ``504``, nothing held (the
+        connection closes, the body unread)."""
+        self._timer = None
+        turn, self._turn = self._turn, None
+        assert turn is not None
+        bodies = self._service.bodies
+        bodies.gate.give_up(turn)
+        self._failed(bodies.not_placed_in_time(self._budget))
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from abeja_runtime.errors import HandlerTimeout, ServiceBusy
+from abeja_runtime.errors import CallerDeadlinePassed, HandlerTimeout, ServiceBusy
 from abeja_runtime.frames import Answer, Call, Cancel
 from abeja_runtime.front.accounting import CLIENT_CLOSED
 from abeja_runtime.front.body import IN_FRAME
@@ -143,6 +143,20 @@ def test_a_body_waits_for_a_place_and_is_refused_when_the_queue_could_not_take_i
         await asyncio.wait_for(waiter, 5)
         assert not second.done()
         second.cancel()
+
+    run(scenario)
+
+
+def test_a_body_waiting_for_a_place_gets_its_504_at_its_callers_deadline(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fake, calls, _ = service(tmp_path, max_queue=1)  # places: 1 + 4
+        fake.made[0].ready()
+        for _ in range(5):
+            await calls.bodies.enter(None, 0.0)  # every place taken at once
+        given = re.escape("0.05 s the caller's deadline gave")
+        with pytest.raises(CallerDeadlinePassed, match=given):
+            await calls.bodies.enter(time.time() + 0.05, 0.05)
+        assert calls.bodies.gate.waiting == 0  # it left the line
 
     run(scenario)
 
