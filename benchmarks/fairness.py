@@ -346,7 +346,9 @@ def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         "clients_clock_late_by_ms_at_most": sent.latest_start * 1000,
         "deadline_refusals_started": sum(tag in started for tag in refused),
         "deadline_refusals": len(refused),
-        "cut_at_the_deadline_while_running": sum(tag in started for tag in sent.refused),
+        "cut_at_the_deadline_while_running": sum(
+            tag in started and tag not in refused for tag in sent.refused
+        ),
     }
 
 
