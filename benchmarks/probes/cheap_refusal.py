@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -68,23 +70,32 @@ def main() -> None:
     if args.stand_in:
         stand_in(args.stand_in)
         return
-    with tempfile.TemporaryDirectory(prefix="abeja-cheap-refusal-") as tmp:
-        runtime = Runtime(
-            ["--tenant-header", "x-tenant", "--tenant-weights", "a=1,b=1"],
-            args.server_cores,
-            Path(tmp),
-        )
+    with (
+        tempfile.TemporaryDirectory(prefix="abeja-cheap-refusal-") as tmp,
+        runtime_and_stand_in(args.server_cores, Path(tmp)) as (runtime, port),
+    ):
+        for run in range(args.runs):
+            print(_run(args, runtime.port, port, Path(tmp), run), flush=True)
+
+
+@contextlib.contextmanager
+def runtime_and_stand_in(cores: str, tmp: Path) -> Iterator[tuple[Runtime, int]]:
+    """The runtime (with ``--tenant-header x-tenant``, as fairness's noisy scenario) and the
+    stand-in, each pinned to ``cores``, started and then stopped: the runtime and the stand-in's
+    port."""
+    runtime = Runtime(["--tenant-header", "x-tenant", "--tenant-weights", "a=1,b=1"], cores, tmp)
+    try:
         (port,) = free_ports(1)
         command = [sys.executable, "-m", "benchmarks.probes.cheap_refusal", "--stand-in", str(port)]
-        refuser = subprocess.Popen(["taskset", "-c", args.server_cores, *command])
+        refuser = subprocess.Popen(["taskset", "-c", cores, *command])
         try:
             wait_healthy("127.0.0.1", port, timeout=30, exit_code=refuser.poll)
-            for run in range(args.runs):
-                print(_run(args, runtime.port, port, Path(tmp), run), flush=True)
+            yield runtime, port
         finally:
             refuser.terminate()
             refuser.wait(10)
-            runtime.stop()
+    finally:
+        runtime.stop()
 
 
 def _run(

@@ -17,12 +17,10 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from abeja_runtime.launch import free_ports, wait_healthy
-from benchmarks.fairness import Runtime
+from benchmarks.probes.cheap_refusal import runtime_and_stand_in
 
 _LUA = 'wrk.method = "POST"\nwrk.body = "{}"\nwrk.headers["Content-Type"] = "application/json"\n'
 
@@ -50,27 +48,16 @@ def main() -> None:
     parser.add_argument("--client-cores", default="0")
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"runtime": [], "bare aiohttp": []}
-    with tempfile.TemporaryDirectory(prefix="abeja-refusal-rate-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="abeja-refusal-rate-") as tmp,
+        runtime_and_stand_in(args.server_cores, Path(tmp)) as (runtime, port),
+    ):
         script = Path(tmp) / "flood.lua"
         script.write_text(_LUA)
-        runtime = Runtime(
-            ["--tenant-header", "x-tenant", "--tenant-weights", "a=1,b=1"],
-            args.server_cores,
-            Path(tmp),
-        )
-        (port,) = free_ports(1)
-        command = [sys.executable, "-m", "benchmarks.probes.cheap_refusal", "--stand-in", str(port)]
-        refuser = subprocess.Popen(["taskset", "-c", args.server_cores, *command])
-        try:
-            wait_healthy("127.0.0.1", port, timeout=30, exit_code=refuser.poll)
-            for run in range(args.runs):
-                for name, target in (("runtime", runtime.port), ("bare aiohttp", port)):
-                    rates[name].append(flood(args, target, script))
-                    print(f"run {run + 1}: {name} {rates[name][-1]:,.0f} requests/s", flush=True)
-        finally:
-            refuser.terminate()
-            refuser.wait(10)
-            runtime.stop()
+        for run in range(args.runs):
+            for name, target in (("runtime", runtime.port), ("bare aiohttp", port)):
+                rates[name].append(flood(args, target, script))
+                print(f"run {run + 1}: {name} {rates[name][-1]:,.0f} requests/s", flush=True)
     for name, values in rates.items():
         print(f"{name}: median {statistics.median(values):,.0f} requests/s, runs {values}")
 
