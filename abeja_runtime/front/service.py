@@ -131,14 +131,15 @@ class CallService:
         if tenants is not None:
             tenant, priority = tenants.tenant(head.carrier, caller), tenants.priority(head.carrier)
         scheduler = self.pool.scheduler
+        if not scheduler.turns_away(tenant, priority):  # (most requests: nothing more asked)
+            return None
         given, deadline, budget = self._deadline(head)
-        if budget:  # (a deadline before --timeout's: with one, ``deadline`` is not None)
+        if budget:  # a deadline before --timeout's: its call refuses it for that first
+            assert deadline is not None
             try:
-                scheduler.admit_before(deadline or 0.0, budget, tenant, priority)
+                scheduler.admit_before(deadline, budget, tenant, priority)
             except HttpError:
                 return None
-        if not scheduler.turns_away(tenant, priority):
-            return None
         metrics = self.metrics
         metrics.rejected("busy")
         if tenants is not None:
