@@ -6,6 +6,7 @@ in which the queue gives them."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Iterator
@@ -104,6 +105,33 @@ def test_a_flooding_tenant_gets_the_503s_and_another_is_served_first(
     assert busy is not None and float(busy.group(1)) == 2
     record = server.wait_for_record(lambda r: r.get("tenant") == "b")
     assert (record["http_status"], record["priority"]) == (200, "normal")
+
+
+def test_with_api_key_tenants_a_flooding_key_is_refused_at_its_share(
+    make_server: ServerFactory, pool: ThreadPoolExecutor, tmp_path: Path
+) -> None:
+    """``--tenant-header api-key``: the tenant is the key's short hash, known once the key was
+    checked; a key past its share is refused (recorded with its caller and tenant), another
+    key's call takes a place."""
+    server = make_server(
+        "ex_sleep", *ONE_SLOT, "--max-queue", "2", "--tenant-header", "api-key",
+        "--api-keys", "k-one,k-two", env=SYNC,
+    )  # fmt: skip
+    one, two = {"X-API-Key": "k-one"}, {"X-API-Key": "k-two"}
+    release = tmp_path / "release"
+    held = pool.submit(server.request, "POST", f"/?tag=holder&until={release}", b"{}", one)
+    wait_until(lambda: events(server, "start", "holder"), 30, "the slot to be taken")
+    flood = queue_in_order(pool, server, [(f"one{index}", one) for index in range(2)])
+    refused = server.request("POST", "/", b"{}", {**one, "x-abeja-request-id": "one-extra"})
+    assert refused.status == 503
+    record = server.wait_for_record(lambda r: r.get("request_id") == "one-extra")
+    hashed = hashlib.sha256(b"k-one").hexdigest()[:8]
+    assert (record["http_status"], record["caller"], record["tenant"]) == (503, hashed, hashed)
+    other = send(pool, server, "two0", two)  # takes the place of k-one's newest call
+    assert flood[1].result(30).status == 503
+    release.touch()
+    assert (held.result(30).status, other.result(30).status) == (200, 200)
+    assert flood[0].result(30).status == 200
 
 
 def counted(metrics: str, name: str, tenant: str) -> float:
