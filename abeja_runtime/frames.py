@@ -612,6 +612,21 @@ class BlockingChannel:
                     return None
             return self._ready.popleft()
 
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def read_ready(self) -> deque[tuple[Frame, int | None]] | None:
+        """The frames that have come, read without waiting (by an event loop that saw the
+        socket readable); ``None`` once the front has closed the socket."""
+        with self._read_lock:
+            try:
+                if not self._take_in(socket.MSG_DONTWAIT):
+                    return None
+            except (BlockingIOError, InterruptedError):
+                pass
+            ready, self._ready = self._ready, deque()
+            return ready
+
     def wait_until(
         self,
         done: Callable[[], bool],

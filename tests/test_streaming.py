@@ -221,6 +221,24 @@ def test_a_slow_reader_holds_up_its_own_stream_only(
     assert 10 <= closed["sent"] < 100, closed
 
 
+@pytest.mark.parametrize("handler", ["main:blocks", "main:async_blocks"], ids=["def", "async"])
+def test_streams_that_fill_the_worker_s_socket_arrive_whole(
+    make_server: ServerFactory, handler: str
+):
+    """Four streams at once of chunks that travel in their frames (60 KiB, under the inline
+    limit), their windows together several times what the socket to the front buffers: the
+    worker's writes wait for room and each stream arrives whole, byte-exact. An async worker
+    reads its frames on its event loop; when that made its socket non-blocking, a full socket
+    failed its writes, and the streams were cut short."""
+    server = make_server("cn_stream", "--handler", handler, "--concurrency", "4")
+    socks = [
+        send_and_leave(server, get(f"/?chunks=120&kib=60&tag=full{index}", f"full{index}"))
+        for index in range(4)
+    ]
+    for sock in socks:
+        arrives_whole(sock, 120, 60)
+
+
 def test_a_stream_on_the_thread_that_reads_the_frames_gets_its_credit(make_server: ServerFactory):
     """A ``def`` handler at ``--concurrency 1`` runs on the thread that reads the frames: its
     stream, 25 times the window, reads its own credit while it waits (or it would wait for

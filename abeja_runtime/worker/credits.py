@@ -103,13 +103,11 @@ class StreamCredits:
             event.wait()
 
     def wait_on_loop(self, call_id: int) -> Awaitable[None] | None:
-        """The same as a future of the running event loop, set from the reader's thread."""
+        """The same as a future of the running event loop, which reads the frames itself."""
         import asyncio  # running: imported already (a def handler's process never imports it)
 
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        wake = functools.partial(loop.call_soon_threadsafe, _set_once, future)
-        return future if self._waiting(call_id, wake) else None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        return future if self._waiting(call_id, functools.partial(_set_once, future)) else None
 
     def wait_reading(
         self, channel: BlockingChannel, give_back: Callable[[Call | RpcCall, int | None], None]

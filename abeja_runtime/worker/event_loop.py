@@ -6,7 +6,7 @@ that a ``def`` handler's process would carry for nothing.
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
 from collections import deque
 
 from abeja_runtime.worker.runner import Held, Runner
@@ -16,9 +16,9 @@ __all__ = ["EventLoop"]
 
 
 class EventLoop:
-    """Frames read on a thread of their own; calls run as tasks, at most ``concurrency`` at
-    once, in the order they came. A :class:`~abeja_runtime.frames.Cancel` cancels its call's
-    task, and a call taken back before it started is given back."""
+    """Frames read by the loop itself, as the socket turns readable; calls run as tasks, at most
+    ``concurrency`` at once, in the order they came. A :class:`~abeja_runtime.frames.Cancel`
+    cancels its call's task, and a call taken back before it started is given back."""
 
     def __init__(self, runner: Runner, concurrency: int, loop: str) -> None:
         self._runner = runner
@@ -41,26 +41,37 @@ class EventLoop:
     async def _serve(self, warmup: Warmup) -> None:
         await warmup.run()
         loop = asyncio.get_running_loop()
-        if not self._runner.batching:  # a batch's calls are all answered, never taken back
-            self._runner.take_back = lambda call_id, cancel: loop.call_soon_threadsafe(
-                self._take_back, call_id, cancel
-            )
+        runner = self._runner
+        if not runner.batching:  # a batch's calls are all answered, never taken back
+            runner.take_back = self._take_back
         read_all = loop.create_future()
-        threading.Thread(
-            target=self._read, args=(loop, read_all), name="abeja-frames", daemon=True
-        ).start()
-        await read_all
+        fd = runner.channel.fileno()
+        # On the loop, not on a thread of its own: a call starts without waking a second
+        # thread (and waiting for the GIL) first.
+        loop.add_reader(fd, self._readable, read_all)
+        # uvloop makes a descriptor it polls non-blocking; the answers' writes wait for room.
+        os.set_blocking(fd, True)
+        try:
+            await read_all
+        finally:
+            loop.remove_reader(fd)
+        runner.credits.close()  # the streams waiting for credit stop
         while self._running:
             await asyncio.wait(list(self._running.values()))
 
-    def _read(self, loop: asyncio.AbstractEventLoop, read_all: asyncio.Future[None]) -> None:
-        """The reading thread: the calls handed to the loop, in order."""
-        for calls in self._runner.calls():
-            loop.call_soon_threadsafe(self._arrived, calls)
-        loop.call_soon_threadsafe(read_all.set_result, None)
-
-    def _arrived(self, calls: list[Held]) -> None:
-        self._waiting.append(calls)
+    def _readable(self, read_all: asyncio.Future[None]) -> None:
+        """The frames that came: the calls among them started (or held for their batch), in
+        order; ``read_all`` done once the front has closed the socket."""
+        frames = self._runner.channel.read_ready()
+        if frames is None:
+            if not read_all.done():
+                read_all.set_result(None)
+            return
+        dispatch = self._runner.dispatch
+        for item in frames:
+            calls = dispatch(item)
+            if calls is not None:
+                self._waiting.append(calls)
         self._start_waiting()
 
     def _start_waiting(self) -> None:
