@@ -11,9 +11,13 @@ hits both alike), each a fresh server in a session of its own on 127.0.0.1, pinn
 ``--server-cores`` with taskset while this client runs on ``--client-cores``:
 
 * ``runtime``: ``HANDLER=main python -m abeja_runtime --style openai`` in that folder, 1 worker,
-  uvloop (``--loop uvloop``), ``--concurrency`` and ``--max-queue`` ``--streams`` (every stream
-  admitted at once), ``--log-level warning`` (no access log line per stream); this checkout
-  first on its ``PYTHONPATH``; ``--runtime-args`` adds flags;
+  uvloop (``--loop uvloop``), ``--concurrency`` and ``--max-queue`` four times ``--streams``
+  (every stream admitted at once, also in the open loop), ``--log-level warning`` (no access
+  log line per stream); this checkout first on its ``PYTHONPATH``; ``--runtime-args`` adds
+  flags;
+* ``bare``: ``peers/bare_openai.py``, the same generator in one plain aiohttp process on uvloop
+  (no validation, no admission, no second process): the floor, what no server undercuts on the
+  same core;
 * ``litserve``: ``peers/litserve_openai.py`` with ``--litserve-python`` (a venv of its own:
   ``python -m venv /work/venvs/litserve && /work/venvs/litserve/bin/pip install litserve``);
   its configuration, and why, is in that file's docstring; ``--litserve-args`` adds flags.
@@ -31,14 +35,22 @@ request ``POST /v1/chat/completions`` with ``"stream": true`` and each stream re
    first token of each (below), the server's CPU (its process group, from /proc) and this
    client's, as shares of one core;
 3. ``--firsts`` streams one at a time: the added time to first token with no queue;
-4. stop: SIGTERM, a bounded wait (``--stop-timeout``), then SIGKILL to whatever of the server's
+4. ``--duration`` seconds of ``--streams`` concurrent streams of pieces ``--pace`` s apart, each
+   connection starting its next stream as one ends (closed loop): the pieces of streams that
+   began together go out together, and a stream begins as others end, in such a burst;
+5. ``--duration`` seconds of the same paced streams arriving open-loop (Poisson, each on a
+   connection of its own kept alive), at the rate that keeps ``--streams`` of them running on
+   average (``--streams`` over a stream's ``(PIECES - 1) * --pace`` seconds), as independent
+   users would start them: their mean number in flight is reported;
+6. stop: SIGTERM, a bounded wait (``--stop-timeout``), then SIGKILL to whatever of the server's
    process group or session is left (reported). Ctrl-C or SIGTERM stops the server first.
 
 Added time to first token, per stream: (the client's arrival of the first content piece less
 its send of the request) less the generator's own ``t1 - t0``, all ``time.time()`` on this
 machine. Each figure is the median of the ``--repeat`` runs, with every run's figure in
 brackets. Verdicts: the runtime's streams/s at least ``3x`` LitServe's; the runtime's added
-time to first token p50 (one stream at a time) at most 1 ms. Nothing is asserted; the report is
+time to first token p50 at ``--streams`` concurrent paced streams at most 1 ms, closed loop (4.)
+and open loop (5.), each beside the bare app's in the same run. Nothing is asserted; the report is
 printed (and appended to RESULTS.md with ``--write``); exit status 1 when a target that was not
 skipped could not be measured in any run.
 """
@@ -51,6 +63,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import re
 import resource
 import shlex
@@ -77,10 +90,11 @@ from benchmarks.servers import REPO, SERVER_ENV, Server, ServerError
 HERE = Path(__file__).resolve().parent
 HANDLER_DIR = HERE / "handlers" / "chat"
 PEER = HERE / "peers" / "litserve_openai.py"
+BARE = HERE / "peers" / "bare_openai.py"
 DEFAULT_LITSERVE_PYTHON = Path("/work/venvs/litserve/bin/python")
 #: ``litserve-async``: the same peer with ``--enable-async`` (its ``predict`` an async
 #: generator), LitServe's way to interleave streams that wait.
-TARGETS = ("runtime", "litserve", "litserve-async")
+TARGETS = ("runtime", "bare", "litserve", "litserve-async")
 LITSERVE_TARGETS = ("litserve", "litserve-async")
 PATH = "/v1/chat/completions"
 #: The model's name: the runtime serves it as ``--served-model-name``, LitServe takes any.
@@ -119,6 +133,8 @@ STAMPS = re.compile(r"^t0=([0-9.e+-]+) t1=([0-9.e+-]+) $")
 #: The verdicts' bounds.
 MIN_STREAMS_RATIO = 3.0
 MAX_ADDED_TTFT_P50_MS = 1.0
+#: How many times ``--streams`` the runtime runs at once, and queues.
+ADMITTED = 4
 #: The runtime's flags beyond ports and pinning (``--concurrency``/``--max-queue`` added).
 RUNTIME_ARGS = (
     "--style", "openai", "--served-model-name", MODEL, "--workers", "1", "--loop", "uvloop",
@@ -252,6 +268,36 @@ async def load(
     return tally
 
 
+async def open_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    rate: float,
+    seconds: float,
+    timeout: float,
+    data: bytes,
+) -> tuple[Tally, float]:
+    """Streams begun at Poisson times, ``rate`` a second, for ``seconds``, each read to its end;
+    and the mean number in flight, seen at each start."""
+    tally = Tally()
+    running: set[asyncio.Task[None]] = set()
+    in_flight = 0
+    draw = random.Random(0)
+    started = time.monotonic()
+    due = started
+    while due < started + seconds:
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        task = asyncio.create_task(tally.run(session, url, timeout, data))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        in_flight += len(running)
+        due += draw.expovariate(rate)
+    begun = len(tally.added) + tally.failed + len(running)
+    async with asyncio.timeout(timeout + 5):
+        await asyncio.gather(*running)
+    tally.seconds = time.monotonic() - started
+    return tally, in_flight / max(1, begun)
+
+
 async def one_at_a_time(
     session: aiohttp.ClientSession, url: str, count: int, timeout: float
 ) -> Tally:
@@ -280,6 +326,9 @@ class Run:
     paced_p50_ms: float = 0.0
     paced_p99_ms: float = 0.0
     paced_cpu: float = 0.0
+    open_p50_ms: float = 0.0
+    open_p99_ms: float = 0.0
+    open_in_flight: float = 0.0
     server_cpu: float = 0.0  # share of one core
     client_cpu: float = 0.0
     note: str = ""
@@ -331,16 +380,24 @@ async def _measured(
     run.failed += paced.failed
     run.paced_p50_ms = quantile(paced.added, 0.5) * 1000
     run.paced_p99_ms = quantile(paced.added, 0.99) * 1000
-    if errors := tally.first_error or idle.first_error or paced.first_error:
+    rate = args.streams / ((PIECES - 1) * args.pace)
+    opened, run.open_in_flight = await open_loop(
+        session, url, rate, args.duration, args.stream_timeout, body(args.pace)
+    )
+    run.failed += opened.failed
+    run.open_p50_ms = quantile(opened.added, 0.5) * 1000
+    run.open_p99_ms = quantile(opened.added, 0.99) * 1000
+    errors = tally.first_error or idle.first_error or paced.first_error or opened.first_error
+    if errors:
         run.note = f"{run.failed} failed streams, the first: {errors}"
-    if not tally.added or not idle.added or not paced.added:
+    if not tally.added or not idle.added or not paced.added or not opened.added:
         raise StreamError(f"no stream completed: {errors}")
 
 
 async def _client(port: int, pgid: int, args: argparse.Namespace, run: Run) -> None:
     """Check one answer, warm up, then measure, on one session of keep-alive connections."""
     url = f"http://127.0.0.1:{port}{PATH}"
-    connector = aiohttp.TCPConnector(limit=args.streams)
+    connector = aiohttp.TCPConnector(limit=0)  # the open loop's streams: one connection each
     async with aiohttp.ClientSession(connector=connector) as session:
         await one_stream(session, url, args.stream_timeout)  # a wrong answer fails the run
         if args.warmup > 0:
@@ -397,8 +454,10 @@ def _clean_env() -> dict[str, str]:
 
 
 def runtime_flags(args: argparse.Namespace) -> list[str]:
-    """The runtime's flags beyond its address: every stream admitted at once, then ours."""
-    admitted = ["--concurrency", str(args.streams), "--max-queue", str(args.streams)]
+    """The runtime's flags beyond its address: every stream admitted at once (the open loop's
+    arrivals run above their mean at times: room for four times ``--streams``), then ours."""
+    room = str(ADMITTED * args.streams)
+    admitted = ["--concurrency", room, "--max-queue", room]
     return [*RUNTIME_ARGS, *admitted, *shlex.split(args.runtime_args)]
 
 
@@ -437,10 +496,21 @@ def litserve_server(target: str, args: argparse.Namespace, tmp: Path) -> Peer:
     return Peer("litserve", pinned, env, cwd, tmp / f"litserve-{port}.log", port, "/health")
 
 
+def bare_server(args: argparse.Namespace, tmp: Path) -> Peer:
+    """The bare aiohttp app serving the same generator (not started)."""
+    port = free_port()
+    cwd = tmp / f"bare-{port}"
+    cwd.mkdir()
+    pinned = ["taskset", "-c", args.server_cores, sys.executable, str(BARE), str(port)]
+    return Peer("bare", pinned, _clean_env(), cwd, tmp / f"bare-{port}.log", port, "/health")
+
+
 def server_command(target: str, args: argparse.Namespace) -> str:
     """How ``target`` is started, for the report (ports and paths shortened)."""
     if target == "runtime":
         return shlex.join(["HANDLER=main", "python", "-m", "abeja_runtime", *runtime_flags(args)])
+    if target == "bare":
+        return "python benchmarks/peers/bare_openai.py PORT"
     extra = litserve_flags(target, args)
     return shlex.join(["python", "benchmarks/peers/litserve_openai.py", "PORT", *extra])
 
@@ -454,9 +524,13 @@ def measure(target: str, args: argparse.Namespace, tmp: Path) -> Run:
         python = args.litserve_python or DEFAULT_LITSERVE_PYTHON
         run.skipped = f"no Python: {python} does not exist (--litserve-python)"
         return run
-    server: Server | Peer = (
-        runtime_server(args, tmp) if target == "runtime" else litserve_server(target, args, tmp)
-    )
+    server: Server | Peer
+    if target == "runtime":
+        server = runtime_server(args, tmp)
+    elif target == "bare":
+        server = bare_server(args, tmp)
+    else:
+        server = litserve_server(target, args, tmp)
     try:
         with serving(server, args) as started:
             pgid = _pgid(server)
@@ -539,16 +613,24 @@ def verdicts(rows: dict[str, Row], args: argparse.Namespace) -> list[str]:
         )
     else:
         lines.append("streams/s: no verdict (a target was not run, skipped or failed every run).")
-    if runtime and runtime.ok_runs:
-        p50 = runtime.median("paced_p50_ms")
+    bare = rows.get("bare")
+    phases = (("paced_p50_ms", "closed loop"), ("open_p50_ms", "open loop"))
+    for name, how in phases:
+        if not (runtime and runtime.ok_runs):
+            lines.append(f"added time to first token, {how}: no verdict (the runtime failed).")
+            continue
+        p50 = runtime.median(name)
         verdict = "PASS" if p50 <= MAX_ADDED_TTFT_P50_MS else "FAIL"
-        lines.append(
-            f"added time to first token p50, {args.streams} concurrent streams of pieces "
-            f"{args.pace:g} s apart: runtime {p50:.3f} ms (target: at most "
-            f"{MAX_ADDED_TTFT_P50_MS:g} ms): {verdict}."
+        floor = (
+            f"; the bare app {bare.median(name):.3f} ms in the same runs"
+            if bare and bare.ok_runs
+            else ""
         )
-    else:
-        lines.append("added time to first token: no verdict (the runtime was not run or failed).")
+        lines.append(
+            f"added time to first token p50, {args.streams} paced streams ({args.pace:g} s "
+            f"between pieces), {how}: runtime {p50:.3f} ms (target: at most "
+            f"{MAX_ADDED_TTFT_P50_MS:g} ms): {verdict}{floor}."
+        )
     return lines
 
 
@@ -562,8 +644,10 @@ def render(
         f"client to CPU {args.client_cores}; {args.streams} concurrent streams for "
         f"{args.duration:g} s after {args.warmup:g} s of warm-up, then {args.firsts} streams one "
         f"at a time, then {args.streams} concurrent streams of pieces {args.pace:g} s apart for "
-        f"{args.duration:g} s (a model that takes time per token: the server is not saturated); "
-        f"median of {args.repeat} runs, targets alternated, every run in brackets.",
+        f"{args.duration:g} s (a model that takes time per token: the server is not saturated), "
+        f"closed loop, then the same streams arriving open-loop at {args.streams} in flight on "
+        f"average for {args.duration:g} s; median of {args.repeat} runs, targets alternated, "
+        "every run in brackets.",
         "",
         *[f"- {name}: {value}" for name, value in machine],
         f"- LitServe: {_peer_versions(args.litserve_python)}",
@@ -572,8 +656,8 @@ def render(
         "| target | streams/s | streams done (failed), all runs | added TTFT p50 ms, one at a "
         f"time | p99 ms | added TTFT p50 ms, {args.streams} streams | p99 ms | server CPU % | "
         f"client CPU % | added TTFT p50 ms, {args.streams} paced streams | p99 ms | server CPU "
-        "%, paced | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "%, paced | added TTFT p50 ms, open loop | p99 ms | streams in flight, open loop | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows.values():
         cells = [
@@ -588,6 +672,9 @@ def render(
             _cell(row, "paced_p50_ms", 3),
             _cell(row, "paced_p99_ms", 3),
             f"{row.median('paced_cpu') * 100:.0f}" if row.ok_runs else "-",
+            _cell(row, "open_p50_ms", 3),
+            _cell(row, "open_p99_ms", 3),
+            _cell(row, "open_in_flight", 0),
             _note(row),
         ]
         lines.append(f"| {row.target} | {' | '.join(cells)} |")
