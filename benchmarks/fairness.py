@@ -24,9 +24,11 @@ Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the client
   started in time that were still running at their deadline, answered ``504`` then (a timeout,
   as at ``--timeout``: a call that runs is not refused);
 * ``priority``: ``low`` calls flooding (wrk) and ``high`` calls at 10 % of what it serves,
-  ``--priority-header x-priority``: the high calls' latency less the handler's 5 ms, against
-  one running call (the target: at most one call's time, as a call that runs is not
-  interrupted).
+  ``--priority-header x-priority``: the high calls' wait against one running call (the target:
+  at most one call's time, as a call that runs is not interrupted), taken two ways: their
+  latency less the handler's 5 ms (which also holds the answer's way back, and this client's
+  own turns on a core it shares with wrk), and from their send to their handler's start (the
+  handler logs each call's start, as in ``deadlines``: the wait itself, and the way there).
 
 B's and the high calls' requests come from this Python client, open-loop (Poisson), on the
 client core beside wrk. Each figure is the median of ``--repeat`` runs. Nothing is asserted;
@@ -80,6 +82,8 @@ class Sent:
     latest_start: float = 0.0
     #: The tags of the calls answered 503 or 504.
     refused: list[str] = field(default_factory=list)
+    #: When each tagged call was sent (``time.time()``), by its tag.
+    sent_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -92,6 +96,8 @@ class Sent:
 async def _one(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str], sent: Sent
 ) -> None:
+    if tag := headers.get("x-tag"):
+        sent.sent_at[tag] = time.time()
     began = time.monotonic()
     try:
         async with session.post(url, data=b"{}", headers=headers) as response:
@@ -354,14 +360,17 @@ def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
 
 def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     """``low`` calls flooding (wrk), ``high`` ones at 10 % of what the worker serves: the high
-    calls' wait (their latency less the handler's 5 ms)."""
+    calls' wait, as their latency less the handler's 5 ms, and from their send to their
+    handler's start (the handler's log)."""
     high = Sent()
     flood = Flood("x-priority: low", 64)
     server = Runtime(["--priority-header", "x-priority"], args.server_cores, tmp)
     url = f"http://127.0.0.1:{server.port}/"
 
+    tags = iter(range(10**9))
+
     def high_headers() -> dict[str, str]:
-        return {"x-priority": "high"}
+        return {"x-priority": "high", "x-tag": f"h{next(tags)}"}
 
     try:
 
@@ -373,12 +382,19 @@ def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
             )
 
         asyncio.run(_session_run(scenario))
+        server.stop()  # its last starts written
+        started = server.started()
     finally:
         server.stop()
     waits = [latency - CALL_SECONDS for latency in high.latencies]
+    start_waits = [started[tag] - at for tag, at in high.sent_at.items() if tag in started]
     return {
         "high_wait_p50_ms": statistics.median(waits) * 1000 if waits else float("nan"),
         "high_wait_p99_ms": p99(waits) * 1000,
+        "high_start_wait_p50_ms": (
+            statistics.median(start_waits) * 1000 if start_waits else float("nan")
+        ),
+        "high_start_wait_p99_ms": p99(start_waits) * 1000,
         "high_success": high.statuses.get(200, 0) / max(1, high.total),
     }
 
