@@ -215,3 +215,25 @@ def test_coldstart_holds_the_runtime_s_own_share_of_every_runtime_image_to_0_3_s
     assert "at most 0.310 s: FAIL" in report
     forest.samples = [Sample(0.3, 0.2, 1.5, 0.02)]
     assert "at most 0.260 s: PASS" in render([tax, forest, kserve], "base", 3)
+
+
+def test_openai_streams_puts_the_bare_app_beside_each_time_to_first_token_verdict():
+    """The streams/s verdict is against LitServe only; each time to first token verdict, closed
+    loop and open loop, is the runtime's against 1 ms, with the bare app's from the same runs."""
+    from benchmarks.openai_streams import Row as StreamsRow
+    from benchmarks.openai_streams import Run, parse_args, verdicts
+
+    def row(target: str, **figures: float) -> StreamsRow:
+        return StreamsRow(target, [Run(target, **figures)])
+
+    rows = {
+        "runtime": row("runtime", streams_per_s=900, paced_p50_ms=5.0, open_p50_ms=0.9),
+        "bare": row("bare", streams_per_s=3000, paced_p50_ms=1.7, open_p50_ms=0.7),
+        "litserve": row("litserve", streams_per_s=100),
+    }
+    speed, closed, opened = verdicts(rows, parse_args([]))
+    assert "9.00x LitServe's best (litserve)" in speed and speed.endswith("PASS.")
+    assert "closed loop: runtime 5.000 ms" in closed
+    assert closed.endswith("FAIL; the bare app 1.700 ms in the same runs.")
+    assert "open loop: runtime 0.900 ms" in opened
+    assert opened.endswith("PASS; the bare app 0.700 ms in the same runs.")
