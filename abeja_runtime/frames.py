@@ -615,17 +615,17 @@ class BlockingChannel:
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    def read_ready(self) -> deque[tuple[Frame, int | None]] | None:
+    def read_ready(self) -> tuple[deque[tuple[Frame, int | None]], bool]:
         """The frames that have come, read without waiting (by an event loop that saw the
-        socket readable); ``None`` once the front has closed the socket."""
+        socket readable), all the socket holds; and whether it is still open (``False`` once
+        the front has closed it, or it failed: then after the frames that came before)."""
         with self._read_lock:
-            try:
-                if not self._take_in(socket.MSG_DONTWAIT):
-                    return None
-            except (BlockingIOError, InterruptedError):
-                pass
+            still_open = True
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                while still_open:
+                    still_open = self._take_in(socket.MSG_DONTWAIT)
             ready, self._ready = self._ready, deque()
-            return ready
+            return ready, still_open
 
     def wait_until(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import typing
+from collections import deque
 from typing import Any
 
 import pytest
@@ -160,6 +161,24 @@ def test_waiting_until_reads_frames_until_it_is_done_or_the_socket_closes():
         assert receiver.read() == (CALL, None)  # kept, in order, for the next read
         ours.close()
         assert not receiver.wait_until(lambda: False, give_back)
+
+
+def test_reading_what_is_ready_takes_all_the_socket_holds_and_then_its_end():
+    """An event loop's read (``read_ready``) takes every frame the socket holds, without
+    waiting, and says the socket ended in the same read when the end came behind them: uvloop
+    calls a reader once for an error and stops watching, so the end must not wait for a later
+    call. Bigger than one read (256 KiB) in all, the frames still come in one call."""
+    many = [CALL._replace(id=index, body=b"x" * 60_000) for index in range(8)]
+    ours, theirs = socket.socketpair()
+    with theirs:
+        receiver = BlockingChannel(theirs)
+        assert receiver.read_ready() == (deque(), True)  # nothing yet: no wait
+        sender = BlockingChannel(ours)
+        for frame in many:
+            sender.write(frame)
+        ours.close()
+        frames, still_open = receiver.read_ready()
+        assert [frame for frame, _ in frames] == many and not still_open
 
 
 def test_an_anonymous_file_without_memfds_leaves_no_name_behind(monkeypatch, tmp_path):

@@ -26,6 +26,9 @@ class EventLoop:
         self._loop_name = loop
         self._waiting: deque[list[Held]] = deque()
         self._running: dict[int, asyncio.Task[None]] = {}
+        #: The calls of the tasks made whose first step is still to come (a cancel gives such a
+        #: call back: its task, cancelled now, would never run its ``finally``).
+        self._not_started: dict[int, list[Held]] = {}
         runner.credits.wait = runner.credits.wait_on_loop
 
     def serve(self, warmup: Warmup) -> None:
@@ -62,37 +65,45 @@ class EventLoop:
     def _readable(self, read_all: asyncio.Future[None]) -> None:
         """The frames that came: the calls among them started (or held for their batch), in
         order; ``read_all`` done once the front has closed the socket."""
-        frames = self._runner.channel.read_ready()
-        if frames is None:
-            if not read_all.done():
-                read_all.set_result(None)
-            return
+        frames, still_open = self._runner.channel.read_ready()
         dispatch = self._runner.dispatch
         for item in frames:
             calls = dispatch(item)
             if calls is not None:
                 self._waiting.append(calls)
         self._start_waiting()
+        if not still_open and not read_all.done():
+            read_all.set_result(None)
 
     def _start_waiting(self) -> None:
         waiting, running = self._waiting, self._running
         while waiting and len(running) < self._concurrency:
             calls = waiting.popleft()
-            running[calls[0][0].id] = asyncio.create_task(self._run(calls))
+            call_id = calls[0][0].id
+            self._not_started[call_id] = calls
+            running[call_id] = asyncio.create_task(self._run(calls))
 
     def _take_back(self, call_id: int, cancel: bool) -> None:
-        """A call that waits is given back, a running one's task cancelled."""
+        """A call that waits (or whose task has not begun) is given back, a running one's task
+        cancelled."""
         for calls in self._waiting:
             frame, fd = calls[0]
             if frame.id == call_id:
                 self._waiting.remove(calls)
                 self._runner.give_back(frame, fd)
                 return
+        if call_id in self._not_started:
+            calls = self._not_started.pop(call_id)
+            self._running.pop(call_id).cancel()
+            self._runner.give_back(*calls[0])
+            self._start_waiting()
+            return
         task = self._running.get(call_id)
         if task is not None and cancel:
             task.cancel()
 
     async def _run(self, calls: list[Held]) -> None:
+        del self._not_started[calls[0][0].id]
         try:
             await self._runner.run(calls)
         except asyncio.CancelledError:

@@ -1,7 +1,8 @@
 """Running the front's calls in a handler process: call frames in, answer frames out.
 
-:meth:`Runner.calls` reads the frames and says which calls run now: a call alone (a batch of
-one), or those a :class:`~abeja_runtime.frames.RunBatch` names. :meth:`Runner.run` runs them: the
+:meth:`Runner.calls` reads the frames (or the event loop does, ``event_loop.py``, each through
+:meth:`Runner.dispatch`) and says which calls run now: a call alone (a batch of one), or those a
+:class:`~abeja_runtime.frames.RunBatch` names. :meth:`Runner.run` runs them: the
 handler invoked once for all (``invoke.py``), each answer written whole (in the frame, or a memfd
 above the inline limit) or streamed as its credit allows (``credits.py``).
 """
