@@ -487,7 +487,8 @@ class Config:
         envvar="ABEJA_RUNTIME_API_KEYS_FILE",
         server_only=True,
         default_text="none",
-        help="a file of such keys, one a line (a mounted Kubernetes Secret), read at start",
+        help="a file of such keys, one a line (a mounted Kubernetes Secret), read again when "
+        "it changes",
     )
     platform: PlatformIds = field(default_factory=PlatformIds)
     #: Each style's options object, by the style's name; a style missing here has its defaults.

@@ -9,12 +9,14 @@ import hashlib
 import http.client
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.grpc_calls import ASYNC_MODEL, with_grpc
 from helpers.servers import RunningServer, ServerFactory
+from helpers.waiting import wait_until
 
 from abeja_runtime.config import Config
 from abeja_runtime.front.api_keys import api_keys
@@ -116,6 +118,48 @@ def test_keys_from_a_file_as_a_kubernetes_secret_mounts_them(
     assert post(server, b"{}", {})[0] == 401
     for key in KEYS:
         assert post(server, b"{}", {"X-API-Key": key})[0] == 200
+    no_key_in_any_line(server)
+
+
+def test_a_keys_file_is_read_again_when_it_changes_as_a_secret_rotates(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """The kubelet swaps a mounted Secret's files for new ones: the new key is served within a
+    few seconds and the old one refused, without a restart. A file that then holds no key
+    leaves the keys before in force, with one warning."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"{KEYS[0]}\n")
+    server = make_server("sv_pid", env={"ABEJA_RUNTIME_API_KEYS_FILE": str(keys)})
+    assert post(server, b"{}", {"X-API-Key": KEYS[0]})[0] == 200
+    assert post(server, b"{}", {"X-API-Key": KEYS[1]})[0] == 401
+
+    def swap(text: str) -> None:
+        fresh = tmp_path / "api-keys.new"
+        fresh.write_text(text)
+        fresh.replace(keys)  # a new file in its place, as the kubelet's swap gives
+
+    swap(f"{KEYS[1]}\n")
+    wait_until(
+        lambda: post(server, b"{}", {"X-API-Key": KEYS[1]})[0] == 200, 20, "the new key served"
+    )
+    assert post(server, b"{}", {"X-API-Key": KEYS[0]})[0] == 401
+    said = server.wait_for_record(lambda r: "again" in r.get("message", ""))
+    assert said["message"] == f"read the API keys of {keys} again: 1 key(s) in force"
+
+    swap("# the keys are being rotated\n")
+
+    def warned() -> list[dict[str, Any]]:
+        assert post(server, b"{}", {"X-API-Key": KEYS[1]})[0] == 200  # still in force
+        return [r for r in server.records() if r.get("log_level") == "warning"]
+
+    (warning,) = wait_until(warned, 20, "the warning of a file without keys")
+    assert "holds no key" in warning["message"] and warning["message"].endswith(
+        "the keys read before stay in force"
+    )
+    later = time.monotonic() + 2.5  # two more looks at the unchanged file, at least
+    while time.monotonic() < later:
+        warned()
+    assert len(warned()) == 1  # said once, not at every look
     no_key_in_any_line(server)
 
 
