@@ -38,10 +38,11 @@ request ``POST /v1/chat/completions`` with ``"stream": true`` and each stream re
 4. ``--duration`` seconds of ``--streams`` concurrent streams of pieces ``--pace`` s apart, each
    connection starting its next stream as one ends (closed loop): the pieces of streams that
    began together go out together, and a stream begins as others end, in such a burst;
-5. ``--duration`` seconds of the same paced streams arriving open-loop (Poisson, each on a
-   connection of its own kept alive), at the rate that keeps ``--streams`` of them running on
-   average (``--streams`` over a stream's ``(PIECES - 1) * --pace`` seconds), as independent
-   users would start them: their mean number in flight is reported;
+5. ``--warmup`` then ``--duration`` seconds (only those recorded: the connections are open by
+   then) of the same paced streams arriving open-loop (Poisson, each on a connection of its own
+   kept alive), at the rate that keeps ``--streams`` of them running on average (``--streams``
+   over a stream's ``(PIECES - 1) * --pace`` seconds), as independent users would start them:
+   their mean number in flight is reported;
 6. stop: SIGTERM, a bounded wait (``--stop-timeout``), then SIGKILL to whatever of the server's
    process group or session is left (reported). Ctrl-C or SIGTERM stops the server first.
 
@@ -275,26 +276,32 @@ async def open_loop(
     seconds: float,
     timeout: float,
     data: bytes,
+    warmup: float = 0.0,
 ) -> tuple[Tally, float]:
-    """Streams begun at Poisson times, ``rate`` a second, for ``seconds``, each read to its end;
-    and the mean number in flight, seen at each start."""
-    tally = Tally()
+    """Streams begun at Poisson times, ``rate`` a second, for ``warmup`` seconds not recorded
+    (their connections opened) then ``seconds``, each read to its end; and the mean number of
+    the others in flight, seen at each recorded start."""
+    tally, unrecorded = Tally(), Tally()
     running: set[asyncio.Task[None]] = set()
-    in_flight = 0
+    in_flight = begun = 0
     draw = random.Random(0)
     started = time.monotonic()
+    recorded = started + warmup
     due = started
-    while due < started + seconds:
+    while due < recorded + seconds:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        task = asyncio.create_task(tally.run(session, url, timeout, data))
+        counted = due >= recorded
+        if counted:
+            in_flight += len(running)
+            begun += 1
+        teller = tally if counted else unrecorded
+        task = asyncio.create_task(teller.run(session, url, timeout, data))
         running.add(task)
         task.add_done_callback(running.discard)
-        in_flight += len(running)
         due += draw.expovariate(rate)
-    begun = len(tally.added) + tally.failed + len(running)
     async with asyncio.timeout(timeout + 5):
         await asyncio.gather(*running)
-    tally.seconds = time.monotonic() - started
+    tally.seconds = time.monotonic() - recorded
     return tally, in_flight / max(1, begun)
 
 
@@ -382,7 +389,7 @@ async def _measured(
     run.paced_p99_ms = quantile(paced.added, 0.99) * 1000
     rate = args.streams / ((PIECES - 1) * args.pace)
     opened, run.open_in_flight = await open_loop(
-        session, url, rate, args.duration, args.stream_timeout, body(args.pace)
+        session, url, rate, args.duration, args.stream_timeout, body(args.pace), args.warmup
     )
     run.failed += opened.failed
     run.open_p50_ms = quantile(opened.added, 0.5) * 1000
@@ -617,7 +624,9 @@ def verdicts(rows: dict[str, Row], args: argparse.Namespace) -> list[str]:
     phases = (("paced_p50_ms", "closed loop"), ("open_p50_ms", "open loop"))
     for name, how in phases:
         if not (runtime and runtime.ok_runs):
-            lines.append(f"added time to first token, {how}: no verdict (the runtime failed).")
+            lines.append(
+                f"added time to first token, {how}: no verdict (the runtime was not run or failed)."
+            )
             continue
         p50 = runtime.median(name)
         verdict = "PASS" if p50 <= MAX_ADDED_TTFT_P50_MS else "FAIL"
