@@ -250,6 +250,10 @@ class Runtime:
             reader.join(10)
 
 
+def p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
@@ -389,11 +393,9 @@ def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     waits = [latency - CALL_SECONDS for latency in high.latencies]
     start_waits = [started[tag] - at for tag, at in high.sent_at.items() if tag in started]
     return {
-        "high_wait_p50_ms": statistics.median(waits) * 1000 if waits else float("nan"),
+        "high_wait_p50_ms": p50(waits) * 1000,
         "high_wait_p99_ms": p99(waits) * 1000,
-        "high_start_wait_p50_ms": (
-            statistics.median(start_waits) * 1000 if start_waits else float("nan")
-        ),
+        "high_start_wait_p50_ms": p50(start_waits) * 1000,
         "high_start_wait_p99_ms": p99(start_waits) * 1000,
         "high_success": high.statuses.get(200, 0) / max(1, high.total),
     }

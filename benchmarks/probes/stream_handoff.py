@@ -44,11 +44,11 @@ from typing import Any
 from abeja_runtime.launch import free_port
 from benchmarks.batching import Peer
 from benchmarks.openai_streams import (
-    BARE,
     HANDLER_DIR,
     PATH,
     PIECES,
     Serving,
+    bare_server,
     body,
     one_at_a_time,
     open_loop,
@@ -255,13 +255,14 @@ TARGETS = ("handoff", "one-process", "bare", "runtime")
 _PEERS = {
     "handoff": ["-m", "benchmarks.probes.stream_handoff", "--serve"],
     "one-process": ["-m", "benchmarks.probes.stream_handoff", "--serve-alone"],
-    "bare": [str(BARE)],
 }
 
 
 def _server(target: str, args: argparse.Namespace, tmp: Path) -> Serving:
     if target == "runtime":
         return runtime_server(args, tmp)
+    if target == "bare":
+        return bare_server(args, tmp)
     port = free_port()
     pinned = ["taskset", "-c", args.server_cores, sys.executable, *_PEERS[target], str(port)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
