@@ -58,6 +58,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn, TypeVar
 
 if TYPE_CHECKING:  # for the type only: config imports every style, and mapped.py imports this
+    import asyncio  # a def handler's process never imports it (ssl: 5 MiB)
+
     from abeja_runtime.config import Config
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "Call",
     "Cancel",
     "Chunk",
+    "Client",
     "Credit",
     "End",
     "Fork",
@@ -91,6 +94,7 @@ __all__ = [
     "RpcCall",
     "RunBatch",
     "Start",
+    "Written",
     "anonymous_file",
     "encode_frame",
     "header_text",
@@ -98,7 +102,7 @@ __all__ = [
     "read_fd",
 ]
 
-VERSION: Final = 9
+VERSION: Final = 10
 #: A handler process's exit code when its warm-up failed (``worker/warmup.py``; EX_TEMPFAIL of
 #: sysexits.h): the front replaces it with back-off, even before any process was ready.
 EXIT_WARMUP_FAILED: Final = 75
@@ -148,6 +152,7 @@ class FrameKind(enum.IntEnum):
     LOADED = 14
     FORK = 15
     FORKED = 16
+    CLIENT = 17
 
 
 _F = TypeVar("_F", bound=type[tuple[Any, ...]])
@@ -199,6 +204,9 @@ class Ready(NamedTuple):
     #: from (``forked``).
     load_seconds: float = 0.0
     forked: bool = False
+    #: It writes streamed answers to their clients itself (:class:`Client`): its calls run on
+    #: an event loop, not in batches.
+    writes_streams: bool = False
 
 
 @_kind(FrameKind.LOAD_FAILED)
@@ -314,6 +322,9 @@ class Answer(NamedTuple):
     streamed: bool
     #: The handler raised (the body is the runtime's 500): an async request reports a failure.
     failed: bool = False
+    #: A streamed answer that the process writes to the client itself (its :class:`Client`):
+    #: no :class:`Chunk` follows, only the :class:`End`, with what was written.
+    written: bool = False
 
 
 @_kind(FrameKind.CHUNK)
@@ -349,6 +360,34 @@ class End(NamedTuple):
 
     id: int
     failed: bool
+    #: What the process wrote to the client itself (an :attr:`Answer.written` stream).
+    written: Written | None = None
+
+
+class Written(NamedTuple):
+    """What a handler process wrote of a stream to its client (:attr:`End.written`)."""
+
+    #: How it ended: a :class:`~abeja_runtime.front.accounting.StreamEnd`'s value.
+    end: str
+    #: The body's bytes written (its chunks, without their framing), and its chunks.
+    size: int
+    chunks: int
+    #: When its head and first chunk were written (``time.time()``; 0: nothing was), and the
+    #: seconds between each chunk and the one before.
+    first_chunk_at: float
+    gaps: tuple[float, ...]
+
+
+@_kind(FrameKind.CLIENT)
+class Client(NamedTuple):
+    """Front → handler process, just before the :class:`Call` ``id`` it belongs to: the call's
+    client connection (the frame's descriptor), so that the process writes a streamed answer to
+    the client itself, a :class:`Chunk` never crossing the front (``Answer.written``). Only to
+    a process that said it can (``Ready.writes_streams``). ``close``: the answer ends the
+    connection (``Connection: close`` in its head)."""
+
+    id: int
+    close: bool
 
 
 @_kind(FrameKind.RPC_ANSWER)
@@ -393,7 +432,7 @@ class Forked(NamedTuple):
 Frame = (
     Start | Ready | LoadFailed | Call | RpcCall | Cancel | GiveBack
     | Answer | Chunk | End | RpcAnswer | GivenBack | Credit | RunBatch
-    | Loaded | Fork | Forked
+    | Loaded | Fork | Forked | Client
 )  # fmt: skip
 #: The frame class of each kind byte, by index (every kind has one: a gap fails at import).
 _KINDS: Final[tuple[type[Any], ...]] = tuple(_CLASS_OF[kind] for kind in FrameKind)
@@ -590,6 +629,9 @@ class BlockingChannel:
         #: Held while reading (and while waiting for frames): :meth:`taken_back` runs on a
         #: thread of its own while the main thread runs a call.
         self._read_lock = threading.Lock()
+        #: The thread and loop whose writes are held (:meth:`hold_writes`), and what is held.
+        self._holding: tuple[int, asyncio.AbstractEventLoop] | None = None
+        self._held: list[bytes] = []
 
     def close_pending(self) -> None:
         """Close the descriptors of the frames read and not taken yet (a process forked from
@@ -698,8 +740,30 @@ class BlockingChannel:
         self._ready = kept
         return taken
 
+    def hold_writes(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on, the frames written on ``loop``'s thread are held and sent together once
+        the loop has run what is ready (one write, so one wake-up of the front, for the
+        answer, the chunks and the ends of a turn of the loop)."""
+        self._holding = (threading.get_ident(), loop)
+
+    def flush(self) -> None:
+        """Send the frames held (:meth:`hold_writes`)."""
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            with self._write_lock:
+                self._sock.sendall(data)
+
     def write(self, frame: Frame, fd: int | None = None) -> None:
         data = encode_frame(frame, has_fd=fd is not None)
+        holding = self._holding
+        if holding is not None and holding[0] == threading.get_ident():
+            if fd is None:
+                if not self._held:
+                    holding[1].call_soon(self.flush)
+                self._held.append(data)
+                return
+            self.flush()  # in order, before the frame with its descriptor
         with self._write_lock:
             if fd is None:
                 self._sock.sendall(data)

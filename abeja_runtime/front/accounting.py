@@ -25,6 +25,7 @@ import time
 from typing import Any, Final
 
 from abeja_runtime.access_log import AccessLog, StreamedBody
+from abeja_runtime.frames import Written
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.tracing import CallTrace, Tracing
 
@@ -245,6 +246,22 @@ class CallEntry:
             accounting.between_chunks(now - self._last_chunk)
         self.chunks += 1
         self._last_chunk = now
+
+    def written(self, report: Written) -> None:
+        """What a handler process wrote of the stream to its client itself: its chunks' times
+        counted as :meth:`chunk_sent` counts them, and how it ended."""
+        if report.chunks:
+            self.first_byte = report.first_chunk_at  # the head went with the first chunk
+            seconds = report.first_chunk_at - self.received
+            accounting = self._accounting
+            if accounting is not None:
+                accounting.first_chunk(seconds)
+                for gap in report.gaps:
+                    accounting.between_chunks(gap)
+            if self.trace is not None:
+                self.trace.first_chunk(seconds)
+        self.chunks = report.chunks
+        self.stream_ended(StreamEnd(report.end), report.size)
 
     def client_left(self, stage: str) -> None:
         """Its client left at ``stage`` (``queued``, ``running``, ``answering``): counted

@@ -1,11 +1,6 @@
 """How the front writes an answer to a client, on both ways in (``server.py``, ``direct.py``).
 
-An answer's head follows the same rules on every path: the handler's headers as it gave them,
-then the request id (:data:`~abeja_runtime.logs.REQUEST_ID_HEADER`), the framing
-(``Content-Length``, or ``Transfer-Encoding: chunked`` for a streamed answer; none for the
-statuses without a body, 1xx, 204 and 304, as aiohttp sends them), ``Date``, ``Server``, and
-``Connection: close`` when the connection ends with it. A head the client could misread (a
-header holding a line break, which would split the answer, or another control character) is
+An answer's head is built by :mod:`abeja_runtime.http_head`; one the client could misread is
 not sent: the answer becomes the runtime's own ``500`` (:data:`~abeja_runtime.encode.
 UNEXPECTED_ERROR`), and the log says why (:func:`unsendable`).
 
@@ -27,21 +22,16 @@ Two ways to write one here (aiohttp's path writes its whole answers in ``web_res
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import functools
-import http
 import logging
-import re
-import time
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from aiohttp.http import SERVER_SOFTWARE, StreamWriter
+from aiohttp.http import StreamWriter
 
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
 from abeja_runtime.front.accounting import StreamEnd
 from abeja_runtime.front.pending import StreamFailed
-from abeja_runtime.front.stream_limits import StreamIdle, StreamLimits, StreamTooLong
-from abeja_runtime.logs import REQUEST_ID_HEADER
+from abeja_runtime.http_head import EMPTY_BODY_STATUSES, Headers, answer_head, checked_head
+from abeja_runtime.stream_limits import StreamIdle, StreamLimits, StreamTooLong
 
 if TYPE_CHECKING:
     from abeja_runtime.front.accounting import CallEntry
@@ -49,12 +39,8 @@ if TYPE_CHECKING:
     from abeja_runtime.front.connection import Connection
 
 __all__ = [
-    "EMPTY_BODY_STATUSES",
     "AnswerSink",
     "ConnectionSink",
-    "Headers",
-    "answer_head",
-    "checked_head",
     "send_whole",
     "unsendable",
     "write_stream",
@@ -62,75 +48,12 @@ __all__ = [
 
 _log = logging.getLogger("abeja_runtime")
 
-Headers = tuple[tuple[str, str], ...]
-
-#: Statuses whose answers have no body, and no Content-Length (as aiohttp sends them).
-EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
-#: What a header must not hold besides its line's end (aiohttp refuses the same in names
-#: and values, and line breaks: header injection).
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
-
-
-# -- the head -------------------------------------------------------------------------------
-
-
-def answer_head(
-    status: int, headers: Headers, request_id: str, length: int | None, *, close: bool
-) -> bytes:
-    """The status line and headers of an answer (the module's docstring lists them), with a
-    body of ``length`` bytes, or chunked (``None``). ``ValueError`` for a header that would
-    split the answer or cannot be encoded (:func:`checked_head`; the request id cannot:
-    :func:`~abeja_runtime.logs.request_id_from` made sure)."""
-    if status in EMPTY_BODY_STATUSES:
-        framing = ""
-    elif length is None:
-        framing = "Transfer-Encoding: chunked\r\n"
-    else:
-        framing = f"Content-Length: {length}\r\n"
-    date = f"Date: {_http_date(int(time.time()))}\r\n"
-    end = "Connection: close\r\n\r\n" if close else "\r\n"
-    return (
-        f"{checked_head(status, headers)}{REQUEST_ID_HEADER}: {request_id}\r\n"
-        f"{framing}{date}{_SERVER_LINE}{end}"
-    ).encode()
-
-
-@functools.lru_cache(maxsize=256)
-def checked_head(status: int, headers: Headers) -> str:
-    """The status line and the handler's headers, checked (``ValueError`` for a line break or
-    another control character, or text that cannot be encoded): a handler answers with the
-    same few sets of headers, so each is written and scanned once."""
-    lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
-    lines += [f"{name}: {value}\r\n" for name, value in headers]
-    given = "".join(lines)
-    # One line each, and no other control character: three scans of the whole text instead
-    # of two per header.
-    ends = len(lines)
-    if given.count("\n") != ends or given.count("\r") != ends or _CONTROL.search(given):
-        raise ValueError("a header holds a line break or a control character")
-    given.encode()  # UnicodeEncodeError, a ValueError, for a lone surrogate
-    return given
-
 
 def unsendable(exc: ValueError) -> EncodedResponse:
     """What is sent instead of an answer whose head :func:`checked_head` refused (and the log
     line saying so)."""
     _log.error("the handler's answer cannot be sent: %s", exc)
     return UNEXPECTED_ERROR
-
-
-@functools.lru_cache(maxsize=2)
-def _http_date(second: int) -> str:
-    return email.utils.formatdate(second, usegmt=True)
-
-
-@functools.cache
-def _reason(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return ""
 
 
 # -- whole answers --------------------------------------------------------------------------

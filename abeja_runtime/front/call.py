@@ -36,9 +36,9 @@ from abeja_runtime.errors import (
     ServiceUnavailable,
 )
 from abeja_runtime.frames import Answer, Call, RpcAnswer, RpcCall
-from abeja_runtime.front.pending import PendingCall
-from abeja_runtime.front.stream_limits import StreamLimitReached
+from abeja_runtime.front.pending import ClientLender, PendingCall
 from abeja_runtime.front.tenants import NORMAL, PRIORITIES
+from abeja_runtime.stream_limits import StreamLimitReached
 from abeja_runtime.tracing import carrier
 
 if TYPE_CHECKING:
@@ -179,12 +179,14 @@ class FrontCall:
             return 0.0
         return self.service.pool.scheduler.start_by(deadline) if self.caller_budget else deadline
 
-    def submit(self, frame: Call | RpcCall, body: Body) -> None:
-        """Hand the call to the pool, its deadline watched; the answer (or the front's refusal)
-        goes to the responder from the answer's callback."""
+    def submit(self, frame: Call | RpcCall, body: Body, client: ClientLender | None = None) -> None:
+        """Hand the call to the pool, its deadline watched (with its ``client``'s connection to
+        lend, on the direct path); the answer (or the front's refusal) goes to the responder
+        from the answer's callback."""
         service = self.service
         self.body = body
         ticket = PendingCall(frame, service.loop, body.fd, body.close, self.entry.trace)
+        ticket.client = client
         self.ticket = ticket
         self._stage = Stage.QUEUED
         deadline = self.deadline

@@ -8,7 +8,10 @@ pool would refuse it at once, refuses it at the door, before a call is begun); i
 response object, no task, no coroutine. A body above the inline limit with a
 ``Content-Length``, up to the spool threshold, is read into a buffer of shared memory first
 (``direct_body.py``), straight from the socket (``capture.py``). A streamed answer, or one
-written from its file, is written from a task (``answers.py``). Every other request is left to
+written from its file, is written from a task (``answers.py``), unless its handler process
+wrote it to the client itself (``worker/client_streams.py``): the responder lends the
+connection with the call, writes nothing on it while it is lent, and counts what the process
+says it wrote. Every other request is left to
 aiohttp's path (``server.py``): a chunked or compressed body, one above the spool threshold or
 awaiting ``100 Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check
 and the style's own front paths, an async (ARMS) request, a body the queue could not take, and
@@ -28,7 +31,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from abeja_runtime.encode import error_reply
 from abeja_runtime.errors import HttpError, ServiceBusy, Unauthorized
-from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer
+from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, Written
 from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
@@ -36,6 +39,7 @@ from abeja_runtime.front.body import IN_FRAME
 from abeja_runtime.front.call import FrontCall
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
+from abeja_runtime.front.pending import StreamFailed
 from abeja_runtime.front.service import CallHead
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import (
@@ -44,6 +48,7 @@ from abeja_runtime.logs import (
     request_id_from,
     requester_id_from,
 )
+from abeja_runtime.stream_limits import StreamIdle, StreamTooLong
 
 if TYPE_CHECKING:
     from abeja_runtime.front.accounting import CallEntry
@@ -151,6 +156,7 @@ class DirectRequests:
             _turn_away(connection, refused, close=message.should_close or service.draining)
             return None
         responder = DirectResponder(service, connection, keep_alive=not message.should_close)
+        responder.lends = method != "HEAD"
         call = responder.call = service.begin(head, responder)
         if caller is not None:
             call.entry.note("caller", caller)
@@ -164,7 +170,7 @@ class DirectRequests:
         if body is None:
             responder.read_body(frame, payload)
         else:
-            call.submit(frame, IN_FRAME)
+            call.submit(frame, IN_FRAME, responder)
         return responder
 
 
@@ -188,7 +194,7 @@ class DirectResponder:
     lost: a whole answer in one :meth:`~abeja_runtime.front.connection.Connection.send_direct`
     from the answer's callback; a streamed one, or one written from its file, from a task."""
 
-    __slots__ = ("_body", "_connection", "_keep_alive", "_service", "_writing", "call")
+    __slots__ = ("_body", "_connection", "_keep_alive", "_service", "_writing", "call", "lends")
 
     def __init__(self, service: CallService, connection: Connection, *, keep_alive: bool) -> None:
         self._service = service
@@ -198,6 +204,21 @@ class DirectResponder:
         self._body: DirectBody | None = None
         #: The task writing a streamed or file-written answer.
         self._writing: asyncio.Task[None] | None = None
+        #: The connection may be lent to the call's process (``pending.ClientLender``).
+        self.lends = False
+
+    def fileno(self) -> int | None:
+        """The connection's descriptor, to lend with the call: while it is open and has nothing
+        left to write (the process's bytes must come after everything before them)."""
+        transport = self._connection.transport
+        if not self.lends or transport is None or transport.is_closing():
+            return None
+        if transport.get_write_buffer_size():
+            return None
+        return int(transport.get_extra_info("socket").fileno())
+
+    def closes(self) -> bool:
+        return self._closes()
 
     def read_body(self, frame: Call, payload: StreamReader) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""
@@ -209,7 +230,7 @@ class DirectResponder:
             frame.body_size,
             call.deadline,
             call.caller_budget,
-            lambda body: call.submit(frame, body),
+            lambda body: call.submit(frame, body, self),
             self._body_failed,
         )
         self._body.start()
@@ -224,10 +245,15 @@ class DirectResponder:
         if answer.body is not None:
             self._write(answer.status, answer.headers, answer.body)
             return
-        self._writing = asyncio.create_task(self._stream(answer))
+        stream = self._lent_stream(answer) if answer.written else self._stream(answer)
+        self._writing = asyncio.create_task(stream)
         self._writing.add_done_callback(self._written)
 
     def refuse(self, call: FrontCall, exc: HttpError) -> None:
+        ticket = call.ticket
+        if ticket is not None and ticket.lent:  # its process may be writing: when it is done
+            ticket.on_returned = lambda: self._refuse_returned(call, exc)
+            return
         reply = error_reply(exc)
         assert isinstance(reply.body, bytes)
         self._write(reply.status, reply.headers, reply.body)
@@ -251,6 +277,51 @@ class DirectResponder:
         sink = ConnectionSink(self._connection, self._service.loop, close=close)
         whole = await write_stream(sink, self.call, answer.status, answer.headers)
         self._connection.direct_done(close=close or not whole)  # the call ends in _written
+
+    def _refuse_returned(self, call: FrontCall, exc: HttpError) -> None:
+        """The refusal of a call whose connection was lent, now that its process is done: sent,
+        unless the process began its streamed answer before it learnt (then cut short)."""
+        ticket = call.ticket
+        if ticket is None or not ticket.written:
+            self.refuse(call, exc)
+            return
+        call.entry.count(exc.status)
+        call.finish()
+        self._connection.direct_done(close=True)
+
+    async def _lent_stream(self, answer: Answer) -> None:
+        """A streamed answer that its process writes to the client itself: counted as it says
+        when its ``End`` comes."""
+        call = self.call
+        ticket, entry = call.ticket, call.entry
+        assert ticket is not None
+        entry.streaming(answer.status, chunked=True)
+        report: Written | None = None
+        try:
+            async for _ in ticket.stream():  # none comes: the End, or the process's exit
+                pass
+            report = ticket.report
+        except StreamFailed as exc:
+            report = ticket.report
+            if exc.lost:
+                report = Written("worker_lost", 0, 0, 0.0, ())
+        whole = report is not None and report.end == "complete"
+        if report is not None:
+            entry.written(report)
+        if report is not None and report.end == "client_left":
+            call.client_left()
+        elif not whole:
+            call.cut(self._cut_by(report))
+        self._connection.direct_done(close=self._closes() or not whole)
+
+    def _cut_by(self, report: Written | None) -> Exception:
+        """What cut short a stream its process wrote (as ``report`` says)."""
+        end = None if report is None else report.end
+        if end == "idle":
+            return StreamIdle(self._service.stream_idle or 0)
+        if end == "too_long":
+            return StreamTooLong(self._service.stream_timeout or 0)
+        return StreamFailed(lost=end != "failed")
 
     def _written(self, task: asyncio.Task[None]) -> None:
         """However the writing task ended (also cancelled before its first step): the call

@@ -38,7 +38,7 @@ class Member:
     __slots__ = (
         "_exited", "_received", "answered", "answered_at", "batches", "launcher", "process",
         "replaces", "request_limit", "retiring", "sent", "started_at", "state",
-        "take_back_timer",
+        "take_back_timer", "writes_streams",
     )  # fmt: skip
 
     def __init__(
@@ -55,6 +55,9 @@ class Member:
         #: When it was started (``time.monotonic``).
         self.started_at = time.monotonic()
         self.state = ProcessState.STARTING
+        #: It writes streamed answers to their clients itself (``Ready.writes_streams``): its
+        #: calls go with their client's connection when they have one to lend.
+        self.writes_streams = False
         #: Calls sent and not answered, in the order they were sent.
         self.sent: dict[int, PendingCall] = {}
         #: Calls it answered, and when its last answer came (``Scheduler.settle``).

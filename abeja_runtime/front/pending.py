@@ -21,6 +21,7 @@ from abeja_runtime.frames import (
     Frame,
     RpcAnswer,
     RpcCall,
+    Written,
 )
 from abeja_runtime.front.answer_file import AnswerFile
 from abeja_runtime.front.tenants import NORMAL
@@ -28,7 +29,10 @@ from abeja_runtime.front.tenants import NORMAL
 if TYPE_CHECKING:
     from abeja_runtime.tracing import CallTrace
 
-__all__ = ["STREAM_FAILED", "STREAM_LOST", "Batch", "CallHolder", "PendingCall", "StreamFailed"]
+__all__ = [
+    "STREAM_FAILED", "STREAM_LOST", "Batch", "CallHolder", "ClientLender", "PendingCall",
+    "StreamFailed",
+]  # fmt: skip
 
 #: Put in a streamed answer's chunks where it was cut short: its generator raised, or its
 #: process exited.
@@ -57,6 +61,17 @@ class CallHolder(Protocol):
     def send(self, frame: Frame, fd: int | None = None) -> None: ...
 
 
+class ClientLender(Protocol):
+    """A call's client connection, as its process may borrow it to write a streamed answer
+    itself (``worker/client_streams.py``)."""
+
+    def fileno(self) -> int | None:
+        """The connection's descriptor, while it is open and nothing waits in its buffer."""
+
+    def closes(self) -> bool:
+        """Whether the answer ends the connection."""
+
+
 @dataclasses.dataclass(slots=True)
 class Batch:
     """The calls of a batch (``--max-batch-size``) not answered yet: its process's slot is
@@ -70,8 +85,9 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "caller_budget", "chunks",
-        "deadline", "fd", "frame", "giving_back", "member", "priority", "queued_at", "sent_at",
-        "streaming", "tenant", "trace", "turn", "waited", "withdrawn_at",
+        "client", "deadline", "fd", "frame", "giving_back", "lent", "member", "on_returned",
+        "priority", "queued_at", "report", "sent_at", "streaming", "tenant", "trace", "turn",
+        "waited", "withdrawn_at", "written",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +136,15 @@ class PendingCall:
         self.tenant = ""
         self.priority = NORMAL
         self.turn = 0.0  # its start tag there, with tenants on
+        #: Its client's connection, to lend to a process that writes streams itself; ``lent``
+        #: while one holds it (the front writes nothing on it then), and what runs once it is
+        #: given back (:meth:`returned`). ``written``: the process wrote the answer itself, and
+        #: ``report`` says what (with its ``End``).
+        self.client: ClientLender | None = None
+        self.lent = False
+        self.on_returned: Callable[[], None] | None = None
+        self.written = False
+        self.report: Written | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and
@@ -149,6 +174,15 @@ class PendingCall:
                 if self.member is not None:
                     self.member.send(Credit(self.frame.id, taken, taken_bytes))
                 taken = taken_bytes = 0
+
+    def returned(self) -> None:
+        """Its process is done with it (answered, gave it back, or exited): the connection lent
+        with it is the front's again."""
+        if self.lent:
+            self.lent = False
+            on_returned, self.on_returned = self.on_returned, None
+            if on_returned is not None:
+                on_returned()
 
     def finish(self) -> None:
         cleanup, self._cleanup = self._cleanup, None

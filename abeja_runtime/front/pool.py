@@ -121,6 +121,7 @@ class HandlerPool:
         streamed = isinstance(frame, Answer) and frame.streamed
         if pending is not None and streamed:
             pending.streaming = True
+            pending.written = frame.written  # type: ignore[union-attr]  # an Answer
         if pending is None or pending.abandoned or pending.answer.done():
             if fd is not None:
                 os.close(fd)
@@ -150,6 +151,7 @@ class HandlerPool:
     def _end_received(self, member: Member, frame: End, fd: int | None) -> None:
         pending = member.sent.get(frame.id)
         if pending is not None:
+            pending.report = frame.written
             if pending.chunks is not None:
                 pending.chunks.put_nowait(STREAM_FAILED if frame.failed else None)
             self._settle(member, pending)
@@ -159,6 +161,7 @@ class HandlerPool:
         self.lifecycle.close_if_done(member)
 
     def _ready_received(self, member: Member, frame: Ready, fd: int | None) -> None:
+        member.writes_streams = frame.writes_streams
         self.lifecycle.ready(member, frame)
 
     def _load_failed_received(self, member: Member, frame: LoadFailed, fd: int | None) -> None:

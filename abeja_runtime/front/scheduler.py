@@ -27,7 +27,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
     WorkerCrashed,
 )
-from abeja_runtime.frames import Cancel, GiveBack, RunBatch
+from abeja_runtime.frames import Cancel, Client, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
 from abeja_runtime.front.call_time import CallTime
 from abeja_runtime.front.members import Member, ProcessState
@@ -249,6 +249,10 @@ class Scheduler:
         waits = self.batching is None and len(member.sent) > self._concurrency
         if not waits:
             self._started(pending, now)
+        client = pending.client
+        if client is not None and member.writes_streams and (fd := client.fileno()) is not None:
+            member.send(Client(pending.frame.id, client.closes()), fd)
+            pending.lent = True
         member.send(pending.frame, pending.fd)
         if waits and member.take_back_timer is None:
             self._look_for_slow_call(member)
@@ -302,6 +306,7 @@ class Scheduler:
         counted in ends now."""
         self.admitted -= 1
         self._started(pending, now)
+        pending.returned()
         pending.finish()
 
     # -- give-back ----------------------------------------------------------------------------
@@ -333,6 +338,7 @@ class Scheduler:
             return
         _left_batch(member, pending)
         pending.member = None
+        pending.returned()
         if pending.abandoned:
             self._release(pending, self._clock())  # given up while it waited there
         else:
@@ -382,6 +388,7 @@ class Scheduler:
                     pending.chunks.put_nowait(STREAM_LOST)
             else:
                 pending.member = None
+                pending.returned()
                 requeue.append(pending)
         member.sent.clear()
         for pending in requeue:

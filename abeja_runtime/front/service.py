@@ -79,7 +79,7 @@ class CallService:
         #: Every call's deadline is this many seconds after its request came (``None``: none).
         self.timeout = config.timeout or None
         #: The longest a streamed answer may go without progress, and may last (``None``: no
-        #: limit; see :mod:`~abeja_runtime.front.stream_limits`).
+        #: limit; see :mod:`~abeja_runtime.stream_limits`).
         self.stream_idle = config.stream_idle_timeout or None
         self.stream_timeout = config.stream_timeout or None
         #: The places and buffers of bodies above the inline limit.

@@ -22,8 +22,9 @@ from aiohttp.web_response import Response, StreamResponse
 from abeja_runtime.encode import EncodedResponse, error_reply
 from abeja_runtime.errors import HttpError
 from abeja_runtime.frames import Answer
-from abeja_runtime.front.answers import Headers, checked_head, unsendable, write_stream
+from abeja_runtime.front.answers import unsendable, write_stream
 from abeja_runtime.front.call import AwaitedAnswer
+from abeja_runtime.http_head import Headers, checked_head
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:

@@ -9,6 +9,7 @@ import asyncio
 import os
 from collections import deque
 
+from abeja_runtime.worker.client_streams import ClientConnections
 from abeja_runtime.worker.runner import Held, Runner
 from abeja_runtime.worker.warmup import Warmup
 
@@ -30,6 +31,8 @@ class EventLoop:
         #: call back: its task, cancelled now, would never run its ``finally``).
         self._not_started: dict[int, list[Held]] = {}
         runner.credits.wait = runner.credits.wait_on_loop
+        if not runner.batching:  # its streams are written to their clients here
+            runner.clients = ClientConnections()
 
     def serve(self, warmup: Warmup) -> None:
         """On ``uvloop`` or ``asyncio``'s loop, the warm-up first: what the handler binds to its
@@ -54,6 +57,7 @@ class EventLoop:
         loop.add_reader(fd, self._readable, read_all)
         # uvloop makes a descriptor it polls non-blocking; the answers' writes wait for room.
         os.set_blocking(fd, True)
+        runner.channel.hold_writes(loop)
         try:
             await read_all
         finally:
@@ -61,6 +65,7 @@ class EventLoop:
         runner.credits.close()  # the streams waiting for credit stop
         while self._running:
             await asyncio.wait(list(self._running.values()))
+        runner.channel.flush()
 
     def _readable(self, read_all: asyncio.Future[None]) -> None:
         """The frames that came: the calls among them started (or held for their batch), in

@@ -243,6 +243,7 @@ def serve(
     handler, config = loaded.handler, loaded.config
     word_errors_for(handler.style)
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
+    invoker = Invoker(config, handler, tracing)
     ready = Ready(
         VERSION,
         handler.style,
@@ -251,8 +252,8 @@ def serve(
         loaded.batch,
         loaded.seconds,
         loaded.forked_at is not None,
+        writes_streams=_on_event_loop(handler) and not invoker.batched,
     )
-    invoker = Invoker(config, handler, tracing)
     runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
     warmup = Warmup(config, invoker, channel, ready, loaded.how())
     code = 0
@@ -272,10 +273,15 @@ def serve(
 def _executor(handler: LoadedHandler, config: Config, runner: Runner) -> Executor:
     """Where the calls run, chosen once: an ``async def`` handler's (or an async gRPC
     service's) on the event loop; a ``def`` handler's on the main thread, or on threads."""
-    if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
+    if _on_event_loop(handler):
         from abeja_runtime.worker.event_loop import EventLoop  # asyncio only then
 
         return EventLoop(runner, config.concurrency, config.event_loop)
     if config.concurrency == 1:
         return MainThread(runner)
     return Threads(runner, config.concurrency)
+
+
+def _on_event_loop(handler: LoadedHandler) -> bool:
+    """Whether the calls run on an event loop (``event_loop.py``)."""
+    return handler.is_async or (handler.rpc is not None and handler.rpc.is_async)

@@ -13,7 +13,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import IO, Final, cast
 
 from abeja_runtime.config import Config
@@ -26,6 +26,7 @@ from abeja_runtime.frames import (
     Call,
     Cancel,
     Chunk,
+    Client,
     End,
     Frame,
     GiveBack,
@@ -36,10 +37,12 @@ from abeja_runtime.frames import (
     header_text,
     memfd,
 )
+from abeja_runtime.http_head import EMPTY_BODY_STATUSES, checked_head
 from abeja_runtime.logs import request_id_var, requester_id_var
 from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.tracing import HandlerSpan, Tracing
 from abeja_runtime.worker.cancellation import Cancellations
+from abeja_runtime.worker.client_streams import ClientConnections, write_to_client
 from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.decode import decode_request
 from abeja_runtime.worker.invoke import Invoker, chunks, settled
@@ -89,6 +92,10 @@ class Runner:
         self._held: dict[int, tuple[Call, int | None]] = {}
         #: The executor's part of a :class:`Cancel` or :class:`GiveBack` (the event loop's).
         self.take_back: Callable[[int, bool], object] = lambda call_id, cancel: None
+        #: The clients' connections handed over with the calls, when streams are written to
+        #: them here (on an event loop: ``client_streams.py``).
+        self.clients: ClientConnections | None = None
+        self._limits = (config.stream_idle_timeout or None, config.stream_timeout or None)
 
     def calls(self) -> Iterator[list[Held]]:
         """The calls to run, as the frames read say, until the front closes the socket (then
@@ -118,6 +125,9 @@ class Runner:
             return calls or None
         if type(frame) is Cancel or type(frame) is GiveBack:
             self.take_back(frame.id, type(frame) is Cancel)
+            return None
+        if type(frame) is Client and self.clients is not None:
+            self.clients.take_in(frame, item[1])
             return None
         raise AssertionError(f"a {type(frame).__name__} frame among the calls")
 
@@ -155,7 +165,7 @@ class Runner:
             for request in requests:
                 request.close()
             for held, _ in calls:
-                self._cancellations.finished(held.id)
+                self._over(held.id)
             if spans:
                 for span in reversed(spans.values()):
                     span.__exit__()
@@ -282,14 +292,32 @@ class Runner:
             self._write_memfd(Answer(call_id, reply.status, reply.headers, None, False), body)
 
     async def _stream(self, call_id: int, reply: EncodedResponse, span: HandlerSpan | None) -> None:
-        """The head, each chunk as the generator yields it and the credit allows, then the
-        :class:`End`; stopped, the generator closed, once the call is cancelled."""
+        """The streamed answer: written to its client here when the front lent its connection
+        (``client_streams.py``), else sent to the front; the span ends with it."""
         if span is not None:
             span.status(reply.status)
+        body = chunks(cast("Iterator[bytes] | AsyncIterator[bytes]", reply.body))
+        client = self._lent(call_id, reply)
+        try:
+            if client is None:
+                await self._send_stream(call_id, reply, body)
+            else:
+                await write_to_client(
+                    client, call_id, request_id_var.get() or "", reply.status, reply.headers,
+                    body, self.channel, self._cancellations, self._limits,
+                )  # fmt: skip
+        finally:
+            if span is not None:
+                span.end()
+
+    async def _send_stream(
+        self, call_id: int, reply: EncodedResponse, body: AsyncGenerator[bytes, None]
+    ) -> None:
+        """The head, each chunk as the generator yields it and the credit allows, then the
+        :class:`End`; stopped, the generator closed, once the call is cancelled."""
         credits = self.credits
         credits.open(call_id)
         self.channel.write(Answer(call_id, reply.status, reply.headers, None, True))
-        body = chunks(cast("Iterator[bytes] | AsyncIterator[bytes]", reply.body))
         failed = True  # until the loop ends: by an error, or its task cancelled
         try:
             async for chunk in body:
@@ -309,9 +337,23 @@ class Runner:
         finally:
             credits.finished(call_id)
             await body.aclose()
-            if span is not None:
-                span.end()
             self.channel.write(End(call_id, failed))
+
+    def _lent(self, call_id: int, reply: EncodedResponse) -> tuple[int, bool] | None:
+        """The client's connection that came with call ``call_id``, when its streamed answer is
+        written to it here: it has a body, and a head that can be sent (else the front answers
+        with its ``500``)."""
+        client = None if self.clients is None else self.clients.take(call_id)
+        if client is None:
+            return None
+        try:
+            checked_head(reply.status, reply.headers)
+            if reply.status not in EMPTY_BODY_STATUSES:
+                return client
+        except ValueError:
+            pass
+        os.close(client[0])
+        return None
 
     def _write_memfd(self, frame: Frame, data: bytes) -> None:
         fd = memfd([data])
@@ -320,11 +362,17 @@ class Runner:
         finally:
             os.close(fd)
 
+    def _over(self, call_id: int) -> None:
+        """Call ``call_id`` is over here: what it held is let go."""
+        self._cancellations.finished(call_id)
+        if self.clients is not None:
+            self.clients.drop(call_id)
+
     def give_back(self, frame: Call | RpcCall, fd: int | None) -> None:
         """Tell the front that ``frame`` was not run (it sends it elsewhere, or drops it)."""
         if fd is not None:
             os.close(fd)
-        self._cancellations.finished(frame.id)
+        self._over(frame.id)
         self.channel.write(GivenBack(frame.id))
 
     def dropped(self, frame: Call | RpcCall) -> None:

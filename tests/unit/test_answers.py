@@ -18,16 +18,11 @@ from aiohttp.http import SERVER_SOFTWARE
 from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.frames import Call
 from abeja_runtime.front.answer_file import AnswerFile
-from abeja_runtime.front.answers import (
-    EMPTY_BODY_STATUSES,
-    answer_head,
-    checked_head,
-    send_whole,
-    write_stream,
-)
+from abeja_runtime.front.answers import send_whole, write_stream
 from abeja_runtime.front.call import FrontCall, Outcome, Stage
 from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
 from abeja_runtime.front.service import CallHead, CallService
+from abeja_runtime.http_head import EMPTY_BODY_STATUSES, answer_head, checked_head
 from abeja_runtime.logs import REQUEST_ID_HEADER
 from abeja_runtime.metrics import FrontMetrics
 

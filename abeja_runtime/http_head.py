@@ -1,0 +1,94 @@
+"""An HTTP/1.1 answer's head as the runtime writes it, on the front's direct path
+(``front/answers.py``) and in a handler process that writes a streamed answer to its client
+itself (``worker/client_streams.py``).
+
+An answer's head follows the same rules on every path: the handler's headers as it gave them,
+then the request id (:data:`~abeja_runtime.logs.REQUEST_ID_HEADER`), the framing
+(``Content-Length``, or ``Transfer-Encoding: chunked`` for a streamed answer; none for the
+statuses without a body, 1xx, 204 and 304, as aiohttp sends them), ``Date``, ``Server``, and
+``Connection: close`` when the connection ends with it. A head the client could misread (a
+header holding a line break, which would split the answer, or another control character) is
+refused (``ValueError``): the answer becomes the runtime's own ``500``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import http
+import re
+import time
+from typing import Final
+
+from aiohttp.http import SERVER_SOFTWARE
+
+from abeja_runtime.logs import REQUEST_ID_HEADER
+
+__all__ = ["EMPTY_BODY_STATUSES", "LAST_CHUNK", "Headers", "answer_head", "checked_head", "chunk"]
+
+Headers = tuple[tuple[str, str], ...]
+
+#: Statuses whose answers have no body, and no Content-Length (as aiohttp sends them).
+EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
+#: What a header must not hold besides its line's end (aiohttp refuses the same in names
+#: and values, and line breaks: header injection).
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
+#: A chunked body's end.
+LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
+def answer_head(
+    status: int, headers: Headers, request_id: str, length: int | None, *, close: bool
+) -> bytes:
+    """The status line and headers of an answer (the module's docstring lists them), with a
+    body of ``length`` bytes, or chunked (``None``). ``ValueError`` for a header that would
+    split the answer or cannot be encoded (:func:`checked_head`; the request id cannot:
+    :func:`~abeja_runtime.logs.request_id_from` made sure)."""
+    if status in EMPTY_BODY_STATUSES:
+        framing = ""
+    elif length is None:
+        framing = "Transfer-Encoding: chunked\r\n"
+    else:
+        framing = f"Content-Length: {length}\r\n"
+    date = f"Date: {_http_date(int(time.time()))}\r\n"
+    end = "Connection: close\r\n\r\n" if close else "\r\n"
+    return (
+        f"{checked_head(status, headers)}{REQUEST_ID_HEADER}: {request_id}\r\n"
+        f"{framing}{date}{_SERVER_LINE}{end}"
+    ).encode()
+
+
+@functools.lru_cache(maxsize=256)
+def checked_head(status: int, headers: Headers) -> str:
+    """The status line and the handler's headers, checked (``ValueError`` for a line break or
+    another control character, or text that cannot be encoded): a handler answers with the
+    same few sets of headers, so each is written and scanned once."""
+    lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
+    lines += [f"{name}: {value}\r\n" for name, value in headers]
+    given = "".join(lines)
+    # One line each, and no other control character: three scans of the whole text instead
+    # of two per header.
+    ends = len(lines)
+    if given.count("\n") != ends or given.count("\r") != ends or _CONTROL.search(given):
+        raise ValueError("a header holds a line break or a control character")
+    given.encode()  # UnicodeEncodeError, a ValueError, for a lone surrogate
+    return given
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@functools.lru_cache(maxsize=2)
+def _http_date(second: int) -> str:
+    return email.utils.formatdate(second, usegmt=True)
+
+
+@functools.cache
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""

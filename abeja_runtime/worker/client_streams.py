@@ -1,0 +1,126 @@
+"""Streamed answers that a handler process writes to its client itself.
+
+On the front's direct path, a call to a process whose calls run on an event loop comes with its
+client's connection (a :class:`~abeja_runtime.frames.Client` frame and its descriptor, just
+before the :class:`~abeja_runtime.frames.Call`). If the handler streams, the process writes the
+answer's head and each chunk to the client as the generator yields it: no chunk crosses the
+front, which would read it, write it again, and take a turn on the core for each. The socket's
+own buffer is the stream's window (a slow client holds up its own generator, as credit does on
+the front's way). The process says :class:`~abeja_runtime.frames.Answer` ``written`` before its
+first byte goes out, and at the end :class:`~abeja_runtime.frames.End` with what it wrote
+(:class:`~abeja_runtime.frames.Written`: how it ended, its size, chunks and times), which the
+front counts, logs and traces as it does a stream it wrote. The front writes nothing on the
+connection from the moment it hands it over until the process is done with the call.
+
+The limits of a stream (``--stream-idle-timeout``, ``--stream-timeout``) are kept here as the
+front keeps them (:mod:`abeja_runtime.stream_limits`). A stream cut short (its generator
+raised, a limit, the client gone) ends without the body's last chunk: the front closes the
+connection, and it ends once this process has closed its copy too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncGenerator
+
+from abeja_runtime.frames import Answer, BlockingChannel, Client, End, Written
+from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk
+from abeja_runtime.stream_limits import StreamIdle, StreamLimits, StreamTooLong
+from abeja_runtime.worker.cancellation import Cancellations
+
+__all__ = ["ClientConnections", "write_to_client"]
+
+_log = logging.getLogger("abeja_runtime")
+
+
+class ClientConnections:
+    """The client connections the front handed over, by call id, until their calls are over."""
+
+    __slots__ = ("_by_call",)
+
+    def __init__(self) -> None:
+        self._by_call: dict[int, tuple[int, bool]] = {}
+
+    def take_in(self, frame: Client, fd: int | None) -> None:
+        if fd is not None:
+            self.drop(frame.id)
+            self._by_call[frame.id] = (fd, frame.close)
+
+    def take(self, call_id: int) -> tuple[int, bool] | None:
+        """Call ``call_id``'s connection and whether its answer ends it, now this caller's to
+        close; ``None`` when it came without one."""
+        return self._by_call.pop(call_id, None)
+
+    def drop(self, call_id: int) -> None:
+        """The call is over without a stream written here: its copy of the connection closed."""
+        held = self._by_call.pop(call_id, None)
+        if held is not None:
+            os.close(held[0])
+
+
+async def write_to_client(
+    client: tuple[int, bool],
+    call_id: int,
+    request_id: str,
+    status: int,
+    headers: Headers,
+    body: AsyncGenerator[bytes, None],
+    channel: BlockingChannel,
+    cancellations: Cancellations,
+    limits: tuple[float | None, float | None],
+) -> None:
+    """Write the streamed answer ``body`` (its head checked already) to ``client``: its head with
+    the first chunk, each chunk as it comes, the body's end; the :class:`End` says what was
+    written. The generator is closed and the connection's copy here closed however it ends."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(fileno=client[0])
+    sock.setblocking(False)
+    head = answer_head(status, headers, request_id, None, close=client[1])
+    channel.write(Answer(call_id, status, headers, None, True, written=True))
+    channel.flush()  # before any byte reaches the client: the front must know it is written
+    end, size, chunks, first_chunk_at, last_at = "failed", 0, 0, 0.0, 0.0
+    gaps: list[float] = []
+    try:
+        with StreamLimits(loop, *limits) as watch:
+            async for data in body:
+                watch.progress()  # a chunk came
+                if cancellations.is_cancelled(call_id):
+                    end = "client_left"
+                    return
+                if not data:
+                    continue
+                now = time.time()
+                if chunks:
+                    gaps.append(now - last_at)
+                else:
+                    first_chunk_at = now
+                last_at = now
+                await loop.sock_sendall(sock, head + chunk(data))
+                head = b""
+                chunks += 1
+                size += len(data)
+                watch.progress()  # the client took it
+            await loop.sock_sendall(sock, head + LAST_CHUNK)
+        end = "complete"
+    except OSError:  # the client left (a reset, a broken pipe)
+        end = "client_left"
+    except StreamIdle:
+        end = "idle"
+    except StreamTooLong:
+        end = "too_long"
+    except asyncio.CancelledError:  # the front cancelled the call: nobody waits for it
+        end = "client_left"
+        raise
+    except Exception as exc:
+        _log.error("the handler's streamed content failed after the response began: %s", exc)
+    finally:
+        sock.close()  # this process's copy: the connection is the front's again
+        with contextlib.suppress(Exception):
+            await body.aclose()
+        written = Written(end, size, chunks, first_chunk_at, tuple(gaps))
+        channel.write(End(call_id, end == "failed", written))
