@@ -34,7 +34,11 @@ with :data:`EXIT_WARMUP_FAILED` when its warm-up failed). Then the front sends :
 :data:`STREAM_WINDOW` chunks and :data:`STREAM_WINDOW_BYTES` bytes (plus the chunk that crossed
 them) ahead of its client: the front gives :class:`Credit` for the chunks the client took, and a
 stream that has none left waits (its generator is not asked for more). A chunk above
-:data:`INLINE_LIMIT` travels as a memfd, as a big body does.
+:data:`INLINE_LIMIT` travels as a memfd, as a big body does. A process whose calls run on an
+event loop says so (``Ready.writes_streams``); the front's direct path then sends each call with
+its client's connection (:class:`Client`, just before the :class:`Call`), and the process
+writes a streamed answer to the client itself (``Answer.written``, then only the :class:`End`,
+with what it wrote: ``worker/client_streams.py``), a chunk never crossing the front.
 The front may take back a call the process has not started (:class:`Cancel`,
 :class:`GiveBack`): the process then answers :class:`GivenBack` instead. A closed socket tells
 either side that the other is gone: the handler process finishes (the handler's teardown runs),

@@ -338,6 +338,13 @@ class DirectResponder:
     def client_gone(self) -> None:
         """The connection was lost before the answer was out: nobody waits for it."""
         if self._writing is not None:
+            ticket = self.call.ticket
+            if ticket is not None and ticket.written:
+                # Its process writes it: it stops, and its End says how far the client got
+                # (all of it, when the client left once it had the body's end).
+                if ticket.lent:
+                    self._service.pool.stop_stream(ticket)
+                return
             self._writing.cancel()  # it ends the call
             return
         if self._body is not None and self._body.reading:  # not submitted yet

@@ -15,6 +15,7 @@ from typing import Any, Final, get_args
 from abeja_runtime.config import Config
 from abeja_runtime.frames import (
     Answer,
+    Cancel,
     Chunk,
     End,
     Frame,
@@ -102,6 +103,12 @@ class HandlerPool:
     @property
     def queued(self) -> int:
         return self.scheduler.queued
+
+    def stop_stream(self, pending: PendingCall) -> None:
+        """The client of a stream that ``pending``'s process writes itself left: the process
+        stops it (:class:`Cancel`), and its ``End`` says how it ended."""
+        if pending.member is not None:
+            pending.member.send(Cancel(pending.frame.id))
 
     # -- the processes' frames ----------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import socket
 import time
 from collections.abc import AsyncGenerator
@@ -45,6 +46,13 @@ class ClientConnections:
 
     def __init__(self) -> None:
         self._by_call: dict[int, tuple[int, bool]] = {}
+        # A descriptor per call that runs or waits here: room for as many as the system lets
+        # this process have (a soft limit of 1,024 would drop descriptors at a thousand
+        # streams, and lose their frames with them).
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     def take_in(self, frame: Client, fd: int | None) -> None:
         if fd is not None:

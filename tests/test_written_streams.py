@@ -1,0 +1,87 @@
+"""Streamed answers that an event-loop worker writes to its client itself, over real HTTP: the
+front lends the connection with the call and stays off the chunks' way
+(``worker/client_streams.py``), and the connection is the front's again at the stream's end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from helpers.raw_http import get, read_until, records_of, send_and_leave
+from helpers.servers import ServerFactory
+from helpers.waiting import wait_until
+
+
+def test_the_chunks_reach_the_client_while_the_front_is_stopped(
+    make_server: ServerFactory, tmp_path: Path
+):
+    """The front is stopped (``SIGSTOP``) after the first chunk: the rest of the stream still
+    arrives, body's end included, which only the worker can have written. Through the front,
+    the test would wait for the chunks until its socket's timeout."""
+    server = make_server("cn_stream", "--handler", "main:async_held")
+    release = tmp_path / "release"
+    sock = send_and_leave(server, get(f"/?until={release}", "lent"))
+    try:
+        assert b"before the release\n" in read_until(sock, b"before the release\n")
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            release.touch()
+            rest = read_until(sock, b"0\r\n\r\n")
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert b"after the release\n" in rest and rest.endswith(b"0\r\n\r\n")
+    finally:
+        sock.close()
+    (record,) = wait_until(lambda: records_of(server, "lent"), 10, "the stream's record")
+    assert record["http_status"] == 200
+    assert record["stream_end"] == "complete" and record["chunks"] == 2
+    assert 0 < record["time_to_first_byte_microsecs"] < record["elapsed_microsecs"]
+
+
+def test_the_connection_serves_its_next_requests_after_a_written_stream(
+    make_server: ServerFactory,
+):
+    """Three streams asked at once on one connection (pipelined): each answer whole and in
+    order, the next one's head after the body's end of the one before."""
+    server = make_server("cn_stream", "--handler", "main:async_handler")
+    requests = b"".join(get(f"/?lines=3&tag=p{index}", f"p{index}") for index in range(3))
+    sock = send_and_leave(server, requests)
+    try:
+        data = b""
+        while data.count(b"0\r\n\r\n") < 3:
+            piece = sock.recv(65536)
+            assert piece, data
+            data += piece
+    finally:
+        sock.close()
+    answers = data.split(b"HTTP/1.1 200 OK\r\n")[1:]
+    assert len(answers) == 3
+    for index, answer in enumerate(answers):
+        assert f"x-abeja-request-id: p{index}".encode() in answer
+        assert answer.endswith(b"0\r\n\r\n")
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["keep-alive", "close"])
+def test_a_stream_written_by_the_worker_ends_the_connection_when_asked(
+    make_server: ServerFactory, close: bool
+):
+    """``Connection: close`` from the client: the worker's head says it, and the connection
+    ends after the body's end; without it, the same connection answers the next request."""
+    server = make_server("cn_stream", "--handler", "main:async_handler")
+    request = get("/?lines=2&tag=c", "c")
+    if close:
+        request = request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    sock = send_and_leave(server, request)
+    try:
+        data = read_until(sock, b"0\r\n\r\n")
+        assert (b"Connection: close\r\n" in data) is close
+        if close:
+            assert sock.recv(100) == b""  # the front's end, once the worker let it go
+        else:
+            sock.sendall(get("/?lines=1&tag=d", "d"))
+            assert b"d 0\n" in read_until(sock, b"0\r\n\r\n")
+    finally:
+        sock.close()
