@@ -62,8 +62,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn, TypeVar
 
 if TYPE_CHECKING:  # for the type only: config imports every style, and mapped.py imports this
-    import asyncio  # a def handler's process never imports it (ssl: 5 MiB)
-
     from abeja_runtime.config import Config
 
 __all__ = [
@@ -633,9 +631,6 @@ class BlockingChannel:
         #: Held while reading (and while waiting for frames): :meth:`taken_back` runs on a
         #: thread of its own while the main thread runs a call.
         self._read_lock = threading.Lock()
-        #: The thread and loop whose writes are held (:meth:`hold_writes`), and what is held.
-        self._holding: tuple[int, asyncio.AbstractEventLoop] | None = None
-        self._held: list[bytes] = []
 
     def close_pending(self) -> None:
         """Close the descriptors of the frames read and not taken yet (a process forked from
@@ -744,30 +739,8 @@ class BlockingChannel:
         self._ready = kept
         return taken
 
-    def hold_writes(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From now on, the frames written on ``loop``'s thread are held and sent together once
-        the loop has run what is ready (one write, so one wake-up of the front, for the
-        answer, the chunks and the ends of a turn of the loop)."""
-        self._holding = (threading.get_ident(), loop)
-
-    def flush(self) -> None:
-        """Send the frames held (:meth:`hold_writes`)."""
-        if self._held:
-            data = b"".join(self._held)
-            self._held.clear()
-            with self._write_lock:
-                self._sock.sendall(data)
-
     def write(self, frame: Frame, fd: int | None = None) -> None:
         data = encode_frame(frame, has_fd=fd is not None)
-        holding = self._holding
-        if holding is not None and holding[0] == threading.get_ident():
-            if fd is None:
-                if not self._held:
-                    holding[1].call_soon(self.flush)
-                self._held.append(data)
-                return
-            self.flush()  # in order, before the frame with its descriptor
         with self._write_lock:
             if fd is None:
                 self._sock.sendall(data)

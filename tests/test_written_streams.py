@@ -5,6 +5,8 @@ front lends the connection with the call and stays off the chunks' way
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 from pathlib import Path
@@ -85,3 +87,30 @@ def test_a_stream_written_by_the_worker_ends_the_connection_when_asked(
             assert b"d 0\n" in read_until(sock, b"0\r\n\r\n")
     finally:
         sock.close()
+
+
+def test_a_call_past_its_deadline_while_its_connection_is_lent_gets_its_504(
+    make_server: ServerFactory, tmp_path: Path
+):
+    """An ``async def`` handler that blocks its worker's loop past ``--timeout``: the front may
+    not write on the connection it lent until the worker lets the call go, here when the worker
+    is replaced as stuck (``--grace-period`` later). The client then gets the ``504``, whole,
+    and the connection goes on."""
+    server = make_server(
+        "hl_blocking", "--handler", "main:async_handler", "--timeout", "1", "--grace-period", "1"
+    )
+    body = json.dumps({"started": str(tmp_path / "started"), "release": str(tmp_path / "no")})
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("POST", "/", body=body, headers={"x-abeja-request-id": "late"})
+        answer = connection.getresponse()
+        assert answer.status == 504
+        assert b"ABEJA_RUNTIME_TIMEOUT" in answer.read()
+        connection.request("GET", "/health_check")  # the front answers it on this connection
+        health = connection.getresponse()
+        assert health.status in (200, 503)  # ready, or the stuck worker's replacement starting
+        health.read()
+    finally:
+        connection.close()
+    (record,) = wait_until(lambda: records_of(server, "late"), 10, "the call's record")
+    assert record["http_status"] == 504

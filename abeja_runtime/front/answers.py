@@ -113,7 +113,7 @@ async def write_stream(sink: AnswerSink, call: FrontCall, status: int, headers: 
     handler process sends it), or big and written from its file (with its length), a piece at
     a time as the client takes it: a slow reader holds a piece of it in the front, not all of
     it. Whether it went out whole (else the connection must end); the file is closed however
-    it ends. Cut short at its limits (:mod:`~abeja_runtime.front.stream_limits`).
+    it ends. Cut short at its limits (:mod:`~abeja_runtime.stream_limits`).
     ``CancelledError`` (the client left) withdraws the call and is raised on."""
     pending, entry, service = call.ticket, call.entry, call.service
     assert pending is not None

@@ -36,7 +36,7 @@ from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
 from abeja_runtime.front.body import IN_FRAME
-from abeja_runtime.front.call import FrontCall
+from abeja_runtime.front.call import FrontCall, Stage
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
 from abeja_runtime.front.pending import StreamFailed
@@ -281,6 +281,8 @@ class DirectResponder:
     def _refuse_returned(self, call: FrontCall, exc: HttpError) -> None:
         """The refusal of a call whose connection was lent, now that its process is done: sent,
         unless the process began its streamed answer before it learnt (then cut short)."""
+        if call.stage is Stage.DONE:  # its client left meanwhile
+            return
         ticket = call.ticket
         if ticket is None or not ticket.written:
             self.refuse(call, exc)

@@ -181,8 +181,8 @@ class PendingCall:
         if self.lent:
             self.lent = False
             on_returned, self.on_returned = self.on_returned, None
-            if on_returned is not None:
-                on_returned()
+            if on_returned is not None:  # once the pool is done with the frame that said so
+                self.answer.get_loop().call_soon(on_returned)
 
     def finish(self) -> None:
         cleanup, self._cleanup = self._cleanup, None

@@ -46,9 +46,12 @@ class ClientConnections:
 
     def __init__(self) -> None:
         self._by_call: dict[int, tuple[int, bool]] = {}
-        # A descriptor per call that runs or waits here: room for as many as the system lets
-        # this process have (a soft limit of 1,024 would drop descriptors at a thousand
-        # streams, and lose their frames with them).
+
+    @staticmethod
+    def make_room() -> None:
+        """A descriptor for each call that runs or waits here: room for as many open files as
+        the system lets this process have (a soft limit of 1,024 would drop descriptors at a
+        thousand streams, and lose their frames with them)."""
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != hard:
             with contextlib.suppress(ValueError, OSError):
@@ -89,8 +92,8 @@ async def write_to_client(
     sock = socket.socket(fileno=client[0])
     sock.setblocking(False)
     head = answer_head(status, headers, request_id, None, close=client[1])
+    # Sent before any byte reaches the client: the front must know the answer is written.
     channel.write(Answer(call_id, status, headers, None, True, written=True))
-    channel.flush()  # before any byte reaches the client: the front must know it is written
     end, size, chunks, first_chunk_at, last_at = "failed", 0, 0, 0.0, 0.0
     gaps: list[float] = []
     try:

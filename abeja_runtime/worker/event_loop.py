@@ -48,6 +48,8 @@ class EventLoop:
         await warmup.run()
         loop = asyncio.get_running_loop()
         runner = self._runner
+        if runner.clients is not None:
+            runner.clients.make_room()
         if not runner.batching:  # a batch's calls are all answered, never taken back
             runner.take_back = self._take_back
         read_all = loop.create_future()
@@ -57,7 +59,6 @@ class EventLoop:
         loop.add_reader(fd, self._readable, read_all)
         # uvloop makes a descriptor it polls non-blocking; the answers' writes wait for room.
         os.set_blocking(fd, True)
-        runner.channel.hold_writes(loop)
         try:
             await read_all
         finally:
@@ -65,7 +66,6 @@ class EventLoop:
         runner.credits.close()  # the streams waiting for credit stop
         while self._running:
             await asyncio.wait(list(self._running.values()))
-        runner.channel.flush()
 
     def _readable(self, read_all: asyncio.Future[None]) -> None:
         """The frames that came: the calls among them started (or held for their batch), in

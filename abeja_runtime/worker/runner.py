@@ -126,8 +126,11 @@ class Runner:
         if type(frame) is Cancel or type(frame) is GiveBack:
             self.take_back(frame.id, type(frame) is Cancel)
             return None
-        if type(frame) is Client and self.clients is not None:
-            self.clients.take_in(frame, item[1])
+        if type(frame) is Client:
+            if self.clients is not None:
+                self.clients.take_in(frame, item[1])
+            elif item[1] is not None:  # (never sent where streams are not written)
+                os.close(item[1])
             return None
         raise AssertionError(f"a {type(frame).__name__} frame among the calls")
 

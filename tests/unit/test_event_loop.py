@@ -22,6 +22,8 @@ class _Runner:
 
     def __init__(self) -> None:
         self.credits = _Credits()
+        self.batching = False
+        self.clients = None
         self.ran: list[int] = []
         self.given_back: list[int] = []
         self.answered_dropped: list[int] = []
