@@ -1,20 +1,32 @@
 """Streamed answers that an event-loop worker writes to its client itself, over real HTTP: the
 front lends the connection with the call and stays off the chunks' way
 (``worker/client_streams.py``), and the connection is the front's again at the stream's end.
+The front lends connections once its handler has answered with a stream: each test streams
+once first (:func:`lending`).
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 from helpers.raw_http import get, read_until, records_of, send_and_leave
-from helpers.servers import ServerFactory
+from helpers.servers import RunningServer, ServerFactory
 from helpers.waiting import wait_until
+
+
+def lending(server: RunningServer) -> RunningServer:
+    """``server`` once it lends its connections: after its first stream (``cn_stream``'s
+    ``async_handler``, or any handler that streams its ``?lines=1``)."""
+    sock = send_and_leave(server, get("/?lines=1&tag=first", "first"))
+    try:
+        assert read_until(sock, b"0\r\n\r\n").endswith(b"0\r\n\r\n")
+    finally:
+        sock.close()
+    return server
 
 
 def test_the_chunks_reach_the_client_while_the_front_is_stopped(
@@ -24,6 +36,12 @@ def test_the_chunks_reach_the_client_while_the_front_is_stopped(
     arrives, body's end included, which only the worker can have written. Through the front,
     the test would wait for the chunks until its socket's timeout."""
     server = make_server("cn_stream", "--handler", "main:async_held")
+    sock = send_and_leave(server, get(f"/?until={tmp_path / 'first'}", "first"))
+    try:  # its first stream: the front lends connections from then on
+        (tmp_path / "first").touch()
+        assert read_until(sock, b"0\r\n\r\n").endswith(b"0\r\n\r\n")
+    finally:
+        sock.close()
     release = tmp_path / "release"
     sock = send_and_leave(server, get(f"/?until={release}", "lent"))
     try:
@@ -48,7 +66,7 @@ def test_the_connection_serves_its_next_requests_after_a_written_stream(
 ):
     """Three streams asked at once on one connection (pipelined): each answer whole and in
     order, the next one's head after the body's end of the one before."""
-    server = make_server("cn_stream", "--handler", "main:async_handler")
+    server = lending(make_server("cn_stream", "--handler", "main:async_handler"))
     requests = b"".join(get(f"/?lines=3&tag=p{index}", f"p{index}") for index in range(3))
     sock = send_and_leave(server, requests)
     try:
@@ -72,7 +90,7 @@ def test_a_stream_written_by_the_worker_ends_the_connection_when_asked(
 ):
     """``Connection: close`` from the client: the worker's head says it, and the connection
     ends after the body's end; without it, the same connection answers the next request."""
-    server = make_server("cn_stream", "--handler", "main:async_handler")
+    server = lending(make_server("cn_stream", "--handler", "main:async_handler"))
     request = get("/?lines=2&tag=c", "c")
     if close:
         request = request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
@@ -90,19 +108,19 @@ def test_a_stream_written_by_the_worker_ends_the_connection_when_asked(
 
 
 def test_a_call_past_its_deadline_while_its_connection_is_lent_gets_its_504(
-    make_server: ServerFactory, tmp_path: Path
+    make_server: ServerFactory,
 ):
-    """An ``async def`` handler that blocks its worker's loop past ``--timeout``: the front may
-    not write on the connection it lent until the worker lets the call go, here when the worker
-    is replaced as stuck (``--grace-period`` later). The client then gets the ``504``, whole,
-    and the connection goes on."""
+    """An ``async def`` handler that blocks its worker's loop past ``--timeout`` before its
+    stream: the front may not write on the connection it lent until the worker lets the call
+    go, here when the worker is replaced as stuck (``--grace-period`` later). The client then
+    gets the ``504``, whole, and the connection goes on."""
     server = make_server(
-        "hl_blocking", "--handler", "main:async_handler", "--timeout", "1", "--grace-period", "1"
+        "cn_stream", "--handler", "main:stalling", "--timeout", "1", "--grace-period", "1"
     )
-    body = json.dumps({"started": str(tmp_path / "started"), "release": str(tmp_path / "no")})
+    lending(server)
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
-        connection.request("POST", "/", body=body, headers={"x-abeja-request-id": "late"})
+        connection.request("GET", "/?stall=30&lines=1", headers={"x-abeja-request-id": "late"})
         answer = connection.getresponse()
         assert answer.status == 504
         assert b"ABEJA_RUNTIME_TIMEOUT" in answer.read()

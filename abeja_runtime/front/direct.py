@@ -211,7 +211,9 @@ class DirectResponder:
         """The connection's descriptor, to lend with the call: while it is open and has nothing
         left to write (the process's bytes must come after everything before them)."""
         transport = self._connection.transport
-        if not self.lends or transport is None or transport.is_closing():
+        if not (self.lends and self._service.pool.lends_connections):
+            return None
+        if transport is None or transport.is_closing():
             return None
         if transport.get_write_buffer_size():
             return None

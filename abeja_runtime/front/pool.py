@@ -67,6 +67,10 @@ class HandlerPool:
         )
         self._watch = Watch(config, self.lifecycle, self.scheduler)
         self._ids = itertools.count(1)
+        #: A handler process answered with a stream: from now on, the calls to processes that
+        #: write their streams themselves go with their client's connection (lending it costs
+        #: a handler that never streams a tenth of its small calls' rate).
+        self.lends_connections = False
         # What the call service asks the scheduler, straight.
         self.submit = self.scheduler.submit
         self.admit_before = self.scheduler.admit_before
@@ -129,6 +133,7 @@ class HandlerPool:
         if pending is not None and streamed:
             pending.streaming = True
             pending.written = frame.written  # type: ignore[union-attr]  # an Answer
+            self.lends_connections = self.lends_connections or member.writes_streams
         if pending is None or pending.abandoned or pending.answer.done():
             if fd is not None:
                 os.close(fd)

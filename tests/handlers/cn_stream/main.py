@@ -207,3 +207,10 @@ async def async_blocks(request, context):
     """:func:`blocks` from an async generator."""
     content = _async_blocks(*_blocks_asked(request))
     return {"content_type": "application/octet-stream", "content": content}
+
+
+async def stalling(request, context):
+    """Streams ``?lines=`` lines; with ``?stall=S``, first blocks its worker's event loop for S
+    seconds (no await), as a handler doing blocking work by mistake would."""
+    time.sleep(float(request.query.get("stall", "0")))
+    return {"content_type": "text/plain", "content": _async_lines(*_asked(request))}
