@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from abeja_runtime.frames import Frame
+from abeja_runtime.frames import Client, Frame
 
 if TYPE_CHECKING:
     from abeja_runtime.front.pending import PendingCall
@@ -80,6 +80,15 @@ class Member:
 
     def send(self, frame: Frame, fd: int | None = None) -> None:
         self.process.send(frame, fd)
+
+    def send_call(self, pending: PendingCall) -> None:
+        """Send ``pending``'s frame, after its client's connection when it lends it and this
+        process writes its streams itself (``frames.Client``)."""
+        client = pending.client
+        if client is not None and self.writes_streams and (fd := client.fileno()) is not None:
+            self.send(Client(pending.frame.id, client.closes()), fd)
+            pending.lent = True
+        self.send(pending.frame, pending.fd)
 
     def received(self, frame: Frame, fd: int | None) -> None:
         self._received(self, frame, fd)

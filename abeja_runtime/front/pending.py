@@ -175,9 +175,12 @@ class PendingCall:
                     self.member.send(Credit(self.frame.id, taken, taken_bytes))
                 taken = taken_bytes = 0
 
-    def returned(self) -> None:
-        """Its process is done with it (answered, gave it back, or exited): the connection lent
-        with it is the front's again."""
+    def returned(self, *, to_queue: bool = False) -> None:
+        """Its process is done with it (answered, gave it back, or exited; ``to_queue``: it
+        goes back to the queue, in no process): the connection lent with it is the front's
+        again."""
+        if to_queue:
+            self.member = None
         if self.lent:
             self.lent = False
             on_returned, self.on_returned = self.on_returned, None

@@ -27,7 +27,7 @@ from abeja_runtime.errors import (
     ServiceBusy,
     WorkerCrashed,
 )
-from abeja_runtime.frames import Cancel, Client, GiveBack, RunBatch
+from abeja_runtime.frames import Cancel, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
 from abeja_runtime.front.call_time import CallTime
 from abeja_runtime.front.members import Member, ProcessState
@@ -249,11 +249,7 @@ class Scheduler:
         waits = self.batching is None and len(member.sent) > self._concurrency
         if not waits:
             self._started(pending, now)
-        client = pending.client
-        if client is not None and member.writes_streams and (fd := client.fileno()) is not None:
-            member.send(Client(pending.frame.id, client.closes()), fd)
-            pending.lent = True
-        member.send(pending.frame, pending.fd)
+        member.send_call(pending)
         if waits and member.take_back_timer is None:
             self._look_for_slow_call(member)
 
@@ -337,8 +333,7 @@ class Scheduler:
         if pending is None:
             return
         _left_batch(member, pending)
-        pending.member = None
-        pending.returned()
+        pending.returned(to_queue=True)
         if pending.abandoned:
             self._release(pending, self._clock())  # given up while it waited there
         else:
@@ -387,8 +382,7 @@ class Scheduler:
                 elif pending.chunks is not None:
                     pending.chunks.put_nowait(STREAM_LOST)
             else:
-                pending.member = None
-                pending.returned()
+                pending.returned(to_queue=True)
                 requeue.append(pending)
         member.sent.clear()
         for pending in requeue:
