@@ -119,6 +119,7 @@ READ_SIZE: Final = 256 * 1024
 #: and room for them in a read: descriptors beyond a read's room would be lost.
 FDS_PER_WRITE: Final = 32
 _FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * FDS_PER_WRITE)
+_CLOEXEC: Final = getattr(socket, "MSG_CMSG_CLOEXEC", 0)  # Linux's; macOS has none
 #: How many chunks a streamed body may run ahead of its client: what the front holds of a
 #: stream whose client reads slowly (the generator waits), per stream, so that one slow reader
 #: holds up its own stream and no other call of its process.
@@ -543,7 +544,8 @@ def read_buffer() -> memoryview:
 def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memoryview, list[int]]:
     """One read into ``into``: the bytes (a view of ``into``, valid until the next read; empty:
     closed) and any descriptors that came with them. ``flags``: ``recvmsg``'s."""
-    size, ancillary, flags, _ = sock.recvmsg_into([into], _FD_SPACE, flags)
+    # (Not inherited by what a handler runs: a client's connection kept open by a child.)
+    size, ancillary, flags, _ = sock.recvmsg_into([into], _FD_SPACE, flags | _CLOEXEC)
     data = into[:size]
     fds: list[int] = []
     for level, kind, payload in ancillary:

@@ -132,3 +132,20 @@ def test_a_call_past_its_deadline_while_its_connection_is_lent_gets_its_504(
         connection.close()
     (record,) = wait_until(lambda: records_of(server, "late"), 10, "the call's record")
     assert record["http_status"] == 504
+
+
+def test_a_written_stream_that_fails_before_its_first_chunk_sends_its_head_then_is_cut(
+    make_server: ServerFactory,
+):
+    """The head goes with the first chunk; a generator that raises before it still gets its
+    status line out, then the connection ends without the body's end, as on the front's way,
+    and the record says ``500``, ``failed``."""
+    server = lending(make_server("cn_stream", "--handler", "main:failing"))
+    sock = send_and_leave(server, get("/?fail=1", "fails"))
+    try:
+        received = read_until(sock, b"0\r\n\r\n")  # until the connection ends
+    finally:
+        sock.close()
+    assert received.startswith(b"HTTP/1.1 200 ") and not received.endswith(b"0\r\n\r\n")
+    (record,) = wait_until(lambda: records_of(server, "fails"), 10, "its access record")
+    assert record["http_status"] == 500 and record["stream_end"] == "failed"

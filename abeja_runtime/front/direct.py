@@ -194,7 +194,10 @@ class DirectResponder:
     lost: a whole answer in one :meth:`~abeja_runtime.front.connection.Connection.send_direct`
     from the answer's callback; a streamed one, or one written from its file, from a task."""
 
-    __slots__ = ("_body", "_connection", "_keep_alive", "_service", "_writing", "call", "lends")
+    __slots__ = (
+        "_body", "_connection", "_keep_alive", "_lent_closes", "_service", "_writing", "call",
+        "lends",
+    )  # fmt: skip
 
     def __init__(self, service: CallService, connection: Connection, *, keep_alive: bool) -> None:
         self._service = service
@@ -204,8 +207,10 @@ class DirectResponder:
         self._body: DirectBody | None = None
         #: The task writing a streamed or file-written answer.
         self._writing: asyncio.Task[None] | None = None
-        #: The connection may be lent to the call's process (``pending.ClientLender``).
+        #: The connection may be lent to the call's process (``pending.ClientLender``), and
+        #: whether the head its process writes ends it (said when it was lent).
         self.lends = False
+        self._lent_closes = False
 
     def fileno(self) -> int | None:
         """The connection's descriptor, to lend with the call: while it is open and has nothing
@@ -220,7 +225,8 @@ class DirectResponder:
         return int(transport.get_extra_info("socket").fileno())
 
     def closes(self) -> bool:
-        return self._closes()
+        self._lent_closes = self._closes()
+        return self._lent_closes
 
     def read_body(self, frame: Call, payload: StreamReader) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""
@@ -316,7 +322,7 @@ class DirectResponder:
             call.client_left()
         elif not whole:
             call.cut(self._cut_by(report))
-        self._connection.direct_done(close=self._closes() or not whole)
+        self._connection.direct_done(close=self._lent_closes or not whole)
 
     def _cut_by(self, report: Written | None) -> Exception:
         """What cut short a stream its process wrote (as ``report`` says)."""

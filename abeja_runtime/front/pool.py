@@ -113,6 +113,7 @@ class HandlerPool:
         stops it (:class:`Cancel`), and its ``End`` says how it ended."""
         if pending.member is not None:
             pending.member.send(Cancel(pending.frame.id))
+            pending.withdrawn_at = time.monotonic()  # the watch's grace: then it is stuck
 
     # -- the processes' frames ----------------------------------------------------------------
 
@@ -135,10 +136,7 @@ class HandlerPool:
             pending.written = frame.written  # type: ignore[union-attr]  # an Answer
             self.lends_connections = self.lends_connections or member.writes_streams
         if pending is None or pending.abandoned or pending.answer.done():
-            if fd is not None:
-                os.close(fd)
-            if pending is not None and not streamed:  # (a stream's chunks are dropped until End)
-                self._settle(member, pending)
+            self._dropped(member, pending, fd, streamed=streamed)
             return
         if streamed:
             pending.chunks = asyncio.Queue()
@@ -151,6 +149,17 @@ class HandlerPool:
                 frame = frame._replace(body=read_fd(fd))
         pending.answer.set_result(frame)
         if not streamed:  # a stream's End settles it
+            self._settle(member, pending)
+
+    def _dropped(
+        self, member: Member, pending: PendingCall | None, fd: int | None, *, streamed: bool
+    ) -> None:
+        """An answer that nobody waits for: its slot freed (a stream's at its ``End``)."""
+        if fd is not None:
+            os.close(fd)
+        if pending is not None and not streamed:  # (a stream's chunks are dropped until End)
+            if pending.chunks is not None:  # a stream whose End never came: cut short
+                pending.chunks.put_nowait(STREAM_FAILED)
             self._settle(member, pending)
 
     def _chunk_received(self, member: Member, frame: Chunk, fd: int | None) -> None:

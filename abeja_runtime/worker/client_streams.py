@@ -27,9 +27,9 @@ import os
 import resource
 import socket
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
-from abeja_runtime.frames import Answer, BlockingChannel, Client, End, Written
+from abeja_runtime.frames import STREAM_WINDOW, Answer, BlockingChannel, Client, End, Written
 from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk
 from abeja_runtime.stream_limits import StreamIdle, StreamLimits, StreamTooLong
 from abeja_runtime.worker.cancellation import Cancellations
@@ -74,6 +74,10 @@ class ClientConnections:
             os.close(held[0])
 
 
+class _ClientLeft(Exception):
+    """A write to the client failed: it left (a reset, a broken pipe)."""
+
+
 async def write_to_client(
     client: tuple[int, bool],
     call_id: int,
@@ -87,51 +91,99 @@ async def write_to_client(
 ) -> None:
     """Write the streamed answer ``body`` (its head checked already) to ``client``: its head with
     the first chunk, each chunk as it comes, the body's end; the :class:`End` says what was
-    written. The generator is closed and the connection's copy here closed however it ends."""
+    written. The generator is closed, the connection's copy here closed, and the :class:`End`
+    sent, however it ends."""
     loop = asyncio.get_running_loop()
-    sock = socket.socket(fileno=client[0])
-    sock.setblocking(False)
-    head = answer_head(status, headers, request_id, None, close=client[1])
+    stream = _Stream(client, answer_head(status, headers, request_id, None, close=client[1]))
     # Sent before any byte reaches the client: the front must know the answer is written.
     channel.write(Answer(call_id, status, headers, None, True, written=True))
-    end, size, chunks, first_chunk_at, last_at = "failed", 0, 0, 0.0, 0.0
-    gaps: list[float] = []
     try:
         with StreamLimits(loop, *limits) as watch:
-            async for data in body:
-                watch.progress()  # a chunk came
-                if cancellations.is_cancelled(call_id):
-                    end = "client_left"
-                    return
-                if not data:
-                    continue
-                now = time.time()
-                if chunks:
-                    gaps.append(now - last_at)
-                else:
-                    first_chunk_at = now
-                last_at = now
-                await loop.sock_sendall(sock, head + chunk(data))
-                head = b""
-                chunks += 1
-                size += len(data)
-                watch.progress()  # the client took it
-            await loop.sock_sendall(sock, head + LAST_CHUNK)
-        end = "complete"
-    except OSError:  # the client left (a reset, a broken pipe)
-        end = "client_left"
-    except StreamIdle:
-        end = "idle"
-    except StreamTooLong:
-        end = "too_long"
+            stream.end = await stream.write(
+                body, watch, lambda: cancellations.is_cancelled(call_id)
+            )
     except asyncio.CancelledError:  # the front cancelled the call: nobody waits for it
-        end = "client_left"
+        stream.end = "client_left"
         raise
     except Exception as exc:
-        _log.error("the handler's streamed content failed after the response began: %s", exc)
+        stream.end = _ended_by(exc)
     finally:
-        sock.close()  # this process's copy: the connection is the front's again
-        with contextlib.suppress(Exception):
-            await body.aclose()
-        written = Written(end, size, chunks, first_chunk_at, tuple(gaps))
-        channel.write(End(call_id, end == "failed", written))
+        stream.close()
+        try:
+            with contextlib.suppress(Exception):
+                await body.aclose()
+        finally:  # also when cancelled meanwhile: the front waits for it
+            channel.write(End(call_id, stream.end == "failed", stream.written()))
+
+
+def _ended_by(exc: Exception) -> str:
+    """How a stream that ``exc`` ended, ended (a ``StreamEnd``'s value)."""
+    if isinstance(exc, _ClientLeft):
+        return "client_left"
+    if isinstance(exc, StreamIdle):
+        return "idle"
+    if isinstance(exc, StreamTooLong):
+        return "too_long"
+    _log.error("the handler's streamed content failed after the response began: %s", exc)
+    return "failed"
+
+
+class _Stream:
+    """One streamed answer on its way to the client: the connection, the head still to go (with
+    the first chunk), and what was written."""
+
+    __slots__ = ("_gaps", "_head", "_last_at", "_sock", "chunks", "end", "first_chunk_at", "size")
+
+    def __init__(self, client: tuple[int, bool], head: bytes) -> None:
+        self._sock = socket.socket(fileno=client[0])
+        self._sock.setblocking(False)
+        self._head = head
+        self.end = "failed"
+        self.size = self.chunks = 0
+        self.first_chunk_at = self._last_at = 0.0
+        self._gaps: list[float] = []
+
+    async def write(
+        self, body: AsyncGenerator[bytes, None], watch: StreamLimits, cancelled: Callable[[], bool]
+    ) -> str:
+        """Each chunk as it comes, then the body's end: ``complete``, or ``client_left`` when
+        the call was cancelled meanwhile."""
+        async for data in body:
+            watch.progress()  # a chunk came
+            if cancelled():
+                return "client_left"
+            if not data:
+                continue
+            now = time.time()
+            if self.chunks:
+                self._gaps.append(now - self._last_at)
+            else:
+                self.first_chunk_at = now
+            self._last_at = now
+            await self._send(self._head + chunk(data))
+            self._head = b""
+            self.chunks += 1
+            self.size += len(data)
+            watch.progress()  # the client took it
+            if not self.chunks % STREAM_WINDOW:  # a write that never waits does not yield:
+                await asyncio.sleep(0)  # the loop's turn (its frames, its other calls)
+        await self._send(self._head + LAST_CHUNK)
+        return "complete"
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+        except OSError as exc:
+            raise _ClientLeft from exc
+
+    def close(self) -> None:
+        """This process's copy of the connection closed (the connection is the front's again);
+        a stream cut before its first chunk sends its status line first, as the front's way
+        does."""
+        if self._head and self.end not in ("complete", "client_left"):
+            with contextlib.suppress(OSError):
+                self._sock.send(self._head)
+        self._sock.close()
+
+    def written(self) -> Written:
+        return Written(self.end, self.size, self.chunks, self.first_chunk_at, tuple(self._gaps))

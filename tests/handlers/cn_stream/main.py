@@ -214,3 +214,16 @@ async def stalling(request, context):
     seconds (no await), as a handler doing blocking work by mistake would."""
     time.sleep(float(request.query.get("stall", "0")))
     return {"content_type": "text/plain", "content": _async_lines(*_asked(request))}
+
+
+async def _fails_at_once():
+    raise RuntimeError("cn_stream was asked to fail before its first chunk")
+    yield ""  # (a generator)
+
+
+async def failing(request, context):
+    """Streams ``?lines=`` lines; with ``?fail=1``, a stream whose generator raises before its
+    first chunk."""
+    if request.query.get("fail"):
+        return {"content_type": "text/plain", "content": _fails_at_once()}
+    return {"content_type": "text/plain", "content": _async_lines(*_asked(request))}
