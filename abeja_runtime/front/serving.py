@@ -90,6 +90,7 @@ class Front:
         self._service_server: SocketServer | None = None
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_starting: asyncio.Task[None] | None = None
+        self._rpc_listening = False
         self._prestarted = prestarted
 
     async def run(self) -> int:
@@ -181,7 +182,10 @@ class Front:
         return in_flight, self._pool.queued
 
     def _is_ready(self) -> bool:
-        return not self._draining and self._pool.serving
+        """Ready: a worker takes calls, and the gRPC port, when one is asked for, listens (its
+        clients are sent here once the readiness probe passes)."""
+        grpc_open = self._config.grpc_port is None or self._rpc_listening
+        return not self._draining and self._pool.serving and grpc_open
 
     def _on_first_ready(self) -> None:
         """Once a worker is ready, the gRPC port (when asked for) opens, as soon as the service
@@ -218,6 +222,7 @@ class Front:
         except HandlerLoadError as exc:
             self._on_load_failed(str(exc), "")
             return
+        self._rpc_listening = True
         _log.info("serving gRPC on %s:%d", config.host, config.grpc_port)
 
     async def _drain(self, service: SocketServer) -> None:
