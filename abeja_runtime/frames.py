@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn, TypeVar
 
 if TYPE_CHECKING:  # for the type only: config imports every style, and mapped.py imports this
     from abeja_runtime.config import Config
+    from abeja_runtime.stream_limits import StreamEnd
 
 __all__ = [
     "CREDIT_STEP",
@@ -370,8 +371,8 @@ class End(NamedTuple):
 class Written(NamedTuple):
     """What a handler process wrote of a stream to its client (:attr:`End.written`)."""
 
-    #: How it ended: a :class:`~abeja_runtime.front.accounting.StreamEnd`'s value.
-    end: str
+    #: How it ended.
+    end: StreamEnd
     #: The body's bytes written (its chunks, without their framing), and its chunks.
     size: int
     chunks: int

@@ -1,4 +1,6 @@
-"""The limits of an answer while its body is written a piece at a time (:class:`StreamLimits`).
+"""The limits of an answer while its body is written a piece at a time (:class:`StreamLimits`),
+and how such an answer ended (:class:`StreamEnd`), in the front or in the handler process that
+writes it (``worker/client_streams.py``).
 
 A streamed answer, or a big one written from its file, is cut short (its connection closed,
 its generator closed) when it makes no progress for ``--stream-idle-timeout`` seconds: no chunk
@@ -18,10 +20,46 @@ cancellation into :class:`StreamIdle` or :class:`StreamTooLong`.
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 from types import TracebackType
+from typing import Final
 
-__all__ = ["StreamIdle", "StreamLimitReached", "StreamLimits", "StreamTooLong"]
+__all__ = [
+    "CLIENT_CLOSED", "StreamEnd", "StreamIdle", "StreamLimitReached", "StreamLimits",
+    "StreamTooLong",
+]  # fmt: skip
+
+#: The status a call whose client left before its answer is counted with.
+CLIENT_CLOSED: Final = 499
+
+
+class StreamEnd(enum.Enum):
+    """How an answer written at its client's pace ended (its access record's ``stream_end``)."""
+
+    COMPLETE = "complete"
+    CLIENT_LEFT = "client_left"
+    #: The handler's generator raised.
+    FAILED = "failed"
+    #: The handler's worker exited while it ran.
+    WORKER_LOST = "worker_lost"
+    #: Cut at ``--stream-idle-timeout``, or at ``--stream-timeout``.
+    IDLE = "idle"
+    TOO_LONG = "too_long"
+
+    @property
+    def status(self) -> int | None:
+        """The status it is counted with (``None``: the head's)."""
+        return _STREAM_END_STATUS.get(self)
+
+
+_STREAM_END_STATUS: Final = {
+    StreamEnd.CLIENT_LEFT: CLIENT_CLOSED,
+    StreamEnd.FAILED: 500,
+    StreamEnd.WORKER_LOST: 502,
+    StreamEnd.IDLE: 504,
+    StreamEnd.TOO_LONG: 504,
+}
 
 
 class StreamLimitReached(RuntimeError):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from helpers.metrics import scrape, total
-from helpers.raw_http import events, get, read_until, records_of, send_and_leave
+from helpers.raw_http import events, get, read_until, records_of, send_and_leave, stream_once
 from helpers.servers import RunningServer, ServerFactory, front_memory_mib
 from helpers.waiting import wait_until
 from helpers.workers import handler_processes
@@ -158,10 +158,11 @@ def test_abandoned_streams_of_big_chunks_leave_nothing_in_the_front(
     stream (a chunk above the inline limit is written from its memfd, a piece at a time), its
     memory once the streams are closed is what it was, and no stream ran more than the byte
     window ahead (before: 1,212 MiB at the peak and 1,084 MiB after they left, 2,108 MiB after
-    a second round). An event-loop worker writes its streams to the clients itself: each
-    generator waits with its first chunk, which its client does not take, and the front holds
-    none of it."""
+    a second round). An event-loop worker writes its streams to the clients itself (from its
+    first stream on, here a small one first): each generator waits with its first chunk, which
+    its client does not take, and the front holds none of it."""
     server = make_server("cn_stream", "--handler", handler, "--concurrency", "4")
+    stream_once(server, "/?chunks=1&kib=1&tag=first")
     at_rest = front_memory_mib(server, "VmRSS")
     peak_before = front_memory_mib(server, "VmHWM")
     for round_ in range(2):

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers.raw_http import get, read_until, records_of, send_and_leave
+from helpers.raw_http import get, read_until, records_of, send_and_leave, stream_once
 from helpers.servers import RunningServer, ServerFactory
 from helpers.waiting import wait_until
 
@@ -21,11 +21,7 @@ from helpers.waiting import wait_until
 def lending(server: RunningServer) -> RunningServer:
     """``server`` once it lends its connections: after its first stream (``cn_stream``'s
     ``async_handler``, or any handler that streams its ``?lines=1``)."""
-    sock = send_and_leave(server, get("/?lines=1&tag=first", "first"))
-    try:
-        assert read_until(sock, b"0\r\n\r\n").endswith(b"0\r\n\r\n")
-    finally:
-        sock.close()
+    stream_once(server, "/?lines=1&tag=first")
     return server
 
 
@@ -36,12 +32,8 @@ def test_the_chunks_reach_the_client_while_the_front_is_stopped(
     arrives, body's end included, which only the worker can have written. Through the front,
     the test would wait for the chunks until its socket's timeout."""
     server = make_server("cn_stream", "--handler", "main:async_held")
-    sock = send_and_leave(server, get(f"/?until={tmp_path / 'first'}", "first"))
-    try:  # its first stream: the front lends connections from then on
-        (tmp_path / "first").touch()
-        assert read_until(sock, b"0\r\n\r\n").endswith(b"0\r\n\r\n")
-    finally:
-        sock.close()
+    (tmp_path / "first").touch()  # its first stream, not held: lending begins with it
+    stream_once(server, f"/?until={tmp_path / 'first'}")
     release = tmp_path / "release"
     sock = send_and_leave(server, get(f"/?until={release}", "lent"))
     try:

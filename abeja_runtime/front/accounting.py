@@ -20,47 +20,16 @@ the call had reached (:meth:`CallEntry.client_left`), so the two always agree.
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
-from typing import Any, Final
+from typing import Any
 
 from abeja_runtime.access_log import AccessLog, StreamedBody
 from abeja_runtime.frames import Written
 from abeja_runtime.metrics import FrontMetrics
+from abeja_runtime.stream_limits import CLIENT_CLOSED, StreamEnd
 from abeja_runtime.tracing import CallTrace, Tracing
 
 __all__ = ["CLIENT_CLOSED", "Accounting", "CallEntry", "StreamEnd"]
-
-#: The status a call whose client left before its answer is counted with.
-CLIENT_CLOSED: Final = 499
-
-
-class StreamEnd(enum.Enum):
-    """How an answer written at its client's pace ended (its access record's ``stream_end``)."""
-
-    COMPLETE = "complete"
-    CLIENT_LEFT = "client_left"
-    #: The handler's generator raised.
-    FAILED = "failed"
-    #: The handler's worker exited while it ran.
-    WORKER_LOST = "worker_lost"
-    #: Cut at ``--stream-idle-timeout``, or at ``--stream-timeout``.
-    IDLE = "idle"
-    TOO_LONG = "too_long"
-
-    @property
-    def status(self) -> int | None:
-        """The status it is counted with (``None``: the head's)."""
-        return _STREAM_END_STATUS.get(self)
-
-
-_STREAM_END_STATUS: Final = {
-    StreamEnd.CLIENT_LEFT: CLIENT_CLOSED,
-    StreamEnd.FAILED: 500,
-    StreamEnd.WORKER_LOST: 502,
-    StreamEnd.IDLE: 504,
-    StreamEnd.TOO_LONG: 504,
-}
 
 
 class Accounting:
@@ -261,7 +230,7 @@ class CallEntry:
             if self.trace is not None:
                 self.trace.first_chunk(seconds)
         self.chunks = report.chunks
-        self.stream_ended(StreamEnd(report.end), report.size)
+        self.stream_ended(report.end, report.size)
 
     def client_left(self, stage: str) -> None:
         """Its client left at ``stage`` (``queued``, ``running``, ``answering``): counted

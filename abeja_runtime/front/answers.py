@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp.http import StreamWriter
 
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
-from abeja_runtime.front.accounting import StreamEnd
 from abeja_runtime.front.pending import StreamFailed
 from abeja_runtime.http_head import EMPTY_BODY_STATUSES, Headers, answer_head, checked_head
-from abeja_runtime.stream_limits import StreamIdle, StreamLimits, StreamTooLong
+from abeja_runtime.stream_limits import StreamEnd, StreamIdle, StreamLimits, StreamTooLong
 
 if TYPE_CHECKING:
     from abeja_runtime.front.accounting import CallEntry

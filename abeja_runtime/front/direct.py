@@ -48,7 +48,7 @@ from abeja_runtime.logs import (
     request_id_from,
     requester_id_from,
 )
-from abeja_runtime.stream_limits import StreamIdle, StreamTooLong
+from abeja_runtime.stream_limits import StreamEnd, StreamIdle, StreamTooLong
 
 if TYPE_CHECKING:
     from abeja_runtime.front.accounting import CallEntry
@@ -155,8 +155,9 @@ class DirectRequests:
         if not captured and (refused := service.turned_away(head, caller)) is not None:
             _turn_away(connection, refused, close=message.should_close or service.draining)
             return None
-        responder = DirectResponder(service, connection, keep_alive=not message.should_close)
-        responder.lends = method != "HEAD"
+        responder = DirectResponder(
+            service, connection, keep_alive=not message.should_close, lends=method != "HEAD"
+        )
         call = responder.call = service.begin(head, responder)
         if caller is not None:
             call.entry.note("caller", caller)
@@ -195,11 +196,13 @@ class DirectResponder:
     from the answer's callback; a streamed one, or one written from its file, from a task."""
 
     __slots__ = (
-        "_body", "_connection", "_keep_alive", "_lent_closes", "_service", "_writing", "call",
-        "lends",
+        "_body", "_connection", "_keep_alive", "_lends", "_lent_closes", "_service", "_writing",
+        "call",
     )  # fmt: skip
 
-    def __init__(self, service: CallService, connection: Connection, *, keep_alive: bool) -> None:
+    def __init__(
+        self, service: CallService, connection: Connection, *, keep_alive: bool, lends: bool
+    ) -> None:
         self._service = service
         self._connection = connection
         self._keep_alive = keep_alive
@@ -209,24 +212,20 @@ class DirectResponder:
         self._writing: asyncio.Task[None] | None = None
         #: The connection may be lent to the call's process (``pending.ClientLender``), and
         #: whether the head its process writes ends it (said when it was lent).
-        self.lends = False
+        self._lends = lends
         self._lent_closes = False
 
-    def fileno(self) -> int | None:
-        """The connection's descriptor, to lend with the call: while it is open and has nothing
-        left to write (the process's bytes must come after everything before them)."""
+    def lend(self) -> tuple[int, bool] | None:
+        """The connection's descriptor, and whether the answer ends it, to lend with the call:
+        while it is open and has nothing left to write (the process's bytes must come after
+        everything before them), once the pool lends at all."""
         transport = self._connection.transport
-        if not (self.lends and self._service.pool.lends_connections):
+        if not (self._lends and self._service.pool.lends_connections):
             return None
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or transport.get_write_buffer_size():
             return None
-        if transport.get_write_buffer_size():
-            return None
-        return int(transport.get_extra_info("socket").fileno())
-
-    def closes(self) -> bool:
         self._lent_closes = self._closes()
-        return self._lent_closes
+        return int(transport.get_extra_info("socket").fileno()), self._lent_closes
 
     def read_body(self, frame: Call, payload: StreamReader) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""
@@ -306,32 +305,31 @@ class DirectResponder:
         ticket, entry = call.ticket, call.entry
         assert ticket is not None
         entry.streaming(answer.status, chunked=True)
-        report: Written | None = None
+        lost = False
         try:
             async for _ in ticket.stream():  # none comes: the End, or the process's exit
                 pass
-            report = ticket.report
         except StreamFailed as exc:
-            report = ticket.report
-            if exc.lost:
-                report = Written("worker_lost", 0, 0, 0.0, ())
-        whole = report is not None and report.end == "complete"
-        if report is not None:
-            entry.written(report)
-        if report is not None and report.end == "client_left":
+            lost = exc.lost
+        report = ticket.report
+        if report is None:  # its process exited, or the call was settled, without its End
+            end = StreamEnd.WORKER_LOST if lost else StreamEnd.FAILED
+            report = Written(end, 0, 0, 0.0, ())
+        entry.written(report)
+        if report.end is StreamEnd.CLIENT_LEFT:
             call.client_left()
-        elif not whole:
-            call.cut(self._cut_by(report))
-        self._connection.direct_done(close=self._lent_closes or not whole)
+        elif report.end is not StreamEnd.COMPLETE:
+            call.cut(self._cut_by(report.end))
+        close = self._lent_closes or report.end is not StreamEnd.COMPLETE
+        self._connection.direct_done(close=close)
 
-    def _cut_by(self, report: Written | None) -> Exception:
-        """What cut short a stream its process wrote (as ``report`` says)."""
-        end = None if report is None else report.end
-        if end == "idle":
+    def _cut_by(self, end: StreamEnd) -> Exception:
+        """What cut short a stream its process wrote."""
+        if end is StreamEnd.IDLE:
             return StreamIdle(self._service.stream_idle or 0)
-        if end == "too_long":
+        if end is StreamEnd.TOO_LONG:
             return StreamTooLong(self._service.stream_timeout or 0)
-        return StreamFailed(lost=end != "failed")
+        return StreamFailed(lost=end is StreamEnd.WORKER_LOST)
 
     def _written(self, task: asyncio.Task[None]) -> None:
         """However the writing task ended (also cancelled before its first step): the call

@@ -85,8 +85,8 @@ class Member:
         """Send ``pending``'s frame, after its client's connection when it lends it and this
         process writes its streams itself (``frames.Client``)."""
         client = pending.client
-        if client is not None and self.writes_streams and (fd := client.fileno()) is not None:
-            self.send(Client(pending.frame.id, client.closes()), fd)
+        if client is not None and self.writes_streams and (lent := client.lend()) is not None:
+            self.send(Client(pending.frame.id, lent[1]), lent[0])
             pending.lent = True
         self.send(pending.frame, pending.fd)
 

@@ -65,11 +65,9 @@ class ClientLender(Protocol):
     """A call's client connection, as its process may borrow it to write a streamed answer
     itself (``worker/client_streams.py``)."""
 
-    def fileno(self) -> int | None:
-        """The connection's descriptor, while it is open and nothing waits in its buffer."""
-
-    def closes(self) -> bool:
-        """Whether the answer ends the connection."""
+    def lend(self) -> tuple[int, bool] | None:
+        """The connection's descriptor and whether the answer ends the connection, as it is
+        lent now; ``None`` when it cannot be (closed, or bytes still wait in its buffer)."""
 
 
 @dataclasses.dataclass(slots=True)

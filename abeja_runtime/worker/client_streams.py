@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from abeja_runtime.frames import STREAM_WINDOW, Answer, BlockingChannel, Client, End, Written
 from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk
-from abeja_runtime.stream_limits import StreamIdle, StreamLimits, StreamTooLong
+from abeja_runtime.stream_limits import StreamEnd, StreamIdle, StreamLimits, StreamTooLong
 from abeja_runtime.worker.cancellation import Cancellations
 
 __all__ = ["ClientConnections", "write_to_client"]
@@ -94,7 +94,7 @@ async def write_to_client(
     written. The generator is closed, the connection's copy here closed, and the :class:`End`
     sent, however it ends."""
     loop = asyncio.get_running_loop()
-    stream = _Stream(client, answer_head(status, headers, request_id, None, close=client[1]))
+    stream = _Stream(client[0], answer_head(status, headers, request_id, None, close=client[1]))
     # Sent before any byte reaches the client: the front must know the answer is written.
     channel.write(Answer(call_id, status, headers, None, True, written=True))
     try:
@@ -103,7 +103,7 @@ async def write_to_client(
                 body, watch, lambda: cancellations.is_cancelled(call_id)
             )
     except asyncio.CancelledError:  # the front cancelled the call: nobody waits for it
-        stream.end = "client_left"
+        stream.end = StreamEnd.CLIENT_LEFT
         raise
     except Exception as exc:
         stream.end = _ended_by(exc)
@@ -113,19 +113,19 @@ async def write_to_client(
             with contextlib.suppress(Exception):
                 await body.aclose()
         finally:  # also when cancelled meanwhile: the front waits for it
-            channel.write(End(call_id, stream.end == "failed", stream.written()))
+            channel.write(End(call_id, stream.end == StreamEnd.FAILED, stream.written()))
 
 
-def _ended_by(exc: Exception) -> str:
-    """How a stream that ``exc`` ended, ended (a ``StreamEnd``'s value)."""
+def _ended_by(exc: Exception) -> StreamEnd:
+    """How a stream that ``exc`` ended, ended."""
     if isinstance(exc, _ClientLeft):
-        return "client_left"
+        return StreamEnd.CLIENT_LEFT
     if isinstance(exc, StreamIdle):
-        return "idle"
+        return StreamEnd.IDLE
     if isinstance(exc, StreamTooLong):
-        return "too_long"
+        return StreamEnd.TOO_LONG
     _log.error("the handler's streamed content failed after the response began: %s", exc)
-    return "failed"
+    return StreamEnd.FAILED
 
 
 class _Stream:
@@ -134,24 +134,24 @@ class _Stream:
 
     __slots__ = ("_gaps", "_head", "_last_at", "_sock", "chunks", "end", "first_chunk_at", "size")
 
-    def __init__(self, client: tuple[int, bool], head: bytes) -> None:
-        self._sock = socket.socket(fileno=client[0])
+    def __init__(self, fd: int, head: bytes) -> None:
+        self._sock = socket.socket(fileno=fd)
         self._sock.setblocking(False)
         self._head = head
-        self.end = "failed"
+        self.end = StreamEnd.FAILED
         self.size = self.chunks = 0
         self.first_chunk_at = self._last_at = 0.0
         self._gaps: list[float] = []
 
     async def write(
         self, body: AsyncGenerator[bytes, None], watch: StreamLimits, cancelled: Callable[[], bool]
-    ) -> str:
+    ) -> StreamEnd:
         """Each chunk as it comes, then the body's end: ``complete``, or ``client_left`` when
         the call was cancelled meanwhile."""
         async for data in body:
             watch.progress()  # a chunk came
             if cancelled():
-                return "client_left"
+                return StreamEnd.CLIENT_LEFT
             if not data:
                 continue
             now = time.time()
@@ -168,7 +168,7 @@ class _Stream:
             if not self.chunks % STREAM_WINDOW:  # a write that never waits does not yield:
                 await asyncio.sleep(0)  # the loop's turn (its frames, its other calls)
         await self._send(self._head + LAST_CHUNK)
-        return "complete"
+        return StreamEnd.COMPLETE
 
     async def _send(self, data: bytes) -> None:
         try:
@@ -180,7 +180,7 @@ class _Stream:
         """This process's copy of the connection closed (the connection is the front's again);
         a stream cut before its first chunk sends its status line first, as the front's way
         does."""
-        if self._head and self.end not in ("complete", "client_left"):
+        if self._head and self.end not in (StreamEnd.COMPLETE, StreamEnd.CLIENT_LEFT):
             with contextlib.suppress(OSError):
                 self._sock.send(self._head)
         self._sock.close()

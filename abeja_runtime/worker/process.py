@@ -244,6 +244,8 @@ def serve(
     word_errors_for(handler.style)
     rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
     invoker = Invoker(config, handler, tracing)
+    runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
+    executor = _executor(handler, config, runner)
     ready = Ready(
         VERSION,
         handler.style,
@@ -252,13 +254,12 @@ def serve(
         loaded.batch,
         loaded.seconds,
         loaded.forked_at is not None,
-        writes_streams=_on_event_loop(handler) and not invoker.batched,
+        writes_streams=runner.clients is not None,  # as the executor chose
     )
-    runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
     warmup = Warmup(config, invoker, channel, ready, loaded.how())
     code = 0
     try:
-        _executor(handler, config, runner).serve(warmup)
+        executor.serve(warmup)
     except WarmupFailed as exc:
         _log.error("%s", exc)
         code = EXIT_WARMUP_FAILED
@@ -273,15 +274,10 @@ def serve(
 def _executor(handler: LoadedHandler, config: Config, runner: Runner) -> Executor:
     """Where the calls run, chosen once: an ``async def`` handler's (or an async gRPC
     service's) on the event loop; a ``def`` handler's on the main thread, or on threads."""
-    if _on_event_loop(handler):
+    if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
         from abeja_runtime.worker.event_loop import EventLoop  # asyncio only then
 
         return EventLoop(runner, config.concurrency, config.event_loop)
     if config.concurrency == 1:
         return MainThread(runner)
     return Threads(runner, config.concurrency)
-
-
-def _on_event_loop(handler: LoadedHandler) -> bool:
-    """Whether the calls run on an event loop (``event_loop.py``)."""
-    return handler.is_async or (handler.rpc is not None and handler.rpc.is_async)

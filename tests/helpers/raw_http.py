@@ -64,6 +64,19 @@ def read_until(sock: socket.socket, marker: bytes) -> bytes:
     return data
 
 
+def stream_once(server: RunningServer, path: str) -> bytes:
+    """A streamed answer asked on a connection of its own and read to its chunked end (the
+    socket then closed): a handler's first stream, after which the front lends its
+    connections to an event-loop worker."""
+    sock = send_and_leave(server, get(path, "first"))
+    try:
+        data = read_until(sock, b"0\r\n\r\n")
+    finally:
+        sock.close()
+    assert data.endswith(b"0\r\n\r\n"), data[-200:]
+    return data
+
+
 def unread_by(server: RunningServer) -> int:
     """Bytes sent to the server's service port that it has not read yet, over all its
     connections (``/proc/net/tcp``): those in its sockets, and those still in its clients' (a
