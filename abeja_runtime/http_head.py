@@ -13,14 +13,12 @@ refused (``ValueError``): the answer becomes the runtime's own ``500``.
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import http
 import re
+import sys
 import time
 from typing import Final
-
-from aiohttp.http import SERVER_SOFTWARE
 
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
@@ -33,7 +31,6 @@ EMPTY_BODY_STATUSES: Final = frozenset((204, 304, *range(100, 200)))
 #: What a header must not hold besides its line's end (aiohttp refuses the same in names
 #: and values, and line breaks: header injection).
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_SERVER_LINE: Final = f"Server: {SERVER_SOFTWARE}\r\n"
 #: A chunked body's end.
 LAST_CHUNK: Final = b"0\r\n\r\n"
 
@@ -55,7 +52,7 @@ def answer_head(
     end = "Connection: close\r\n\r\n" if close else "\r\n"
     return (
         f"{checked_head(status, headers)}{REQUEST_ID_HEADER}: {request_id}\r\n"
-        f"{framing}{date}{_SERVER_LINE}{end}"
+        f"{framing}{date}{_server_line()}{end}"
     ).encode()
 
 
@@ -81,9 +78,33 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+_DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS: Final = (
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+)  # fmt: skip
+
+
 @functools.lru_cache(maxsize=2)
 def _http_date(second: int) -> str:
-    return email.utils.formatdate(second, usegmt=True)
+    """RFC 9110's date of ``second`` (as ``email.utils.formatdate(usegmt=True)``, without
+    importing ``email``, and in English whatever the locale)."""
+    t = time.gmtime(second)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
+
+
+@functools.cache
+def _server_line() -> str:
+    """The ``Server`` header aiohttp writes on its own answers (``aiohttp.http.SERVER_SOFTWARE``),
+    made from its version without importing it: a handler process that writes its streams has
+    no other use for aiohttp, whose import would cost it a tenth of a second and 18 MiB."""
+    import importlib.metadata  # (once, at the first answer: not every process writes one)
+
+    python = sys.version_info
+    aiohttp = importlib.metadata.version("aiohttp")
+    return f"Server: Python/{python[0]}.{python[1]} aiohttp/{aiohttp}\r\n"
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from typing import IO, Final, cast
+from typing import IO, TYPE_CHECKING, Final, cast
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import UNEXPECTED_ERROR, EncodedResponse
@@ -42,11 +42,13 @@ from abeja_runtime.logs import request_id_var, requester_id_var
 from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.tracing import HandlerSpan, Tracing
 from abeja_runtime.worker.cancellation import Cancellations
-from abeja_runtime.worker.client_streams import ClientConnections, write_to_client
 from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.decode import decode_request
 from abeja_runtime.worker.invoke import Invoker, chunks, settled
 from abeja_runtime.worker.request import Request
+
+if TYPE_CHECKING:
+    from abeja_runtime.worker.client_streams import ClientConnections
 
 __all__ = ["Held", "Runner"]
 
@@ -305,6 +307,9 @@ class Runner:
             if client is None:
                 await self._send_stream(call_id, reply, body)
             else:
+                # (Only on an event loop, which imported it: a def handler's process does not.)
+                from abeja_runtime.worker.client_streams import write_to_client
+
                 await write_to_client(
                     client, call_id, request_id_var.get() or "", reply.status, reply.headers,
                     body, self.channel, self._cancellations, self._limits,

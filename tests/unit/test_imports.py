@@ -96,3 +96,20 @@ def test_a_style_named_alone_imports_only_its_own_module():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["abeja_runtime.styles.abeja"]
+
+
+def test_a_def_handler_s_process_imports_neither_aiohttp_nor_asyncio_nor_email():
+    """A handler process serving a ``def`` handler stays lean (its template, with
+    ``--preload``, holds what every forked process shares): aiohttp alone is 18 MiB and a
+    tenth of a second. Only a process on an event loop imports asyncio, for its loop, and the
+    head it writes needs none of them."""
+    modules = set(
+        imported_by(
+            "abeja_runtime.worker.process",
+            "abeja_runtime.worker.template",
+            "abeja_runtime.worker.executors",
+        )
+    )
+    assert "abeja_runtime.worker.runner" in modules
+    heavy = {"aiohttp", "asyncio", "email", "importlib.metadata", "yarl"}
+    assert heavy & modules == set()
