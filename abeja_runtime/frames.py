@@ -120,7 +120,10 @@ READ_SIZE: Final = 256 * 1024
 #: and room for them in a read: descriptors beyond a read's room would be lost.
 FDS_PER_WRITE: Final = 32
 _FD_SPACE: Final = socket.CMSG_SPACE(array.array("i", [0]).itemsize * FDS_PER_WRITE)
-_CLOEXEC: Final = getattr(socket, "MSG_CMSG_CLOEXEC", 0)  # Linux's; macOS has none
+#: ``recvmsg``'s flags as plain ints: each read pays no ``enum.IntFlag`` operator.
+_CLOEXEC: Final = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))  # Linux's; macOS has none
+_CTRUNC: Final = int(socket.MSG_CTRUNC)
+_DONTWAIT: Final = int(socket.MSG_DONTWAIT)
 #: How many chunks a streamed body may run ahead of its client: what the front holds of a
 #: stream whose client reads slowly (the generator waits), per stream, so that one slow reader
 #: holds up its own stream and no other call of its process.
@@ -554,7 +557,7 @@ def receive(sock: socket.socket, into: memoryview, flags: int = 0) -> tuple[memo
             received = array.array("i")
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
-    if flags & socket.MSG_CTRUNC:  # descriptors were dropped: their frames are lost
+    if flags & _CTRUNC:  # descriptors were dropped: their frames are lost
         for fd in fds:  # and those that came are of no use
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -667,7 +670,7 @@ class BlockingChannel:
             still_open = True
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 while still_open:
-                    still_open = self._take_in(socket.MSG_DONTWAIT)
+                    still_open = self._take_in(_DONTWAIT)
             ready, self._ready = self._ready, deque()
             return ready, still_open
 
@@ -727,7 +730,7 @@ class BlockingChannel:
 
     def _taken_back(self) -> list[tuple[Call | RpcCall, int | None]]:
         with contextlib.suppress(BlockingIOError, InterruptedError):
-            self._take_in(socket.MSG_DONTWAIT)
+            self._take_in(_DONTWAIT)
         wanted = {frame.id for frame, _ in self._ready if isinstance(frame, Cancel | GiveBack)}
         if not wanted:
             return []
