@@ -291,9 +291,15 @@ class FrontCall:
         if ticket is None:
             if self.body is not None:
                 self.body.close()
-        elif ticket.answer_file is not None:
-            ticket.answer_file.close()
+        else:
+            if ticket.answer_file is not None:
+                ticket.answer_file.close()
+            ticket.client = None
         self.entry.end()
+        # Its responder and it hold each other (as the ticket held the responder, to lend its
+        # connection): let go, so that a call's objects are freed as it ends, not left to the
+        # collector (2.8 µs a small request, before).
+        del self.responder
 
     def _leave_deadline(self) -> None:
         watched, self._watched = self._watched, None

@@ -126,12 +126,14 @@ class CallService:
         fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins
         (and one its caller's deadline would refuse is refused for that, as a call).
         ``caller``: its API key's short hash, with keys on."""
+        scheduler = self.pool.scheduler
+        if not scheduler.may_turn_away:  # (most requests: nothing more asked)
+            return None
         tenants = self.tenants
         tenant, priority = "", NORMAL
         if tenants is not None:
             tenant, priority = tenants.tenant(head.carrier, caller), tenants.priority(head.carrier)
-        scheduler = self.pool.scheduler
-        if not scheduler.turns_away(tenant, priority):  # (most requests: nothing more asked)
+        if not scheduler.turns_away(tenant, priority):
             return None
         given, deadline, budget = self._deadline(head)
         if budget:  # a deadline before --timeout's: its call refuses it for that first
@@ -160,9 +162,11 @@ class CallService:
         given = head.budget
         if given is None and head.carrier is not None and not head.rpc:
             given = caller_deadlines.budget(head.carrier)
+        timeout = self.timeout
+        if given is None:  # (most calls)
+            return None, None if timeout is None else head.received + timeout, 0.0
         deadline = caller_deadlines.deadline(head.received, given)
-        nearer = given is not None and (self.timeout is None or given < self.timeout)
-        return given, deadline, given if nearer and given is not None else 0.0
+        return given, deadline, given if timeout is None or given < timeout else 0.0
 
     def _open(self, head: CallHead, given: float | None) -> CallEntry:
         """The entry of a request with this head, counted in flight until it ends (``given``:

@@ -6,6 +6,7 @@ the front uses them."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from abeja_runtime.frames import Answer, Call, Cancel
 from abeja_runtime.front.accounting import CLIENT_CLOSED
 from abeja_runtime.front.body import IN_FRAME
 from abeja_runtime.front.call import FrontCall, Outcome, Stage
+from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.service import CallHead, CallService
 from abeja_runtime.metrics import FrontMetrics
 
@@ -178,6 +180,46 @@ def test_an_answered_call_goes_to_its_responder_and_finishes_once(tmp_path: Path
         assert counted(metrics, "abeja_runtime_abandoned_requests_total", stage="queued") == 0.0
 
     run(scenario)
+
+
+class HoldingResponder(FakeResponder):
+    """A responder that holds its call, and lends its connection, as the direct path's does."""
+
+    call: FrontCall | None = None
+
+    def lend(self) -> tuple[int, bool] | None:
+        return None
+
+
+def test_a_finished_call_is_freed_at_once_not_left_to_the_collector(tmp_path: Path) -> None:
+    """A call and its responder hold each other (and its ticket holds the responder, to lend
+    its connection): once the call finishes it lets go, so that its objects are freed as it
+    ends. Left to the collector, a small request cost the front 2.8 µs more."""
+
+    async def scenario() -> None:
+        fake, calls, _ = service(tmp_path)
+        (process,) = fake.made
+        process.ready()
+        for _ in range(3):
+            responder = HoldingResponder()
+            call = responder.call = calls.begin(CallHead("GET", "/", time.time(), "r"), responder)
+            call.submit(
+                Call(call.id, "GET", "/", "", (), "r", None, b"", "", 0), IN_FRAME, responder
+            )
+            process.answer(call.id)
+            await settled(responder)
+            assert call.stage is Stage.DONE
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run(scenario)
+        gc.collect()
+        left = [found for found in gc.garbage if isinstance(found, (FrontCall, PendingCall))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
 
 
 def test_a_queued_call_whose_client_left_never_runs_and_is_counted_499_once(
