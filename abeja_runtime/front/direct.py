@@ -35,7 +35,7 @@ from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, Written
 from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
 from abeja_runtime.front.arms import ASYNC_ID_HEADER
-from abeja_runtime.front.body import IN_FRAME
+from abeja_runtime.front.body import IN_FRAME, Body
 from abeja_runtime.front.call import FrontCall, Stage
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
@@ -237,14 +237,21 @@ class DirectResponder:
             frame.body_size,
             call.deadline,
             call.caller_budget,
-            lambda body: call.submit(frame, body, self),
+            lambda body: self._body_read(frame, body),
             self._body_failed,
         )
         self._body.start()
 
+    def _body_read(self, frame: Call, body: Body) -> None:
+        """The body is whole: the call is submitted. (Its reader, which holds this responder,
+        is let go: it would otherwise leave the call's objects to the collector.)"""
+        self._body = None
+        self.call.submit(frame, body, self)
+
     def _body_failed(self, exc: HttpError) -> None:
         """The body was not read whole: the answer ends the connection."""
         self._keep_alive = False
+        self._body = None
         self.call.refuse(exc)
 
     def answer(self, call: FrontCall, answer: Answer | RpcAnswer) -> None:
