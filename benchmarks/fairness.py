@@ -24,11 +24,15 @@ Scenarios, each against a fresh runtime pinned to ``--server-cores`` (the client
   started in time that were still running at their deadline, answered ``504`` then (a timeout,
   as at ``--timeout``: a call that runs is not refused);
 * ``priority``: ``low`` calls flooding (wrk) and ``high`` calls at 10 % of what it serves,
-  ``--priority-header x-priority``: the high calls' wait against one running call (the target:
-  at most one call's time, as a call that runs is not interrupted), taken two ways: their
-  latency less the handler's 5 ms (which also holds the answer's way back, and this client's
-  own turns on a core it shares with wrk), and from their send to their handler's start (the
-  handler logs each call's start, as in ``deadlines``: the wait itself, and the way there).
+  ``--priority-header x-priority``: what a high call waits behind, against the target of one
+  running call per worker (a call that runs is not interrupted). Counted: the ``low`` calls
+  it waited behind, those still running when it reached the front (its access record) or
+  started after, and begun before it (the handler logs each call's start and end); the target
+  is one at most.
+  Timed three ways: from its arrival at the front to its handler's start (the running call's
+  rest, the hand-over, and the machine's pauses), from its send to its start (with the way
+  there, from this client on a core it shares with wrk), and its latency less the handler's
+  5 ms (with the answer's way back as well).
 
 B's and the high calls' requests come from this Python client, open-loop (Poisson), on the
 client core beside wrk. Each figure is the median of ``--repeat`` runs. Nothing is asserted;
@@ -221,12 +225,28 @@ class Runtime:
         self.process.port, self.process.healthcheck_port = self.port, health
         self.process.wait_healthy(60)
 
-    def started(self) -> dict[str, float]:
-        """When the handler started each call, by its tag (``time.time()``)."""
+    def calls(self) -> list[tuple[str, float, float]]:
+        """Each call the handler ran: its tag (``-``: none), its start and its end
+        (``time.time()``)."""
         if not self.log.exists():
-            return {}
-        pairs = (line.split() for line in self.log.read_text().splitlines())
-        return {pair[0]: float(pair[1]) for pair in pairs if len(pair) == 2}
+            return []
+        lines = (line.split() for line in self.log.read_text().splitlines())
+        return [(tag, float(start), float(end)) for tag, start, end in lines]
+
+    def started(self) -> dict[str, float]:
+        """When the handler started each tagged call (``time.time()``), by its tag."""
+        return {tag: start for tag, start, _ in self.calls() if tag != "-"}
+
+    def arrivals(self) -> dict[str, float]:
+        """When the front received each call (its access record's ``request_timestamp``), by
+        the tag sent as its request id."""
+        found = {}
+        for line in self.records:
+            if '"request_timestamp"' in line:
+                record = json.loads(line)
+                stamp = datetime.fromisoformat(record["request_timestamp"]).timestamp()
+                found[record["request_id"]] = stamp
+        return found
 
     def deadlines(self) -> tuple[dict[str, float], set[str]]:
         """Each call's deadline as the runtime reckons it (its access record's arrival plus the
@@ -363,18 +383,21 @@ def deadlines(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
 
 
 def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    """``low`` calls flooding (wrk), ``high`` ones at 10 % of what the worker serves: the high
-    calls' wait, as their latency less the handler's 5 ms, and from their send to their
-    handler's start (the handler's log)."""
+    """``low`` calls flooding (wrk), ``high`` ones at 10 % of what the worker serves: what a
+    high call waits behind (the ``low`` calls running when it reached the front or started
+    after, and begun before it: one at most, the running call), and
+    its wait as time: from its arrival at the front to its handler's start (the access record
+    and the handler's log), and as the client sees it (its latency less the handler's 5 ms)."""
     high = Sent()
     flood = Flood("x-priority: low", 64)
-    server = Runtime(["--priority-header", "x-priority"], args.server_cores, tmp)
+    server = Runtime(["--priority-header", "x-priority"], args.server_cores, tmp, access=True)
     url = f"http://127.0.0.1:{server.port}/"
 
     tags = iter(range(10**9))
 
     def high_headers() -> dict[str, str]:
-        return {"x-priority": "high", "x-tag": f"h{next(tags)}"}
+        tag = f"h{next(tags)}"
+        return {"x-priority": "high", "x-tag": tag, "x-abeja-request-id": tag}
 
     try:
 
@@ -386,13 +409,25 @@ def priority(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
             )
 
         asyncio.run(_session_run(scenario))
-        server.stop()  # its last starts written
-        started = server.started()
+        server.stop()  # its last starts and access records written
+        calls, arrived = server.calls(), server.arrivals()
     finally:
         server.stop()
+    started = {tag: start for tag, start, _ in calls if tag != "-"}
+    low = [(start, end) for tag, start, end in calls if tag == "-"]
+    measured = [(arrived[tag], start) for tag, start in started.items() if tag in arrived]
+    # the low calls each high call waited behind: running when it reached the front, or
+    # started after, and begun before it
+    behind = [sum(end > at and begun < start for begun, end in low) for at, start in measured]
+    front_waits = [start - at for at, start in measured]
     waits = [latency - CALL_SECONDS for latency in high.latencies]
     start_waits = [started[tag] - at for tag, at in high.sent_at.items() if tag in started]
     return {
+        "high_calls_measured": len(measured),
+        "high_behind_low_calls_max": max(behind, default=float("nan")),
+        "high_behind_more_than_one": sum(count > 1 for count in behind),
+        "high_front_wait_p50_ms": p50(front_waits) * 1000,
+        "high_front_wait_p99_ms": p99(front_waits) * 1000,
         "high_wait_p50_ms": p50(waits) * 1000,
         "high_wait_p99_ms": p99(waits) * 1000,
         "high_start_wait_p50_ms": p50(start_waits) * 1000,
