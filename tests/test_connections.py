@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import select
+import signal
 import socket
 import subprocess
 import time
@@ -577,3 +578,42 @@ def test_bodies_that_cannot_arrive_before_their_deadline_give_their_places_up_ea
     finally:
         for sock in tricklers:
             sock.close()
+
+
+def test_a_burst_of_connections_is_held_for_the_front_not_dropped(make_server: ServerFactory):
+    """The kernel holds as many connections for the port as gunicorn's and uvicorn's backlog
+    (2048) while the front cannot accept them (here: stopped): a burst of 400 clients all
+    connect. With aiohttp's 128 (the listen of its server) the rest were dropped, each to
+    retry a second later (a thousand streams begun at once: the last started over a second
+    late). Then each is served."""
+    server = make_server("ld_sync")
+    os.kill(server.process.pid, signal.SIGSTOP)
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            sock = socket.socket()
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                sock.connect(("127.0.0.1", server.port))
+            clients.append(sock)
+        waiting = {sock.fileno(): sock for sock in clients}
+        poll = select.poll()
+        for fd in waiting:
+            poll.register(fd, select.POLLOUT)
+        for _ in range(200):  # bounded: connected at once, or (dropped) not before a retry
+            for fd, _ in poll.poll(50):
+                poll.unregister(fd)
+                waiting.pop(fd)
+            if not waiting:
+                break
+        assert not waiting, f"{len(waiting)} of 400 connections were not taken while it waited"
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    answers = []
+    for sock in clients:  # one at a time: none waits in the queue
+        sock.setblocking(True)
+        sock.settimeout(30)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answers.append(read_until_closed(sock))
+        sock.close()
+    assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)

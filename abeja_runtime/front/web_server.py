@@ -29,6 +29,7 @@ from abeja_runtime.front.aiohttp_private import missing_names
 from abeja_runtime.front.answer_file import AnswerFile
 from abeja_runtime.front.body import BODIES_AHEAD
 from abeja_runtime.front.connection import Connection, DirectPath, PublicConnection
+from abeja_runtime.front.ports import BACKLOG
 from abeja_runtime.front.request_heads import closing_answer
 from abeja_runtime.metrics import FrontMetrics
 
@@ -63,7 +64,8 @@ class SocketServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._listening = await loop.create_server(self.server, sock=self._sock, backlog=128)
+        # (It listens again, with this backlog: the one the socket was made with.)
+        self._listening = await loop.create_server(self.server, sock=self._sock, backlog=BACKLOG)
 
     def stop_accepting(self) -> None:
         """New connections are refused; those open stay."""
