@@ -171,8 +171,15 @@ class _Stream:
         return StreamEnd.COMPLETE
 
     async def _send(self, data: bytes) -> None:
+        """``data`` to the client: at once while its socket has room (nearly always: no wait,
+        no future), the rest as the client takes it."""
         try:
-            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+            try:
+                sent = self._sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                await asyncio.get_running_loop().sock_sendall(self._sock, memoryview(data)[sent:])
         except OSError as exc:
             raise _ClientLeft from exc
 

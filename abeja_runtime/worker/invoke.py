@@ -48,8 +48,7 @@ async def settled(value: _T | Awaitable[_T]) -> _T:
     running event loop, or on this thread's own loop when none runs here."""
     if type(value) in _PLAIN or not inspect.isawaitable(value):
         return value  # type: ignore[return-value]  # not awaitable: a _T
-    imported = sys.modules.get("asyncio")
-    if imported is not None and imported._get_running_loop() is not None:
+    if _on_event_loop():
         return cast(_T, await value)
     # This thread's own loop, made on first use (asyncio imported then only): what a ``def``
     # handler gives to await (an async generator's chunks) runs on it, between calls.
@@ -66,6 +65,12 @@ _PLAIN: Final = frozenset({dict, bytes, tuple, EncodedResponse, type(None)})
 _threads = threading.local()
 
 
+def _on_event_loop() -> bool:
+    """Whether an event loop runs on this thread (asyncio is not imported to tell)."""
+    imported = sys.modules.get("asyncio")
+    return imported is not None and imported._get_running_loop() is not None
+
+
 def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """Run ``coroutine`` to its end on this thread, where no event loop runs (what it awaits
     through :func:`settled` is done at once)."""
@@ -80,8 +85,13 @@ def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
 async def chunks(body: Iterable[bytes] | AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
     """A streamed body's chunks as the handler's generator, sync or async, yields them; the
     generator closed at the end (its ``finally`` runs), also when the reader stops early."""
+    on_loop = isinstance(body, AsyncIterator) and _on_event_loop()
     step = body.__anext__ if isinstance(body, AsyncIterator) else iter(body).__next__
     try:
+        if on_loop:  # each chunk awaited here, as it comes
+            async for chunk in cast("AsyncIterator[bytes]", body):
+                yield chunk
+            return
         while True:
             try:
                 chunk = await settled(step())
