@@ -244,3 +244,16 @@ def test_openai_streams_puts_the_bare_app_beside_each_time_to_first_token_verdic
     assert closed.endswith("FAIL; the bare app 0.600 ms in the same runs.")
     assert "open loop: runtime 0.900 ms" in opened
     assert opened.endswith("PASS; the bare app 0.700 ms in the same runs.")
+
+
+def test_streams_judges_the_chunk_p99_by_5_ms_or_3x_the_bare_app_run_by_run_and_on_medians():
+    from benchmarks.streams import verdict
+
+    def runs(*p99s: float) -> list[dict[str, float]]:
+        return [{"chunk_p99_ms": p99} for p99 in p99s]
+
+    assert verdict(runs(1.0, 1.0, 1.0), runs(4.9, 2.0, 6.0)).endswith("PASS; met in 2 of 3 runs.")
+    assert verdict(runs(3.0, 3.0, 3.0), runs(8.0, 8.9, 9.5)).endswith("PASS; met in 2 of 3 runs.")
+    failed = verdict(runs(1.0, 1.0, 1.0), runs(6.0, 6.5, 2.0))
+    assert "runtime 6.0 ms, the bare app 1.0 ms" in failed
+    assert failed.endswith("FAIL; met in 1 of 3 runs.")
