@@ -22,7 +22,10 @@ from typing import Final
 
 from abeja_runtime.logs import REQUEST_ID_HEADER
 
-__all__ = ["EMPTY_BODY_STATUSES", "LAST_CHUNK", "Headers", "answer_head", "checked_head", "chunk"]
+__all__ = [
+    "EMPTY_BODY_STATUSES", "LAST_CHUNK", "Headers", "answer_head", "checked_head", "chunk",
+    "server_line",
+]  # fmt: skip
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -52,7 +55,7 @@ def answer_head(
     end = "Connection: close\r\n\r\n" if close else "\r\n"
     return (
         f"{checked_head(status, headers)}{REQUEST_ID_HEADER}: {request_id}\r\n"
-        f"{framing}{date}{_server_line()}{end}"
+        f"{framing}{date}{server_line()}{end}"
     ).encode()
 
 
@@ -96,7 +99,7 @@ def _http_date(second: int) -> str:
 
 
 @functools.cache
-def _server_line() -> str:
+def server_line() -> str:
     """The ``Server`` header aiohttp writes on its own answers (``aiohttp.http.SERVER_SOFTWARE``),
     made from its version without importing it: a handler process that writes its streams has
     no other use for aiohttp, whose import would cost it a tenth of a second and 18 MiB."""

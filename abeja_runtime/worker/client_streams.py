@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 
 from abeja_runtime.frames import STREAM_WINDOW, Answer, BlockingChannel, Client, End, Written
-from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk
+from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk, server_line
 from abeja_runtime.stream_limits import StreamEnd, StreamIdle, StreamLimits, StreamTooLong
 from abeja_runtime.worker.cancellation import Cancellations
 
@@ -46,6 +46,7 @@ class ClientConnections:
 
     def __init__(self) -> None:
         self._by_call: dict[int, tuple[int, bool]] = {}
+        server_line()  # made now, at the start (a package's metadata read), not on a stream's way
 
     @staticmethod
     def make_room() -> None:
