@@ -127,12 +127,6 @@ class Scheduler:
             return queue.turns_away(tenant, priority, self._places, full=full)
         return full
 
-    @property
-    def may_turn_away(self) -> bool:
-        """Whether :meth:`submit` may refuse a call now: the queue is full, or it is shared by
-        tenants (one may hold its share). Else no call is refused, and none need be asked."""
-        return self.admitted >= self._capacity or type(self._queue) is FairOrder
-
     def admit_before(self, deadline: float, budget: float, tenant: str, priority: int) -> None:
         """A call of ``tenant`` in class ``priority`` whose caller gave it ``budget`` seconds, to
         ``deadline``: :class:`CallerDeadlinePassed` when they passed already,

@@ -126,14 +126,12 @@ class CallService:
         fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins
         (and one its caller's deadline would refuse is refused for that, as a call).
         ``caller``: its API key's short hash, with keys on."""
-        scheduler = self.pool.scheduler
-        if not scheduler.may_turn_away:  # (most requests: nothing more asked)
-            return None
         tenants = self.tenants
         tenant, priority = "", NORMAL
         if tenants is not None:
             tenant, priority = tenants.tenant(head.carrier, caller), tenants.priority(head.carrier)
-        if not scheduler.turns_away(tenant, priority):
+        scheduler = self.pool.scheduler
+        if not scheduler.turns_away(tenant, priority):  # (most requests: nothing more asked)
             return None
         given, deadline, budget = self._deadline(head)
         if budget:  # a deadline before --timeout's: its call refuses it for that first
