@@ -227,7 +227,9 @@ class FrontCall:
 
     def refuse(self, exc: HttpError) -> None:
         """The front answers for the call with ``exc`` (its reason counted), through the
-        responder."""
+        responder; not once it is over (its client left meanwhile: it was counted then)."""
+        if self._stage is Stage.DONE:
+            return
         if isinstance(exc, HandlerTimeout):
             self.outcome = Outcome.TIMED_OUT
         elif exc.status == 502:

@@ -222,6 +222,21 @@ def test_a_finished_call_is_freed_at_once_not_left_to_the_collector(tmp_path: Pa
     assert left == []
 
 
+def test_a_call_over_is_not_refused_after(tmp_path: Path) -> None:
+    """A refusal that comes once the call is over (a body's limit, after its client left) is
+    neither written nor counted: the call was counted when it ended."""
+
+    async def scenario() -> None:
+        _, calls, metrics = service(tmp_path)  # no process ready: the call waits
+        call, responder = submitted(calls)
+        call.client_left()
+        call.refuse(ServiceBusy())
+        assert responder.written == [] and call.outcome is Outcome.CLIENT_LEFT
+        assert counted(metrics, "abeja_runtime_rejected_requests_total", reason="busy") == 0.0
+
+    run(scenario)
+
+
 def test_a_queued_call_whose_client_left_never_runs_and_is_counted_499_once(
     tmp_path: Path,
 ) -> None:
