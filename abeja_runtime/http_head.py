@@ -100,14 +100,23 @@ def _http_date(second: int) -> str:
 
 @functools.cache
 def server_line() -> str:
-    """The ``Server`` header aiohttp writes on its own answers (``aiohttp.http.SERVER_SOFTWARE``),
-    made from its version without importing it: a handler process that writes its streams has
-    no other use for aiohttp, whose import would cost it a tenth of a second and 18 MiB."""
-    import importlib.metadata  # (once, at the first answer: not every process writes one)
+    """The ``Server`` header aiohttp writes on its own answers (``aiohttp.http.SERVER_SOFTWARE``):
+    the front's aiohttp's own; in a handler process that writes its streams, made from aiohttp's
+    version without importing it (its import would cost the process a tenth of a second and
+    18 MiB), or imported where its package has no metadata (vendored)."""
+    loaded = sys.modules.get("aiohttp.http")
+    if loaded is not None:
+        return f"Server: {loaded.SERVER_SOFTWARE}\r\n"
+    import importlib.metadata  # (once: not every process writes an answer)
 
+    try:
+        version = importlib.metadata.version("aiohttp")
+    except importlib.metadata.PackageNotFoundError:
+        from aiohttp.http import SERVER_SOFTWARE
+
+        return f"Server: {SERVER_SOFTWARE}\r\n"
     python = sys.version_info
-    aiohttp = importlib.metadata.version("aiohttp")
-    return f"Server: Python/{python[0]}.{python[1]} aiohttp/{aiohttp}\r\n"
+    return f"Server: Python/{python[0]}.{python[1]} aiohttp/{version}\r\n"
 
 
 @functools.cache

@@ -177,7 +177,7 @@ class _Stream:
         try:
             try:
                 sent = self._sock.send(data)
-            except BlockingIOError:
+            except (BlockingIOError, InterruptedError):
                 sent = 0
             if sent < len(data):
                 await asyncio.get_running_loop().sock_sendall(self._sock, memoryview(data)[sent:])
