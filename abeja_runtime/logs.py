@@ -85,7 +85,7 @@ def request_id_from(given: str | None) -> str:
 def requester_id_from(given: str | None) -> str | None:
     """The client's ``x-abeja-requester-id`` for the logs, by :func:`request_id_from`'s rule
     (``None`` for one that breaks it: nobody else makes one up)."""
-    return None if given is None else given if _echoable(given) else None
+    return given if _echoable(given) else None
 
 
 def _echoable(given: str | None) -> TypeGuard[str]:

@@ -29,7 +29,7 @@ from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.stream_limits import CLIENT_CLOSED, StreamEnd
 from abeja_runtime.tracing import CallTrace, Tracing
 
-__all__ = ["CLIENT_CLOSED", "Accounting", "CallEntry", "StreamEnd"]
+__all__ = ["Accounting", "CallEntry"]
 
 
 class Accounting:

@@ -125,6 +125,7 @@ class FrontCall:
         #: Its counts: its status, its access record, its span (an async request's job has an
         #: entry that counts nothing: its ``202`` was counted).
         self.entry = entry
+        #: Writes its answers; let go once it finishes (they hold each other: see finish).
         self.responder = responder
         self.id = service.pool.next_id()
         self._stage = Stage.RECEIVED

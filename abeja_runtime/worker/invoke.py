@@ -85,13 +85,12 @@ def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
 async def chunks(body: Iterable[bytes] | AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
     """A streamed body's chunks as the handler's generator, sync or async, yields them; the
     generator closed at the end (its ``finally`` runs), also when the reader stops early."""
-    on_loop = inspect.isasyncgen(body) and _on_event_loop()
-    step = body.__anext__ if isinstance(body, AsyncIterator) else iter(body).__next__
     try:
-        if on_loop:  # an async generator's chunks awaited here, as they come
-            async for chunk in cast("AsyncIterator[bytes]", body):
-                yield chunk
+        if inspect.isasyncgen(body) and _on_event_loop():  # each chunk awaited here, as it comes
+            async for piece in cast("AsyncIterator[bytes]", body):
+                yield piece
             return
+        step = body.__anext__ if isinstance(body, AsyncIterator) else iter(body).__next__
         while True:
             try:
                 chunk = await settled(step())

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,7 +24,7 @@ from abeja_runtime.front.answers import send_whole, write_stream
 from abeja_runtime.front.call import FrontCall, Outcome, Stage
 from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
 from abeja_runtime.front.service import CallHead, CallService
-from abeja_runtime.http_head import EMPTY_BODY_STATUSES, answer_head, checked_head
+from abeja_runtime.http_head import EMPTY_BODY_STATUSES, _http_date, answer_head, checked_head
 from abeja_runtime.logs import REQUEST_ID_HEADER
 from abeja_runtime.metrics import FrontMetrics
 
@@ -63,6 +65,31 @@ def test_a_whole_answer_s_head_has_the_handler_s_headers_then_the_runtime_s() ->
     date = email.utils.parsedate_to_datetime(header(head, "Date"))
     assert abs(date.timestamp() - time.time()) < 5
     assert header(head, "Date").endswith(" GMT")
+
+
+@pytest.mark.parametrize(
+    "second", [0, 951_782_400, 1_709_164_800, 1_764_374_399, 4_102_444_800, 253_402_300_799]
+)
+def test_the_date_is_written_as_email_s_formatdate_writes_it(second: int) -> None:
+    """The head's Date, made without importing ``email`` (a handler process writes heads):
+    the same text, leap days, year ends and the last second of 9999 included."""
+    assert _http_date(second) == email.utils.formatdate(second, usegmt=True)
+
+
+def test_a_handler_process_s_server_line_is_aiohttp_s_without_importing_it() -> None:
+    """Where aiohttp is not imported (a handler process that writes its streams), the Server
+    line is made from aiohttp's version, and says what aiohttp's own answers say."""
+    code = (
+        "import sys\n"
+        "from abeja_runtime.http_head import server_line\n"
+        "print(repr(server_line()))\n"
+        "assert 'aiohttp' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(f"Server: {SERVER_SOFTWARE}\r\n")
 
 
 def test_connection_close_is_said_only_when_the_connection_ends() -> None:

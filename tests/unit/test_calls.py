@@ -17,12 +17,12 @@ import pytest
 
 from abeja_runtime.errors import CallerDeadlinePassed, HandlerTimeout, ServiceBusy
 from abeja_runtime.frames import Answer, Call, Cancel
-from abeja_runtime.front.accounting import CLIENT_CLOSED
 from abeja_runtime.front.body import IN_FRAME
 from abeja_runtime.front.call import FrontCall, Outcome, Stage
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.service import CallHead, CallService
 from abeja_runtime.metrics import FrontMetrics
+from abeja_runtime.stream_limits import CLIENT_CLOSED
 
 from .fakes import FakePool, FakeResponder
 
