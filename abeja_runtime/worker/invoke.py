@@ -82,14 +82,18 @@ def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
     raise RuntimeError("a coroutine waited for an event loop on a thread that runs none")
 
 
-async def chunks(body: Iterable[bytes] | AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """A streamed body's chunks as the handler's generator, sync or async, yields them; the
-    generator closed at the end (its ``finally`` runs), also when the reader stops early."""
+def chunks(body: Iterable[_T] | AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
+    """A handler's generator, sync or async, as an async generator of what it yields, which
+    closes it (its ``finally`` runs) when closed, also before its end: an async generator on
+    the running loop as it is (each chunk awaited as it comes, no step between), any other
+    stepped through :func:`settled`."""
+    if inspect.isasyncgen(body) and _on_event_loop():
+        return cast("AsyncGenerator[_T, None]", body)
+    return _stepped(body)
+
+
+async def _stepped(body: Iterable[_T] | AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
     try:
-        if inspect.isasyncgen(body) and _on_event_loop():  # each chunk awaited here, as it comes
-            async for piece in cast("AsyncIterator[bytes]", body):
-                yield piece
-            return
         step = body.__anext__ if isinstance(body, AsyncIterator) else iter(body).__next__
         while True:
             try:

@@ -49,7 +49,7 @@ from abeja_runtime.styles.openai.protocol import (
     count_words,
     embedding_request,
 )
-from abeja_runtime.worker.invoke import finish, settled
+from abeja_runtime.worker.invoke import chunks, finish, settled
 from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]
@@ -291,6 +291,8 @@ class _Answer:
         self._reported: dict[int, int] = {}
         #: Whether an event went out: from then on, a failure is an error event.
         self._begun = False
+        #: A piece's event by choice, as the bytes before and after the piece's JSON string.
+        self._piece_events: dict[int, tuple[bytes, bytes]] = {}
 
     async def whole(self) -> dict[str, Any]:
         """The answer document: every choice's whole text."""
@@ -353,19 +355,20 @@ class _Answer:
         try:
             async for piece, tokens in pieces:
                 text = choice.take(piece, tokens)
+                event = self._piece(index, text) if text else b""
                 if not opened:
                     opened = True
-                    if opening := self._opening(request):
-                        yield self._event(index, opening)
-                if text:
-                    yield self._event(index, text)
+                    if opening := self._opening(request):  # with the first text: one write
+                        event = self._event(index, opening) + event
+                if event:
+                    yield event
                 if choice.finish_reason or choice.full:
                     break
             more = choice.full and await _has_more(pieces)
         finally:
             await pieces.aclose()
         if tail := choice.end(more):
-            yield self._event(index, tail)
+            yield self._piece(index, tail)
         self._counted(prompt, request, choice)
         if not opened and (opening := self._opening(request)):
             yield self._event(index, opening)
@@ -389,32 +392,23 @@ class _Answer:
         """The function's text pieces for ``request``, each with its token count (a returned
         text is one piece); closed, this closes the function's generator."""
         name = "chat" if self._chat else "complete"
-        count, produced = self._count, None
+        count = self._count
+        produced = await settled(self._function(request))
+        if isinstance(produced, str) or produced is None:
+            if produced:
+                yield produced, count(produced)
+            return
+        each = 1 if self._words else None  # a yielded piece is a token
+        # (Also where no loop runs: a def module's generator, or an async one stepped at once.)
+        pieces = chunks(produced.__aiter__() if hasattr(produced, "__aiter__") else produced)
         try:
-            produced = await settled(self._function(request))
-            if isinstance(produced, str) or produced is None:
-                if produced:
-                    yield produced, count(produced)
-                return
-            each = 1 if self._words else None  # a yielded piece is a token
-            if hasattr(produced, "__aiter__"):  # stepped through settled: also where no loop runs
-                step = produced.__aiter__().__anext__
-                while True:
-                    try:
-                        piece = await settled(step())
-                    except StopAsyncIteration:
-                        return
-                    yield _text(piece, name), each or count(piece)
-            else:
-                for piece in produced:
-                    yield _text(piece, name), each or count(piece)
+            async for piece in pieces:
+                yield _text(piece, name), each or count(piece)
         finally:
-            close = getattr(produced, "aclose", None) or getattr(produced, "close", None)
-            if callable(close):
-                try:
-                    await settled(close())
-                except Exception as exc:
-                    _log.error("closing the model's %s failed: %s", name, _failure(exc))
+            try:
+                await pieces.aclose()
+            except Exception as exc:
+                _log.error("closing the model's %s failed: %s", name, _failure(exc))
 
     def _counted(self, prompt: int, request: Generation, choice: _Choice) -> None:
         reported = request.usage.completion_tokens
@@ -459,6 +453,16 @@ class _Answer:
         usage = {"usage": None} if self._requests[0].include_usage else {}
         return _sse(self._frame([choice], **usage))
 
+    def _piece(self, index: int, text: str) -> bytes:
+        """The event of a piece of ``text``, as :meth:`_event` writes it: from its bytes around
+        the text, made once a choice (nearly every event is a piece, and ``json.dumps`` of the
+        whole document costs several times the text's JSON string alone)."""
+        around = self._piece_events.get(index)
+        if around is None:
+            before, after = self._event(index, _MARK).split(_MARK_JSON)
+            around = self._piece_events[index] = (before, after)
+        return b"".join((around[0], _json_string(text).encode(), around[1]))
+
     def _frame(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
             "id": self._id,
@@ -494,6 +498,13 @@ def _text(piece: Any, name: str) -> str:
 
 def _sse(document: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
+
+
+#: A piece's JSON string, as ``json.dumps`` writes it (``ensure_ascii``: plain ASCII bytes).
+_json_string: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
+#: The text in the one piece event made to cut the others from (:meth:`_Answer._piece`).
+_MARK: Final = "\x00piece\x00"
+_MARK_JSON: Final = _json_string(_MARK).encode()
 
 
 async def _prepended(
