@@ -76,6 +76,31 @@ def test_a_stream_whose_client_leaves_stops_and_closes_its_generator(
     sock.close()
 
 
+@pytest.mark.parametrize(
+    "handler", ["main:closes_badly", "main:async_closes_badly"], ids=["def", "async"]
+)
+def test_a_stream_whose_generator_fails_as_it_closes_still_frees_its_slot(
+    make_server: ServerFactory, handler: str
+):
+    """Its client leaves a stream (forwarded by the front: a server's first) whose generator
+    raises from its ``finally``: its process ends the stream and takes the next call in its one
+    slot (before, a ``def`` handler's process failed there, and exited with every call it
+    ran)."""
+    server = make_server("cn_stream", "--handler", handler, "--concurrency", "1")
+    sock = send_and_leave(server, get("/?tag=bad", "stream-bad"))
+    assert b"bad 2\n" in read_until(sock, b"bad 2\n")
+    sock.close()
+    wait_until(lambda: events(server, "closed", "bad"), 20, "the generator closed")
+    (record,) = wait_until(lambda: records_of(server, "stream-bad"), 20, "its access record")
+    assert record["http_status"] == 499
+    sock = send_and_leave(server, get("/?tag=next", "stream-next"))
+    try:
+        assert b"next 0\n" in read_until(sock, b"next 0\n")
+    finally:
+        sock.close()
+    assert not [r for r in server.records() if "exited" in r.get("message", "")]
+
+
 @pytest.mark.parametrize("way", ["direct", "aiohttp"])
 def test_a_def_handler_sees_request_cancelled_when_its_client_leaves(
     make_server: ServerFactory, way: str

@@ -35,7 +35,7 @@ from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.tracing import Tracing
 from abeja_runtime.worker.request import Request, was_iterated
 
-__all__ = ["RUNTIME_VERSION_HEADER", "Invoker", "chunks", "finish", "settled"]
+__all__ = ["RUNTIME_VERSION_HEADER", "Invoker", "chunks", "finish", "loop_steps", "settled"]
 
 _log = logging.getLogger("abeja_runtime")
 _T = TypeVar("_T")
@@ -82,12 +82,17 @@ def finish(coroutine: Coroutine[Any, Any, _T]) -> _T:
     raise RuntimeError("a coroutine waited for an event loop on a thread that runs none")
 
 
+def loop_steps(body: object) -> bool:
+    """Whether ``body`` is an async generator that the loop running here steps itself (each item
+    awaited as it comes, with ``async for``: no step through :func:`settled`)."""
+    return inspect.isasyncgen(body) and _on_event_loop()
+
+
 def chunks(body: Iterable[_T] | AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
     """A handler's generator, sync or async, as an async generator of what it yields, which
-    closes it (its ``finally`` runs) when closed, also before its end: an async generator on
-    the running loop as it is (each chunk awaited as it comes, no step between), any other
-    stepped through :func:`settled`."""
-    if inspect.isasyncgen(body) and _on_event_loop():
+    closes it (its ``finally`` runs) when closed, also before its end: one the loop steps
+    (:func:`loop_steps`) as it is, any other stepped through :func:`settled`."""
+    if loop_steps(body):
         return cast("AsyncGenerator[_T, None]", body)
     return _stepped(body)
 

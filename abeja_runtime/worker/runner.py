@@ -9,6 +9,7 @@ above the inline limit) or streamed as its credit allows (``credits.py``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -344,8 +345,11 @@ class Runner:
             _log.error("the handler's streamed content failed after the response began: %s", exc)
         finally:
             credits.finished(call_id)
-            await body.aclose()
-            self.channel.write(End(call_id, failed))
+            try:
+                with contextlib.suppress(Exception):  # its own finally failed: it is over anyway
+                    await body.aclose()
+            finally:  # else the front would wait for it, and keep its slot, for good
+                self.channel.write(End(call_id, failed))
 
     def _lent(self, call_id: int, reply: EncodedResponse) -> tuple[int, bool] | None:
         """The client's connection that came with call ``call_id``, when its streamed answer is

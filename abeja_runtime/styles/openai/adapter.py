@@ -49,7 +49,7 @@ from abeja_runtime.styles.openai.protocol import (
     count_words,
     embedding_request,
 )
-from abeja_runtime.worker.invoke import chunks, finish, settled
+from abeja_runtime.worker.invoke import finish, loop_steps, settled
 from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]
@@ -392,23 +392,30 @@ class _Answer:
         """The function's text pieces for ``request``, each with its token count (a returned
         text is one piece); closed, this closes the function's generator."""
         name = "chat" if self._chat else "complete"
-        count = self._count
-        produced = await settled(self._function(request))
-        if isinstance(produced, str) or produced is None:
-            if produced:
-                yield produced, count(produced)
-            return
-        each = 1 if self._words else None  # a yielded piece is a token
-        # (Also where no loop runs: a def module's generator, or an async one stepped at once.)
-        pieces = chunks(produced.__aiter__() if hasattr(produced, "__aiter__") else produced)
+        count, produced = self._count, None
         try:
-            async for piece in pieces:
-                yield _text(piece, name), each or count(piece)
+            produced = await settled(self._function(request))
+            if isinstance(produced, str) or produced is None:
+                if produced:
+                    yield produced, count(produced)
+                return
+            each = 1 if self._words else None  # a yielded piece is a token
+            if loop_steps(produced):  # each piece awaited as it comes
+                async for piece in produced:
+                    yield _text(piece, name), each or count(piece)
+            elif hasattr(produced, "__aiter__"):  # stepped through settled: also where no loop runs
+                step = produced.__aiter__().__anext__
+                while True:
+                    try:
+                        piece = await settled(step())
+                    except StopAsyncIteration:
+                        return
+                    yield _text(piece, name), each or count(piece)
+            else:
+                for piece in produced:
+                    yield _text(piece, name), each or count(piece)
         finally:
-            try:
-                await pieces.aclose()
-            except Exception as exc:
-                _log.error("closing the model's %s failed: %s", name, _failure(exc))
+            await _close(produced, name)
 
     def _counted(self, prompt: int, request: Generation, choice: _Choice) -> None:
         reported = request.usage.completion_tokens
@@ -459,7 +466,8 @@ class _Answer:
         whole document costs several times the text's JSON string alone)."""
         around = self._piece_events.get(index)
         if around is None:
-            before, after = self._event(index, _MARK).split(_MARK_JSON)
+            # (The last mark: the text comes after the model's name, which could hold one.)
+            before, _, after = self._event(index, _MARK).rpartition(_MARK_JSON)
             around = self._piece_events[index] = (before, after)
         return b"".join((around[0], _json_string(text).encode(), around[1]))
 
@@ -472,6 +480,16 @@ class _Answer:
             "choices": choices,
             **extra,
         }
+
+
+async def _close(produced: Any, name: str) -> None:
+    """Close what the function gave (its generator's ``finally`` runs); a failure is logged."""
+    close = getattr(produced, "aclose", None) or getattr(produced, "close", None)
+    if callable(close):
+        try:
+            await settled(close())
+        except Exception as exc:
+            _log.error("closing the model's %s failed: %s", name, _failure(exc))
 
 
 async def _has_more(pieces: AsyncGenerator[tuple[str, int], None]) -> bool:

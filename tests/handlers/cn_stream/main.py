@@ -5,7 +5,8 @@
 ``?lines=`` lines (3,000 by default: a minute), and prints
 ``{"event": "closed", "tag": ..., "sent": n}`` from its ``finally``. ``watching`` is a ``def``
 handler that loops until ``request.cancelled`` is set (a minute at most) and prints
-``{"event": "noticed", ...}``.
+``{"event": "noticed", ...}``. ``closes_badly`` and ``async_closes_badly`` stream as ``handler``
+and ``async_handler`` do, from a generator whose ``finally`` raises.
 """
 
 import asyncio
@@ -227,3 +228,29 @@ async def failing(request, context):
     if request.query.get("fail"):
         return {"content_type": "text/plain", "content": _fails_at_once()}
     return {"content_type": "text/plain", "content": _async_lines(*_asked(request))}
+
+
+def _closes_badly(tag: str):
+    try:
+        yield from _lines(tag)
+    finally:
+        raise RuntimeError("cn_stream's generator fails as it closes")
+
+
+async def _async_closes_badly(tag: str):
+    try:
+        async for line in _async_lines(tag):
+            yield line
+    finally:
+        raise RuntimeError("cn_stream's generator fails as it closes")
+
+
+def closes_badly(request, context):
+    """Streams as ``handler`` does, from a generator whose ``finally`` raises."""
+    return {"content_type": "text/plain", "content": _closes_badly(request.query.get("tag", ""))}
+
+
+async def async_closes_badly(request, context):
+    """Streams as ``async_handler`` does, from a generator whose ``finally`` raises."""
+    tag = request.query.get("tag", "")
+    return {"content_type": "text/plain", "content": _async_closes_badly(tag)}
