@@ -33,6 +33,7 @@ from abeja_runtime.frames import STREAM_WINDOW, Answer, BlockingChannel, Client,
 from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk, server_line
 from abeja_runtime.stream_limits import StreamEnd, StreamIdle, StreamLimits, StreamTooLong
 from abeja_runtime.worker.cancellation import Cancellations
+from abeja_runtime.worker.invoke import close_stream
 
 __all__ = ["ClientConnections", "write_to_client"]
 
@@ -111,8 +112,7 @@ async def write_to_client(
     finally:
         stream.close()
         try:
-            with contextlib.suppress(Exception):
-                await body.aclose()
+            await close_stream(body)
         finally:  # also when cancelled meanwhile: the front waits for it
             channel.write(End(call_id, stream.end == StreamEnd.FAILED, stream.written()))
 

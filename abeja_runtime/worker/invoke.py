@@ -35,7 +35,10 @@ from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.tracing import Tracing
 from abeja_runtime.worker.request import Request, was_iterated
 
-__all__ = ["RUNTIME_VERSION_HEADER", "Invoker", "chunks", "finish", "loop_steps", "settled"]
+__all__ = [
+    "RUNTIME_VERSION_HEADER", "Invoker", "chunks", "close_stream", "finish", "loop_steps",
+    "settled",
+]  # fmt: skip
 
 _log = logging.getLogger("abeja_runtime")
 _T = TypeVar("_T")
@@ -110,6 +113,16 @@ async def _stepped(body: Iterable[_T] | AsyncIterator[_T]) -> AsyncGenerator[_T,
         close = getattr(body, "aclose", None) or getattr(body, "close", None)
         if callable(close):
             await settled(close())
+
+
+async def close_stream(body: AsyncGenerator[Any, None]) -> None:
+    """Close a streamed answer's generator (its ``finally`` runs), however the stream ended: a
+    failure of the handler's own ``finally`` is logged, not raised, for the stream's ``End``
+    must still go to the front."""
+    try:
+        await body.aclose()
+    except Exception as exc:
+        _log.error("closing the handler's streamed content failed: %s", exc)
 
 
 class Invoker:

@@ -9,7 +9,6 @@ above the inline limit) or streamed as its credit allows (``credits.py``).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
@@ -45,7 +44,7 @@ from abeja_runtime.tracing import HandlerSpan, Tracing
 from abeja_runtime.worker.cancellation import Cancellations
 from abeja_runtime.worker.credits import StreamCredits
 from abeja_runtime.worker.decode import decode_request
-from abeja_runtime.worker.invoke import Invoker, chunks, settled
+from abeja_runtime.worker.invoke import Invoker, chunks, close_stream, settled
 from abeja_runtime.worker.request import Request
 
 if TYPE_CHECKING:
@@ -346,8 +345,7 @@ class Runner:
         finally:
             credits.finished(call_id)
             try:
-                with contextlib.suppress(Exception):  # its own finally failed: it is over anyway
-                    await body.aclose()
+                await close_stream(body)
             finally:  # else the front would wait for it, and keep its slot, for good
                 self.channel.write(End(call_id, failed))
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp.http import SERVER_SOFTWARE
+from helpers.interpreters import printed_by
 
 from abeja_runtime.encode import UNEXPECTED_ERROR
 from abeja_runtime.frames import Call
@@ -85,11 +84,7 @@ def test_a_handler_process_s_server_line_is_aiohttp_s_without_importing_it() -> 
         "print(repr(server_line()))\n"
         "assert 'aiohttp' not in sys.modules\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == repr(f"Server: {SERVER_SOFTWARE}\r\n")
+    assert printed_by(code).strip() == repr(f"Server: {SERVER_SOFTWARE}\r\n")
 
 
 def test_connection_close_is_said_only_when_the_connection_ends() -> None:

@@ -5,10 +5,9 @@ already cannot hide a module that the import would load."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from helpers.interpreters import printed_by
 
 from abeja_runtime import styles
 
@@ -17,11 +16,7 @@ def imported_by(*modules: str) -> list[str]:
     """Every module that importing ``modules`` in a fresh interpreter loads."""
     code = f"import json, sys\nimport {', '.join(modules)}\n"
     code += "print(json.dumps(sorted(sys.modules)))\n"
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(printed_by(code))
 
 
 def loaded_after(module: str) -> list[str]:
@@ -91,11 +86,7 @@ def test_a_style_named_alone_imports_only_its_own_module():
         "style_named('abeja')\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('abeja_runtime.styles.'))))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["abeja_runtime.styles.abeja"]
+    assert printed_by(code).split() == ["abeja_runtime.styles.abeja"]
 
 
 def test_a_def_handler_s_process_imports_neither_aiohttp_nor_asyncio_nor_email():
