@@ -19,6 +19,7 @@ import pytest
 from helpers.metrics import scrape, total
 from helpers.servers import RunningServer, ServerFactory
 from helpers.waiting import wait_until
+from helpers.workers import wait_for_ready_workers
 
 RELOADED = "reloaded: every worker serves the new version of the handler"
 
@@ -44,7 +45,7 @@ class Clients:
                 connection.request("POST", "/", b"{}", {"Content-Type": "application/json"})
                 answer = connection.getresponse()
                 body = answer.read()
-                got = (answer.status, json.loads(body).get("version", "") if body else "")
+                got = (answer.status, _version(body))
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -64,6 +65,14 @@ class Clients:
         return self.answers
 
 
+def _version(body: bytes) -> str:
+    """The version an answer names, or the answer itself when it names none."""
+    try:
+        return json.loads(body)["version"]
+    except (ValueError, KeyError, TypeError):
+        return f"no version in {body[:200]!r}"
+
+
 def reloads(server: RunningServer, message: str) -> int:
     return sum(1 for record in server.records() if record.get("message") == message)
 
@@ -81,6 +90,7 @@ def test_five_reloads_under_load_fail_no_request(
     server = start(
         "rv_versions", "--workers", "2", "--preload", preload, env={"RV_VERSION": str(version)}
     )
+    wait_for_ready_workers(server, 2)  # each has read its version before the test writes one
     clients = Clients(server, 8)
     try:
         for new in range(2, 7):
@@ -121,6 +131,7 @@ def test_a_new_version_that_fails_leaves_the_old_one_serving(
         "rv_versions", "--workers", "2", "--preload", preload, "--warmup", str(warm),
         env={"RV_VERSION": str(version)},
     )  # fmt: skip
+    wait_for_ready_workers(server, 2)  # each has read its version before the test writes one
     clients = Clients(server, 4)
     try:
         version.write_text(bad)
