@@ -24,9 +24,10 @@ hits both alike), each a fresh server in a session of its own on 127.0.0.1, pinn
   Without that Python the target is skipped, with the reason.
 
 Per repetition and target: start, wait for the health check (bounded: ``--ready-timeout``),
-check one stream's answer, then with one aiohttp client (on uvloop when it is installed), every
-request ``POST /v1/chat/completions`` with ``"stream": true`` and each stream read to
-``data: [DONE]`` (its 16 pieces checked), bounded by ``--stream-timeout``:
+check one stream's answer, then with one client of keep-alive connections timed at the socket
+(``socket_client.py``, on uvloop when it is installed), every request ``POST
+/v1/chat/completions`` with ``"stream": true`` and each stream read to ``data: [DONE]`` (its 16
+pieces checked), bounded by ``--stream-timeout``:
 
 1. ``--warmup`` seconds of the load below, not recorded;
 2. ``--duration`` seconds of ``--streams`` concurrent streams on keep-alive connections, each
@@ -51,13 +52,14 @@ request ``POST /v1/chat/completions`` with ``"stream": true`` and each stream re
 7. stop: SIGTERM, a bounded wait (``--stop-timeout``), then SIGKILL to whatever of the server's
    process group or session is left (reported). Ctrl-C or SIGTERM stops the server first.
 
-Added time to first token, per stream: (the client's arrival of the first content piece less
-its send of the request) less the generator's own ``t1 - t0``, all ``time.time()`` on this
-machine. Each figure is the median of the ``--repeat`` runs, with every run's figure in
-brackets. Verdicts: the runtime's streams/s at least ``3x`` LitServe's; the runtime's added
-time to first token p50 at ``--streams`` concurrent paced streams at most 1 ms, closed loop with
-its starts spread (5.) and open loop (6.), each beside the bare app's in the same run (the
-closed loop begun in phase, 4., is reported beside the bare app's, not judged). Nothing is
+Added time to first token, per stream: (the read from the socket that completed the first content
+piece less the write of the request to it) less the generator's own ``t1 - t0``, all ``time.time()``
+on this machine: what the server adds, without the client's own building of the request and parsing
+of the answer (both after the stamps). Each figure is the median of the ``--repeat`` runs, with
+every run's figure in brackets. Verdicts: the runtime's streams/s at least ``3x`` LitServe's; the
+runtime's added time to first token p50 at ``--streams`` concurrent paced streams at most 1 ms,
+closed loop with its starts spread (5.) and open loop (6.), each beside the bare app's in the same
+run (the closed loop begun in phase, 4., is reported beside the bare app's, not judged). Nothing is
 asserted; the report is printed (and appended to RESULTS.md with ``--write``); exit status 1
 when a target that was not skipped could not be measured in any run.
 """
@@ -86,13 +88,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol, TypeVar
 
-import aiohttp
-
 from abeja_runtime.launch import free_port, free_ports, runtime_command
 from benchmarks.batching import Peer
 from benchmarks.processes import PAGE_TICKS, proc_table
 from benchmarks.report import machine_info, write_results
 from benchmarks.servers import REPO, SERVER_ENV, Server, ServerError
+from benchmarks.socket_client import SocketClient
 
 HERE = Path(__file__).resolve().parent
 HANDLER_DIR = HERE / "handlers" / "chat"
@@ -180,15 +181,26 @@ def _generator_seconds(piece: str) -> float:
     return float(found.group(2)) - float(found.group(1))
 
 
-async def _first_piece(content: aiohttp.StreamReader) -> tuple[float, str]:
-    """Read up to the first chunk with content: when it arrived, and its content."""
-    async for line in content:
+def _is_piece(line: bytes) -> bool:
+    """Whether an SSE line is a chunk with content (the first such is timed)."""
+    if not line.startswith(b"data:"):
+        return False
+    try:
+        return bool(_content(line))
+    except StreamError:  # an error event: the whole answer's check says so
+        return False
+
+
+def _split_at_first_piece(body: bytes) -> tuple[str, bytes]:
+    """The first piece's content, and the body after its line."""
+    lines = body.split(b"\n")
+    for at, line in enumerate(lines):
         if line.startswith(b"data:"):
             text = _content(line)
             if text is None:
                 raise StreamError("data: [DONE] before any content")
             if text:
-                return time.time(), text
+                return text, b"\n".join(lines[at + 1 :])
     raise StreamError("the stream ended before any content")
 
 
@@ -212,24 +224,22 @@ def _check_rest(rest: bytes) -> None:
         raise StreamError(f"expected {PIECES - 1} pieces after the first, got {texts!r}")
 
 
-async def one_stream(
-    session: aiohttp.ClientSession, url: str, timeout: float, data: bytes = BODY
-) -> float:
+async def one_stream(client: SocketClient, timeout: float, data: bytes = BODY) -> float:
     """One streamed chat completion read to its end; its added time to first token (s)."""
-    bounds = aiohttp.ClientTimeout(total=timeout)
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    sent = time.time()
-    async with session.post(url, data=data, headers=headers, timeout=bounds) as response:
-        if response.status != 200:
-            text = await response.text(errors="replace")
-            raise StreamError(f"HTTP {response.status}: {text[:200]!r}")
-        arrived, first = await _first_piece(response.content)
-        _check_rest(await response.content.read())
-    return (arrived - sent) - _generator_seconds(first)
+    request = client.post(
+        PATH, data, {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    )
+    async with asyncio.timeout(timeout):
+        answer = await client.exchange(request, _is_piece)
+    if answer.status != 200:
+        raise StreamError(f"HTTP {answer.status}: {answer.body[:200]!r}")
+    first, rest = _split_at_first_piece(answer.body)
+    _check_rest(rest)
+    return (answer.arrived - answer.sent) - _generator_seconds(first)
 
 
 #: What a failed stream may raise: a wrong answer, the connection's errors, a timeout.
-STREAM_ERRORS = (StreamError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+STREAM_ERRORS = (StreamError, asyncio.TimeoutError, OSError)
 
 
 @dataclass
@@ -241,11 +251,9 @@ class Tally:
     first_error: str = ""
     seconds: float = 0.0
 
-    async def run(
-        self, session: aiohttp.ClientSession, url: str, timeout: float, data: bytes = BODY
-    ) -> None:
+    async def run(self, client: SocketClient, timeout: float, data: bytes = BODY) -> None:
         try:
-            self.added.append(await one_stream(session, url, timeout, data))
+            self.added.append(await one_stream(client, timeout, data))
         except STREAM_ERRORS as exc:
             self.failed += 1
             self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"
@@ -253,8 +261,7 @@ class Tally:
 
 
 async def load(
-    session: aiohttp.ClientSession,
-    url: str,
+    client: SocketClient,
     streams: int,
     seconds: float,
     timeout: float,
@@ -272,7 +279,7 @@ async def load(
         if stagger:
             await asyncio.sleep(stagger * turn / streams)
         while time.monotonic() < deadline:
-            await tally.run(session, url, timeout, data)
+            await tally.run(client, timeout, data)
 
     async with asyncio.timeout(seconds + stagger + timeout + 5):
         await asyncio.gather(*(connection(turn) for turn in range(streams)))
@@ -281,8 +288,7 @@ async def load(
 
 
 async def open_loop(
-    session: aiohttp.ClientSession,
-    url: str,
+    client: SocketClient,
     rate: float,
     seconds: float,
     timeout: float,
@@ -306,7 +312,7 @@ async def open_loop(
             in_flight += len(running)
             begun += 1
         teller = tally if counted else unrecorded
-        task = asyncio.create_task(teller.run(session, url, timeout, data))
+        task = asyncio.create_task(teller.run(client, timeout, data))
         running.add(task)
         task.add_done_callback(running.discard)
         due += draw.expovariate(rate)
@@ -316,13 +322,11 @@ async def open_loop(
     return tally, in_flight / max(1, begun)
 
 
-async def one_at_a_time(
-    session: aiohttp.ClientSession, url: str, count: int, timeout: float
-) -> Tally:
+async def one_at_a_time(client: SocketClient, count: int, timeout: float) -> Tally:
     """``count`` streams one after the other on one connection."""
     tally = Tally()
     for _ in range(count):
-        await tally.run(session, url, timeout)
+        await tally.run(client, timeout)
     return tally
 
 
@@ -376,32 +380,28 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _measured(
-    session: aiohttp.ClientSession, url: str, pgid: int, args: argparse.Namespace, run: Run
-) -> None:
+async def _measured(client: SocketClient, pgid: int, args: argparse.Namespace, run: Run) -> None:
     """The recorded load and the streams one at a time, into ``run``."""
     ticks, own = _group_ticks(pgid), _own_cpu_seconds()
-    tally = await load(session, url, args.streams, args.duration, args.stream_timeout)
+    tally = await load(client, args.streams, args.duration, args.stream_timeout)
     run.server_cpu = (_group_ticks(pgid) - ticks) / PAGE_TICKS / tally.seconds
     run.client_cpu = (_own_cpu_seconds() - own) / tally.seconds
     run.completed, run.failed = len(tally.added), tally.failed
     run.streams_per_s = len(tally.added) / tally.seconds
     run.load_p50_ms = quantile(tally.added, 0.5) * 1000
     run.load_p99_ms = quantile(tally.added, 0.99) * 1000
-    idle = await one_at_a_time(session, url, args.firsts, args.stream_timeout)
+    idle = await one_at_a_time(client, args.firsts, args.stream_timeout)
     run.failed += idle.failed
     run.idle_p50_ms = quantile(idle.added, 0.5) * 1000
     run.idle_p99_ms = quantile(idle.added, 0.99) * 1000
     ticks = _group_ticks(pgid)
-    paced = await load(
-        session, url, args.streams, args.duration, args.stream_timeout, body(args.pace)
-    )
+    paced = await load(client, args.streams, args.duration, args.stream_timeout, body(args.pace))
     run.paced_cpu = (_group_ticks(pgid) - ticks) / PAGE_TICKS / paced.seconds
     run.failed += paced.failed
     run.paced_p50_ms = quantile(paced.added, 0.5) * 1000
     run.paced_p99_ms = quantile(paced.added, 0.99) * 1000
     staggered = await load(
-        session, url, args.streams, args.duration, args.stream_timeout, body(args.pace),
+        client, args.streams, args.duration, args.stream_timeout, body(args.pace),
         stagger=(PIECES - 1) * args.pace,
     )  # fmt: skip
     run.failed += staggered.failed
@@ -409,7 +409,7 @@ async def _measured(
     run.staggered_p99_ms = quantile(staggered.added, 0.99) * 1000
     rate = args.streams / ((PIECES - 1) * args.pace)
     opened, run.open_in_flight = await open_loop(
-        session, url, rate, args.duration, args.stream_timeout, body(args.pace), args.warmup
+        client, rate, args.duration, args.stream_timeout, body(args.pace), args.warmup
     )
     run.failed += opened.failed
     run.open_p50_ms = quantile(opened.added, 0.5) * 1000
@@ -423,14 +423,15 @@ async def _measured(
 
 
 async def _client(port: int, pgid: int, args: argparse.Namespace, run: Run) -> None:
-    """Check one answer, warm up, then measure, on one session of keep-alive connections."""
-    url = f"http://127.0.0.1:{port}{PATH}"
-    connector = aiohttp.TCPConnector(limit=0)  # the open loop's streams: one connection each
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await one_stream(session, url, args.stream_timeout)  # a wrong answer fails the run
+    """Check one answer, warm up, then measure, on keep-alive connections timed at the socket."""
+    client = SocketClient("127.0.0.1", port)
+    try:
+        await one_stream(client, args.stream_timeout)  # a wrong answer fails the run
         if args.warmup > 0:
-            await load(session, url, args.streams, args.warmup, args.stream_timeout)
-        await _measured(session, url, pgid, args, run)
+            await load(client, args.streams, args.warmup, args.stream_timeout)
+        await _measured(client, pgid, args, run)
+    finally:
+        client.close()
 
 
 def _run_async(factory: Callable[[], Awaitable[T]]) -> T:
@@ -565,7 +566,7 @@ def measure(target: str, args: argparse.Namespace, tmp: Path) -> Run:
             _run_async(lambda: _client(started.port, pgid, args, run))
         if server.leftovers:
             run.error = f"left {len(server.leftovers)} process(es) after SIGTERM"
-    except (ServerError, StreamError, OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
+    except (ServerError, StreamError, OSError, asyncio.TimeoutError) as exc:
         run.error = _reason(exc)
         print(f"  ! {target}: {str(exc).strip()}", file=sys.stderr)
     return run

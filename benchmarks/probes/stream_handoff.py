@@ -56,6 +56,7 @@ from benchmarks.openai_streams import (
     runtime_server,
     serving,
 )
+from benchmarks.socket_client import SocketClient
 
 #: What the front sends the worker with a client's socket: the connection's number, the body.
 _ID = 4
@@ -271,13 +272,13 @@ def _server(target: str, args: argparse.Namespace, tmp: Path) -> Serving:
 
 async def _measure(port: int, args: argparse.Namespace) -> tuple[float, float]:
     """Added time to first token p50 (ms): one stream at a time, and open-loop paced streams."""
-    import aiohttp
-
-    url = f"http://127.0.0.1:{port}{PATH}"
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        alone = await one_at_a_time(session, url, args.firsts, 30)
+    client = SocketClient("127.0.0.1", port)
+    try:
+        alone = await one_at_a_time(client, args.firsts, 30)
         rate = args.streams / ((PIECES - 1) * 0.02)
-        paced, _ = await open_loop(session, url, rate, args.seconds, 30, body(0.02), warmup=1)
+        paced, _ = await open_loop(client, rate, args.seconds, 30, body(0.02), warmup=1)
+    finally:
+        client.close()
     if alone.failed or paced.failed:
         raise RuntimeError(f"streams failed: {alone.first_error or paced.first_error}")
     return quantile(alone.added, 0.5) * 1000, quantile(paced.added, 0.5) * 1000

@@ -1,0 +1,140 @@
+"""The benchmarks' socket-timed client (``benchmarks/socket_client.py``) against a real aiohttp
+server on 127.0.0.1: whole bodies in every framing, the first line's arrival stamped at the
+read that brought it, keep-alive reuse, and a server that closes mid-answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from benchmarks.socket_client import SocketClient
+
+PIECE = b"data: piece\n\n"
+
+
+def is_piece(line: bytes) -> bool:
+    return line == PIECE.strip()
+
+
+class App:
+    """The server: a streamed answer whose first piece is written only once the client has
+    read the line before it, and a JSON refusal with a length."""
+
+    def __init__(self) -> None:
+        self.role_read = asyncio.Event()
+        self.piece_written_at = 0.0
+        self.ports: list[int] = []
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        self.ports.append(request.transport.get_extra_info("peername")[1])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: role\n\n")
+        await asyncio.wait_for(self.role_read.wait(), 30)
+        self.piece_written_at = time.time()
+        await response.write(PIECE)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def refuse(self, request: web.Request) -> web.Response:
+        return web.json_response({"error": "no"}, status=400)
+
+
+async def raw_server(answer: bytes) -> tuple[asyncio.Server, int]:
+    """A server that reads a request's head, writes ``answer`` and closes the connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def served(test: Callable[[SocketClient, App], Awaitable[None]]) -> None:
+    app, handlers = web.Application(), App()
+    app.router.add_post("/stream", handlers.stream)
+    app.router.add_post("/refuse", handlers.refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = SocketClient("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(60):
+            await test(client, handlers)
+    finally:
+        client.close()
+        await runner.cleanup()
+
+
+def run(test: Callable[[SocketClient, App], Awaitable[None]]) -> None:
+    asyncio.run(served(test))
+
+
+def test_a_stream_is_read_whole_and_its_first_piece_stamped_at_the_read_that_brought_it() -> None:
+    async def test(client: SocketClient, app: App) -> None:
+        def first(line: bytes) -> bool:
+            if line == b"data: role":
+                app.role_read.set()  # the piece is written after the client read this line
+            return is_piece(line)
+
+        answer = await client.exchange(client.post("/stream", b"{}", {}), first)
+        assert answer.status == 200
+        assert answer.body == b"data: role\n\n" + PIECE + b"data: [DONE]\n\n"
+        assert answer.sent <= app.piece_written_at <= answer.arrived
+
+    run(test)
+
+
+def test_keep_alive_connections_are_reused_and_a_refusal_is_read_by_its_length() -> None:
+    async def test(client: SocketClient, app: App) -> None:
+        for _ in range(2):
+            app.role_read.set()
+            answer = await client.exchange(client.post("/stream", b"{}", {}), is_piece)
+            assert answer.arrived >= answer.sent > 0
+        assert app.ports[0] == app.ports[1]
+        refused = await client.exchange(client.post("/refuse", b"{}", {}), is_piece)
+        assert (refused.status, refused.body, refused.arrived) == (400, b'{"error": "no"}', 0.0)
+
+    run(test)
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome"),
+    [
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it", b"all of it"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nhalf", None),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf\r\n", None),
+    ],
+    ids=["up-to-the-close", "cut-in-a-length", "cut-in-chunks"],
+)
+def test_a_body_without_a_length_ends_at_the_close_and_one_cut_short_fails(
+    answer: bytes, outcome: bytes | None
+) -> None:
+    async def test() -> None:
+        server, port = await raw_server(answer)
+        client = SocketClient("127.0.0.1", port)
+        try:
+            async with asyncio.timeout(60):
+                if outcome is None:
+                    with pytest.raises(ConnectionError, match="closed the connection"):
+                        await client.exchange(client.post("/", b"", {}), is_piece)
+                else:
+                    got = await client.exchange(client.post("/", b"", {}), is_piece)
+                    assert (got.status, got.body) == (200, outcome)
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(test())
