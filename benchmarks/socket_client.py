@@ -145,6 +145,10 @@ class _Connection(asyncio.Protocol):
         if self.exchange is not None:
             self.exchange.closed()
 
+    def closing(self) -> bool:
+        """Closed, or about to be: a write would fail."""
+        return self.transport is None or self.transport.is_closing()
+
     def close(self) -> None:
         self.open = False
         if self.transport is not None:
@@ -168,12 +172,12 @@ class SocketClient:
     async def exchange(self, request: bytes, is_first: IsFirst) -> TimedAnswer:
         """Send ``request`` and read its whole response; a connection whose exchange failed
         or was cancelled (a timeout) is closed, never reused."""
-        connection = self._idle.pop() if self._idle else await self._open()
+        connection = await self._connection()
         assert connection.transport is not None
         connection.exchange = exchange = Exchange(is_first)
-        exchange.answer.sent = time.time()
-        connection.transport.write(request)
         try:
+            exchange.answer.sent = time.time()
+            connection.transport.write(request)
             answer = await exchange.done
         except BaseException:
             connection.close()
@@ -185,11 +189,24 @@ class SocketClient:
             connection.close()
         return answer
 
+    async def _connection(self) -> _Connection:
+        """An idle connection the server has not closed, else a new one."""
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.open and not connection.closing():
+                return connection
+        return await self._open()
+
     async def _open(self) -> _Connection:
         loop = asyncio.get_running_loop()
         transport, connection = await loop.create_connection(_Connection, self._host, self._port)
         connection.transport = transport  # uvloop may call connection_made after the return
         return connection
+
+    @property
+    def idle(self) -> int:
+        """How many idle connections are kept that the server has not closed."""
+        return sum(1 for connection in self._idle if connection.open)
 
     def close(self) -> None:
         while self._idle:

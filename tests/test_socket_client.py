@@ -138,3 +138,22 @@ def test_a_body_without_a_length_ends_at_the_close_and_one_cut_short_fails(
             await server.wait_closed()
 
     asyncio.run(test())
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    async def test() -> None:
+        server, port = await raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        client = SocketClient("127.0.0.1", port)
+        try:
+            async with asyncio.timeout(60):
+                for _ in range(2):  # the second on a new connection: the first was closed
+                    got = await client.exchange(client.post("/", b"", {}), is_piece)
+                    assert (got.status, got.body) == (200, b"ok")
+                    while client.idle:  # the server's close reaches the client
+                        await asyncio.sleep(0.001)
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(test())
