@@ -33,19 +33,30 @@ class TimedAnswer:
     arrived: float
 
 
+#: How much of a chunk is still to come: its size line, or (0) the CRLF after its data.
+_SIZE_LINE = -1
+#: Statuses whose answers have no body, whatever their head says.
+_NO_BODY = (204, 304)
+
+
 class Exchange:
     """One request's response, read as it arrives: its head, then its body (``Content-Length``,
-    chunked, or up to the connection's close)."""
+    chunked, or up to the connection's close). Each piece of the body is taken as it comes,
+    also a chunk's data before the rest of that chunk, so that a line is seen at the read that
+    completed it."""
 
     def __init__(self, is_first: IsFirst) -> None:
         self._is_first = is_first
         self.answer = TimedAnswer(0, b"", 0.0, 0.0)
         self.done: asyncio.Future[TimedAnswer] = asyncio.get_running_loop().create_future()
+        #: The connection may take the next request: HTTP/1.1, not closed, nothing after the
+        #: answer's end.
         self.keep_alive = True
         self._raw = bytearray()  # what the socket gave and is not parsed yet
         self._body = bytearray()
         self._scanned = 0  # the body's lines before this offset were seen by is_first
-        self._length: int | None = None  # None: chunked, or (until_close) up to the close
+        self._left: int | None = None  # the body still to come; None: chunked, or up to the close
+        self._chunk_left = _SIZE_LINE
         self._chunked = self._until_close = self._in_body = False
 
     def received(self, data: bytes, now: float) -> None:
@@ -54,10 +65,12 @@ class Exchange:
         self._raw += data
         if not self._in_body and not self._head():
             return
-        self._take_body()
+        ended = self._take_chunks() if self._chunked else self._take_bytes()
         if not self.answer.arrived and self._first_line_seen():
             self.answer.arrived = now
-        if self._complete():
+        if ended:
+            if self._raw:  # bytes after the answer's end: the connection is not reused
+                self.keep_alive = False
             self._finish()
 
     def closed(self) -> None:
@@ -76,35 +89,65 @@ class Exchange:
         lines = bytes(self._raw[:end]).decode("latin-1").split("\r\n")
         del self._raw[: end + 4]
         version, _, rest = lines[0].partition(" ")
+        if not version.startswith("HTTP/1."):
+            raise ValueError(f"not a status line: {lines[0][:100]!r}")
         self.answer.status = int(rest[:3])
         fields = {
             name.strip().lower(): value.strip()
             for name, _, value in (line.partition(":") for line in lines[1:])
         }
-        self._chunked = "chunked" in fields.get("transfer-encoding", "").lower()
-        if not self._chunked and "content-length" in fields:
-            self._length = int(fields["content-length"])
-        self._until_close = not self._chunked and self._length is None
+        if self.answer.status in _NO_BODY:
+            self._left = 0
+        elif "chunked" in fields.get("transfer-encoding", "").lower():
+            self._chunked = True
+        elif "content-length" in fields:
+            self._left = int(fields["content-length"])
+        self._until_close = not self._chunked and self._left is None
         connection = fields.get("connection", "").lower()
         self.keep_alive = version == "HTTP/1.1" and connection != "close" and not self._until_close
         self._in_body = True
         return True
 
-    def _take_body(self) -> None:
-        if not self._chunked:
-            self._body += self._raw
-            self._raw.clear()
-            return
-        while (line_end := self._raw.find(b"\r\n")) >= 0:
-            size = int(bytes(self._raw[:line_end]).split(b";")[0], 16)
-            if size == 0:  # the last chunk: the trailer section ends with an empty line
-                if self._raw.find(b"\r\n\r\n", line_end) == line_end:
-                    self._length, self._raw = len(self._body), bytearray()
-                return
-            if len(self._raw) < line_end + 2 + size + 2:
-                return
-            self._body += self._raw[line_end + 2 : line_end + 2 + size]
-            del self._raw[: line_end + 2 + size + 2]
+    def _take_bytes(self) -> bool:
+        """A body of a length, or up to the close: whether it is whole."""
+        taken = self._raw if self._left is None else self._raw[: self._left]
+        self._body += taken
+        del self._raw[: len(taken)]
+        if self._left is None:
+            return False
+        self._left -= len(taken)
+        return self._left == 0
+
+    def _take_chunks(self) -> bool:
+        """A chunked body: whether its last chunk and trailer section came."""
+        raw = self._raw
+        while raw:
+            if self._chunk_left > 0:  # the chunk's data, as much as came
+                taken = raw[: self._chunk_left]
+                self._body += taken
+                del raw[: len(taken)]
+                self._chunk_left -= len(taken)
+            elif self._chunk_left == 0:  # the CRLF that ends a chunk's data
+                if len(raw) < 2:
+                    return False
+                if raw[:2] != b"\r\n":
+                    raise ValueError("a chunk's data is not followed by CRLF")
+                del raw[:2]
+                self._chunk_left = _SIZE_LINE
+            else:
+                line_end = raw.find(b"\r\n")
+                if line_end < 0:
+                    return False
+                size = int(bytes(raw[:line_end]).split(b";")[0], 16)
+                if size == 0:  # the last chunk; its trailer section ends with an empty line
+                    end = raw.find(b"\r\n\r\n", line_end)
+                    if end < 0:
+                        return False
+                    del raw[: end + 4]
+                    return True
+                del raw[: line_end + 2]
+                self._chunk_left = size
+        return False
 
     def _first_line_seen(self) -> bool:
         while (end := self._body.find(b"\n", self._scanned)) >= 0:
@@ -113,9 +156,6 @@ class Exchange:
             if self._is_first(line):
                 return True
         return False
-
-    def _complete(self) -> bool:
-        return self._length is not None and len(self._body) >= self._length
 
     def _finish(self) -> None:
         self.answer.body = bytes(self._body)
@@ -134,7 +174,8 @@ class _Connection(asyncio.Protocol):
         now = time.time()
         exchange = self.exchange
         if exchange is None or exchange.done.done():
-            return  # bytes after an answer: the connection is not reused (see exchange())
+            self.close()  # bytes nobody asked for: the connection is not reused
+            return
         try:
             exchange.received(data, now)
         except ValueError as exc:
@@ -183,7 +224,7 @@ class SocketClient:
             connection.close()
             raise
         connection.exchange = None
-        if exchange.keep_alive and connection.open:
+        if exchange.keep_alive and connection.open and not connection.closing():
             self._idle.append(connection)
         else:
             connection.close()

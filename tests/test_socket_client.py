@@ -1,23 +1,91 @@
-"""The benchmarks' socket-timed client (``benchmarks/socket_client.py``) against a real aiohttp
-server on 127.0.0.1: whole bodies in every framing, the first line's arrival stamped at the
-read that brought it, keep-alive reuse, and a server that closes mid-answer."""
+"""The benchmarks' socket-timed client (``benchmarks/socket_client.py``): a response fed to it
+split at every byte (its body whole, its first line stamped at the read that completed it, no
+earlier, no later), and against real servers on 127.0.0.1: every framing, keep-alive reuse,
+bytes after an answer, and a server that closes mid-answer."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
 
-from benchmarks.socket_client import SocketClient
+from benchmarks.socket_client import Exchange, SocketClient
 
 PIECE = b"data: piece\n\n"
 
 
 def is_piece(line: bytes) -> bool:
     return line == PIECE.strip()
+
+
+#: A chunked SSE answer: a role event, then the piece, split across two chunks, then the end.
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+    b"c\r\ndata: role\n\n\r\n"
+    b"6\r\ndata: \r\n7\r\npiece\n\n\r\n"
+    b"e\r\ndata: [DONE]\n\n\r\n"
+    b"0\r\n\r\n"
+)
+BODY = b"data: role\n\ndata: piece\n\ndata: [DONE]\n\n"
+#: Where the piece's line ends: the read holding this byte completed it.
+PIECE_END = CHUNKED.index(b"piece\n") + len(b"piece")
+
+
+def fed(reads: list[bytes]) -> tuple[Exchange, list[int]]:
+    """An exchange fed ``reads`` in order, each at ``now`` = its index: it and the indexes of
+    the reads after which it was done."""
+
+    async def feed() -> tuple[Exchange, list[int]]:
+        exchange, done_after = Exchange(is_piece), []
+        for index, data in enumerate(reads):
+            exchange.received(data, float(index))
+            if exchange.done.done():
+                done_after.append(index)
+        return exchange, done_after
+
+    return asyncio.run(feed())
+
+
+def reads_split_at(*cuts: int) -> list[bytes]:
+    edges = [0, *cuts, len(CHUNKED)]
+    return [CHUNKED[start:end] for start, end in itertools.pairwise(edges)]
+
+
+def test_a_chunked_answer_split_at_any_byte_is_read_whole_and_stamped_where_its_line_ended():
+    splits = [reads_split_at(cut) for cut in range(1, len(CHUNKED))]
+    splits.append([CHUNKED[at : at + 1] for at in range(len(CHUNKED))])  # every byte alone
+    for reads in splits:
+        exchange, done_after = fed(reads)
+        completed_by = next(
+            index for index in range(len(reads)) if sum(map(len, reads[: index + 1])) > PIECE_END
+        )
+        answer = exchange.done.result()
+        assert (answer.status, answer.body) == (200, BODY), reads
+        assert done_after == [len(reads) - 1], reads  # done at the last read, not before
+        assert answer.arrived == completed_by, reads
+        assert exchange.keep_alive
+
+
+def test_bytes_after_an_answer_s_end_keep_its_connection_from_being_reused():
+    exchange, _ = fed([CHUNKED + b"HTTP/1.1 200 OK\r\n"])
+    assert exchange.done.result().body == BODY and not exchange.keep_alive
+    exchange, _ = fed([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA"])
+    assert exchange.done.result().body == b"ok" and not exchange.keep_alive
+
+
+def test_an_answer_without_a_body_ends_at_its_head_and_a_malformed_one_is_refused():
+    exchange, done_after = fed([b"HTTP/1.1 204 No Content\r\n\r\n"])
+    assert (exchange.done.result().body, done_after, exchange.keep_alive) == (b"", [0], True)
+    exchange, _ = fed([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: 1\r\n\r\n"])
+    assert exchange.done.result().body == b""  # a trailer section
+    with pytest.raises(ValueError, match="not a status line"):
+        fed([b"STRAYHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"])
+    with pytest.raises(ValueError, match="not followed by CRLF"):
+        fed([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokXY0\r\n\r\n"])
 
 
 class App:
