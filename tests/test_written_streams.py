@@ -141,3 +141,32 @@ def test_a_written_stream_that_fails_before_its_first_chunk_sends_its_head_then_
     assert received.startswith(b"HTTP/1.1 200 ") and not received.endswith(b"0\r\n\r\n")
     (record,) = wait_until(lambda: records_of(server, "fails"), 10, "its access record")
     assert record["http_status"] == 500 and record["stream_end"] == "failed"
+
+
+def test_streams_cut_by_the_end_of_the_grace_period_each_have_their_record(
+    make_server: ServerFactory, tmp_path: Path
+):
+    """At a stop whose grace period ends with two streams running, one written by the front and
+    one by the worker, the worker is killed: each stream's record says so (``502``,
+    ``worker_lost``) before the front exits. The front once closed its connections first: the
+    one it wrote was recorded as its client's leaving (``499``), the other not at all."""
+    server = make_server(
+        "cn_stream", "--handler", "main:async_held", "--concurrency", "2",
+        "--grace-period", "1", "--drain-delay", "0",
+    )  # fmt: skip
+    never = tmp_path / "never"  # the streams wait for it (20 s at most): past the stop's margin
+    sockets = []
+    try:
+        for request_id in ("relayed", "lent"):  # the first stream is relayed: lending follows it
+            sock = send_and_leave(server, get(f"/?until={never}", request_id))
+            sockets.append(sock)
+            assert b"before the release\n" in read_until(sock, b"before the release\n")
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert any("did not stop in time" in r.get("message", "") for r in server.records())
+    for request_id in ("relayed", "lent"):
+        (record,) = records_of(server, request_id)
+        assert (record["http_status"], record["stream_end"]) == (502, "worker_lost"), record

@@ -253,6 +253,12 @@ class Front:
         except asyncio.TimeoutError:
             for member in lifecycle.members:
                 _log.warning("worker %s did not stop in time; killing it", member.pid)
+            lifecycle.kill_all()
+        # The calls of the workers killed end as their exits are seen (502, each with its
+        # record), before the servers close their connections (as clients' leaving).
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(lifecycle.all_gone.wait(), KILL_MARGIN)
+            await asyncio.wait_for(self._service.accounting.idle(), KILL_MARGIN)
 
     async def _answer_open(self, service: SocketServer, calls: Accounting) -> float:
         """Until the ``calls`` in flight are answered and no connection accepted just before the
