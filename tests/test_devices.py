@@ -127,7 +127,7 @@ def test_ids_are_positions_among_the_devices_the_runtime_was_given() -> None:
 def test_workers_that_go_do_not_hold_their_device() -> None:
     """A retiring or stopping worker's device goes to its replacement."""
     staying = [_process("0"), _process("1")]
-    retiring = _process("0", retiring=True)
+    retiring = _process("0", retiring="max_requests")
     stopping = _process("1", state=ProcessState.STOPPING)
     assert devices_held([*staying, retiring]) == ["0", "1"]
     assert devices_held([retiring, stopping]) == []
@@ -135,7 +135,7 @@ def test_workers_that_go_do_not_hold_their_device() -> None:
 
 
 def _process(
-    device: str, *, retiring: bool = False, state: ProcessState = ProcessState.READY
+    device: str, *, retiring: str = "", state: ProcessState = ProcessState.READY
 ) -> SimpleNamespace:
     """What :func:`devices_held` reads of the pool's record of a handler process."""
     return SimpleNamespace(process=SimpleNamespace(device=device), retiring=retiring, state=state)

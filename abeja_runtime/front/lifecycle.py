@@ -201,6 +201,7 @@ class Lifecycle:
         retired, member.replaces = member.replaces, None
         if retired in self.members and retired.state is ProcessState.READY:
             self._stop(retired)
+            self._count_restart(retired.retiring)  # replaced now (a reload may have failed)
         self._scheduler.dispatch()
         if self._reload is not None:
             self._reload.ready(retired)
@@ -226,12 +227,11 @@ class Lifecycle:
         """Replace a process that reached a limit without failing a call."""
         if member.retiring or member.state is not ProcessState.READY or self.stopping:
             return
-        member.retiring = True  # from before the spawn: its replacement takes its device
+        member.retiring = reason  # from before the spawn: its replacement takes its device
         if self._spawn(member) is None:
-            member.retiring = False
+            member.retiring = ""
             return
         _log.info("replacing worker %s: %s", member.pid, why)
-        self._count_restart(reason)
 
     def _count_restart(self, reason: str) -> None:
         if self.metrics is not None:

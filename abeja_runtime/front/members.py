@@ -69,8 +69,9 @@ class Member:
         self.batches = 0
         #: The calls it serves before it is retired (``--max-requests``, spread a little).
         self.request_limit: int | None = None
-        #: Its replacement is starting (it serves until that one is ready).
-        self.retiring = False
+        #: Why it is replaced (``Lifecycle.retire``'s reason) while its replacement starts: it
+        #: serves until that one is ready. Empty while it is not being replaced.
+        self.retiring = ""
         #: The retiring member it replaces, until it is ready.
         self.replaces: Member | None = None
 

@@ -129,7 +129,7 @@ class Reload:
         self._replacing = None
         alive = replacing in self._pool.members
         if alive:
-            replacing.retiring = False
+            replacing.retiring = ""
         self._fail(f"a worker of the new version exited before it was ready ({how})")
         return alive
 

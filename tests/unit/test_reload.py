@@ -17,6 +17,24 @@ def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(asyncio.wait_for(scenario(), timeout=10))
 
 
+class Counted:
+    """The lifecycle's metrics seen as the restarts it counts (its other events ignored)."""
+
+    def __init__(self) -> None:
+        self.restarts: list[str] = []
+
+    def worker_restarted(self, reason: str) -> None:
+        self.restarts.append(reason)
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def counted(fake: FakePool) -> Counted:
+    fake.pool.lifecycle.metrics = metrics = Counted()  # type: ignore[assignment]
+    return metrics
+
+
 def states(fake: FakePool) -> list[tuple[int, ProcessState]]:
     return [(member.pid, member.state) for member in fake.pool.lifecycle.members]
 
@@ -24,12 +42,14 @@ def states(fake: FakePool) -> list[tuple[int, ProcessState]]:
 def test_workers_are_replaced_one_at_a_time_until_all_are_new() -> None:
     async def scenario() -> None:
         fake = FakePool(workers=2)
+        metrics = counted(fake)
         old = list(fake.made)
         for process in old:
             process.ready()
         fake.pool.lifecycle.reload()
 
         assert len(fake.made) == 3  # one replacement at a time
+        assert metrics.restarts == []  # counted as each is replaced, not as its replacement starts
         fake.made[2].ready()
         assert old[0].closed  # the first old one finishes (it had no call)
         assert len(fake.made) == 4  # then the next one's replacement
@@ -39,6 +59,7 @@ def test_workers_are_replaced_one_at_a_time_until_all_are_new() -> None:
         old[1].exit(0)
         assert fake.pool.lifecycle._reload is None  # done
         assert [pid for pid, _ in states(fake)] == [fake.made[2].pid, fake.made[3].pid]
+        assert metrics.restarts == ["reload", "reload"]
 
     run(scenario)
 
@@ -63,6 +84,7 @@ def test_a_worker_starting_at_the_signal_is_replaced_once_it_is_ready() -> None:
 def test_a_new_version_that_fails_leaves_the_old_one_serving_and_unreplaced() -> None:
     async def scenario() -> None:
         fake = FakePool(workers=1)
+        metrics = counted(fake)
         (old,) = fake.made
         old.ready()
         fake.pool.lifecycle.reload()
@@ -73,6 +95,7 @@ def test_a_new_version_that_fails_leaves_the_old_one_serving_and_unreplaced() ->
         assert states(fake) == [(old.pid, ProcessState.READY)]
         assert not fake.pool.lifecycle.members[0].retiring  # it may be retired later
         assert fake.pool.lifecycle._reload is None
+        assert metrics.restarts == []  # no worker was replaced
 
     run(scenario)
 
