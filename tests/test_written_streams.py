@@ -13,9 +13,14 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers.metrics import scrape, total
 from helpers.raw_http import get, read_until, records_of, send_and_leave, stream_once
 from helpers.servers import RunningServer, ServerFactory
 from helpers.waiting import wait_until
+
+
+def queued_calls(server: RunningServer) -> float:
+    return total(scrape(server), "abeja_runtime_queued_requests")
 
 
 def lending(server: RunningServer) -> RunningServer:
@@ -143,13 +148,14 @@ def test_a_written_stream_that_fails_before_its_first_chunk_sends_its_head_then_
     assert record["http_status"] == 500 and record["stream_end"] == "failed"
 
 
-def test_streams_cut_by_the_end_of_the_grace_period_each_have_their_record(
+def test_calls_cut_by_the_end_of_the_grace_period_each_have_their_record(
     make_server: ServerFactory, tmp_path: Path
 ):
     """At a stop whose grace period ends with two streams running, one written by the front and
-    one by the worker, the worker is killed: each stream's record says so (``502``,
-    ``worker_lost``) before the front exits. The front once closed its connections first: the
-    one it wrote was recorded as its client's leaving (``499``), the other not at all."""
+    one by the worker, and a third call queued behind them, the worker is killed: each stream's
+    record says so (``502``, ``worker_lost``), and the queued call is answered ``503``, before
+    the front exits. The front once closed its connections first: the stream it wrote was
+    recorded as its client's leaving (``499``), the others not at all."""
     server = make_server(
         "cn_stream", "--handler", "main:async_held", "--concurrency", "2",
         "--grace-period", "1", "--drain-delay", "0",
@@ -161,8 +167,12 @@ def test_streams_cut_by_the_end_of_the_grace_period_each_have_their_record(
             sock = send_and_leave(server, get(f"/?until={never}", request_id))
             sockets.append(sock)
             assert b"before the release\n" in read_until(sock, b"before the release\n")
+        queued = send_and_leave(server, get(f"/?until={never}", "queued"))
+        sockets.append(queued)
+        wait_until(lambda: queued_calls(server) == 1, 10, "the third call to be queued")
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(30) == 0
+        assert read_until(queued, b"send it again").startswith(b"HTTP/1.1 503 ")
     finally:
         for sock in sockets:
             sock.close()
@@ -170,3 +180,5 @@ def test_streams_cut_by_the_end_of_the_grace_period_each_have_their_record(
     for request_id in ("relayed", "lent"):
         (record,) = records_of(server, request_id)
         assert (record["http_status"], record["stream_end"]) == (502, "worker_lost"), record
+    (record,) = records_of(server, "queued")
+    assert record["http_status"] == 503

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from abeja_runtime import __version__
 from abeja_runtime.config import Config
-from abeja_runtime.errors import HandlerLoadError
+from abeja_runtime.errors import HandlerLoadError, ServiceUnavailable
 from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.pool import HandlerPool
@@ -254,10 +254,18 @@ class Front:
             for member in lifecycle.members:
                 _log.warning("worker %s did not stop in time; killing it", member.pid)
             lifecycle.kill_all()
-        # The calls of the workers killed end as their exits are seen (502, each with its
-        # record), before the servers close their connections (as clients' leaving).
+        # Every call ends, and is recorded, before the servers close their connections (as
+        # clients' leaving): those of the workers killed as their exits are seen (502), those
+        # still queued now, as no process will run them.
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(lifecycle.all_gone.wait(), KILL_MARGIN)
+        self._pool.scheduler.fail_queue(
+            ServiceUnavailable(
+                "service unavailable: the service stopped before this request could run; "
+                "send it again"
+            )
+        )
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._service.accounting.idle(), KILL_MARGIN)
 
     async def _answer_open(self, service: SocketServer, calls: Accounting) -> float:
