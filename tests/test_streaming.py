@@ -332,3 +332,25 @@ def test_a_stream_s_chunks_are_counted_and_timed_as_its_client_sees_them(
     _same_bucket_or_next([arrivals[0] - sent], server, names[0], before)
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     _same_bucket_or_next(gaps, server, names[1], before)
+
+
+@pytest.mark.parametrize("handler", ["main:handler", "main:async_handler"])
+def test_an_http_1_0_client_gets_its_stream_unchunked_up_to_the_close(
+    make_server: ServerFactory, handler: str
+):
+    """HTTP/1.0 has no chunked framing (nginx's default upstream protocol): the stream's body
+    is written as it comes and ends with the connection. The front once asked for chunks there,
+    which aiohttp refuses: the client got no byte, and the record said 500."""
+    server = make_server("cn_stream", "--handler", handler)
+    request = b"GET /?lines=3&tag=old HTTP/1.0\r\nHost: x\r\nx-abeja-request-id: old\r\n\r\n"
+    sock = send_and_leave(server, request)
+    try:
+        answer = read_until(sock, b"\0")  # (never sent: read up to the close)
+    finally:
+        sock.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0], answer
+    assert b"chunked" not in head.lower()
+    assert body == b"old 0\n\nold 1\n\nold 2\n\n"  # each text item with a newline of its own
+    (record,) = wait_until(lambda: records_of(server, "old"), 10, "the stream's record")
+    assert (record["http_status"], record["stream_end"]) == (200, "complete")

@@ -16,6 +16,7 @@ import contextlib
 from typing import TYPE_CHECKING, Final
 
 from aiohttp import web_protocol
+from aiohttp.http import HttpVersion11
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import Response, StreamResponse
 
@@ -151,8 +152,8 @@ class ResponseSink:
         self.response = response
         if self._draining:
             response.force_close()
-        if length is None:
-            response.enable_chunked_encoding()
+        if length is None and self._request.version >= HttpVersion11:
+            response.enable_chunked_encoding()  # (HTTP/1.0: the body ends at the close)
         else:
             response.content_length = length
         await response.prepare(self._request)
