@@ -416,8 +416,15 @@ def test_a_wrong_route_method_is_refused_in_openai_shape(served: RunningServer) 
     assert json.loads(answer.body)["error"]["code"] == "method_not_allowed"
 
 
-def test_a_body_that_is_not_json_is_a_bad_request(served: RunningServer) -> None:
-    answer = served.request("POST", "/v1/chat/completions", b"{not json")
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"[" * 2000 + b"]" * 2000, b'{"n": ' + b"9" * 5000 + b"}"],
+    ids=["broken", "nested-too-deeply", "a-5000-digit-number"],
+)
+def test_a_body_that_is_not_json_is_a_bad_request(served: RunningServer, body: bytes) -> None:
+    """Also one that Python's parser refuses for its depth or a number's size (it was a 500
+    that blamed the model)."""
+    answer = served.request("POST", "/v1/chat/completions", body)
     assert answer.status == 400
     assert json.loads(answer.body)["error"]["message"].startswith(
         "The request body is not valid JSON"

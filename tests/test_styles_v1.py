@@ -100,8 +100,11 @@ def test_several_inputs_give_json_lines_in_order(make_server):
     ("body", "content_type", "problem"),
     [
         (b'{"user_id": ', "application/json", "not valid JSON"),
+        (b"[" * 2000 + b"]" * 2000, "application/json", "not valid JSON: it is nested too deeply"),
+        (b"9" * 5000, "application/json", "not valid JSON: Exceeds the limit (4300 digits)"),
         (b"\xff\xd8 not really a jpeg", "image/jpeg", "not a readable image"),
     ],
+    ids=["broken-json", "json-nested-too-deeply", "json-5000-digits", "broken-image"],
 )
 def test_undecodable_bodies_are_a_400_naming_the_problem(make_server, body, content_type, problem):
     server = make_server("st_v1_json")

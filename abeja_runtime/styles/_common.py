@@ -72,7 +72,9 @@ def parse_json(body: bytes) -> Any:
     """Parse a JSON body; :class:`BodyNotJson` with the parser's message when it is not JSON."""
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise BodyNotJson("it is nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or a number of more than 4,300 digits
         raise BodyNotJson(str(exc)) from None
 
 

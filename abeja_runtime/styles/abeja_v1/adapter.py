@@ -92,8 +92,11 @@ class _Decoder:
         if mime == JSON or mime.endswith("+json"):
             try:
                 return json.loads(body)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise _UndecodableBody(f"the {mime} body is not valid JSON: {exc}") from None
+            except RecursionError:
+                why = "it is nested too deeply"
+            except ValueError as exc:  # not JSON, not UTF-8, or a number of 4,300+ digits
+                why = str(exc)
+            raise _UndecodableBody(f"the {mime} body is not valid JSON: {why}")
         if mime in _IMAGE_TYPES:
             try:
                 with self._image.open(io.BytesIO(body)) as picture:

@@ -444,7 +444,7 @@ class _Server:
             pass
         try:
             parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # also too deep, or a 4,300-digit number
             position, why = (
                 (exc.pos, exc.msg) if isinstance(exc, json.JSONDecodeError) else (0, str(exc))
             )
