@@ -188,6 +188,19 @@ def test_a_keys_file_that_gives_no_key_stops_the_start_with_a_sentence(
     assert str(keys) in record["message"] and "ABEJA_RUNTIME_API_KEYS_FILE" in record["message"]
 
 
+@pytest.mark.parametrize("given", [",", " ", " , ,"])
+def test_a_keys_setting_that_gives_no_key_stops_the_start_with_a_sentence(
+    make_server: ServerFactory, given: str
+) -> None:
+    """A Secret that renders empty into the variable leaves the port closed, as the file
+    does: it once served every caller."""
+    server = make_server("sv_pid", env={"ABEJA_RUNTIME_API_KEYS": given}, wait=False, ports=(0, 0))
+    assert server.wait_exit() == 1
+    record = server.wait_for_record(lambda r: r.get("log_level") == "error")
+    assert record["message"].startswith("cannot start: ") and "holds no key" in record["message"]
+    assert "ABEJA_RUNTIME_API_KEYS" in record["message"]
+
+
 def test_without_keys_every_caller_is_served_and_the_start_says_so(
     make_server: ServerFactory,
 ) -> None:

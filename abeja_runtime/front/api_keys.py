@@ -41,6 +41,11 @@ def api_keys(config: Config) -> ApiKeys | None:
     """The keys of ``--api-keys`` and ``--api-keys-file``, or ``None`` when none is given;
     ``ValueError`` with a sentence when the file cannot be read or holds none."""
     keys = [key.strip() for key in config.api_keys.split(",") if key.strip()]
+    if config.api_keys and not keys:  # (a Secret rendered empty must not leave the port open)
+        raise ValueError(
+            f"--api-keys (ABEJA_RUNTIME_API_KEYS) {config.api_keys!r} holds no key; give the "
+            "keys separated by commas, or leave it unset to ask for none"
+        )
     if not config.api_keys_file:
         return ApiKeys(keys) if keys else None
     file = KeysFile(Path(config.api_keys_file))
