@@ -363,6 +363,35 @@ def test_an_unknown_model_is_not_found(api: openai.OpenAI) -> None:
     assert "gpt-9" in raised.value.message
 
 
+PART = "messages.[0].content.[0]"
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"model": 5}, "model"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, PART),
+        ({"messages": [{"role": "user", "content": ["hello"]}]}, PART),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
+    ],
+    ids=["model-a-number", "text-part-without-text", "part-a-string", "include-usage-a-string"],
+)
+def test_a_field_of_the_wrong_shape_is_a_bad_request_naming_it(
+    served: RunningServer, change: dict[str, object], param: str
+) -> None:
+    body = json.dumps({"model": MODEL, "messages": HELLO, **change}).encode()
+    answer = served.request("POST", "/v1/chat/completions", body)
+    assert answer.status == 400, answer.body
+    assert json.loads(answer.body)["error"]["param"] == param
+
+
+def test_a_null_model_is_served_as_one_not_named(served: RunningServer) -> None:
+    body = json.dumps({"model": None, "messages": HELLO}).encode()
+    answer = served.request("POST", "/v1/chat/completions", body)
+    assert answer.status == 200, answer.body
+    assert json.loads(answer.body)["model"] == MODEL
+
+
 def test_a_model_that_raises_before_answering_is_a_server_error(
     api: openai.OpenAI, served: RunningServer
 ) -> None:

@@ -163,6 +163,15 @@ def chat_request(body: Any, model: str) -> ChatRequest:
                 f"'{param}.content' must be a string or an array of content parts.",
                 param=f"{param}.content",
             )
+        for at, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or (
+                part.get("type") == "text" and not isinstance(part.get("text"), str)
+            ):
+                raise OpenaiError(
+                    f"'{param}.content.[{at}]' must be a content part: an object, a text "
+                    "part with its 'text' a string.",
+                    param=f"{param}.content.[{at}]",
+                )
     return ChatRequest(**fields, messages=messages)
 
 
@@ -213,7 +222,7 @@ def _texts(body: dict[str, Any], name: str) -> list[str]:
 def _object_with_model(body: Any, model: str) -> None:
     if not isinstance(body, dict):
         raise OpenaiError("The request body must be a JSON object.")
-    named = body.get("model", model)
+    named = _typed(body, "model", str, model)  # (null: not named)
     if named != model:
         raise OpenaiError(
             f"The model `{named}` does not exist; this server serves `{model}`.",
@@ -244,7 +253,7 @@ def _generation(body: Any, model: str, *, default_max_tokens: int | None) -> dic
         )
     if options is not None and not isinstance(options, dict):
         raise OpenaiError("'stream_options' must be an object.", param="stream_options")
-    include_usage = bool(options and options.get("include_usage"))
+    include_usage = _typed(options, "include_usage", bool, False) if options else False
     return {
         "model": model,
         "max_tokens": max_tokens,
