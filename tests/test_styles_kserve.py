@@ -346,3 +346,20 @@ def test_the_tested_kserve_releases_are_those_the_test_extra_installs():
 )
 def test_a_kserve_release_outside_the_tested_ones_is_named_in_the_log(version, untested):
     assert kserve_style.untested(version) is untested
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "said"),
+    [
+        (f"/v1/models/{NAME}:predict", 400, b"Unrecognized request format"),
+        (f"/v2/models/{NAME}/infer", 422, b"json_invalid"),
+    ],
+    ids=["v1", "v2"],
+)
+def test_a_body_nested_too_deeply_for_the_parser_is_the_caller_s_error(custom, path, status, said):
+    """Python's parser refuses JSON nested past about 1,000 levels: the caller's fault, as
+    KServe's server says it, not the model's (the v2 path answered 500)."""
+    body = b"[" * 2000 + b"]" * 2000
+    answer = custom.request("POST", path, body, {"Content-Type": "application/json"})
+    assert (answer.status, said in answer.body) == (status, True), answer.body
+    assert custom.health() == 200

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final
@@ -25,7 +24,7 @@ from typing import Any, Final
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, encoded_reply, json_dumps, status_reply
 from abeja_runtime.styles import LoadedHandler
-from abeja_runtime.styles._common import JSON, media_type, require
+from abeja_runtime.styles._common import JSON, BodyNotJson, media_type, parse_json, require
 from abeja_runtime.worker.request import Request
 
 __all__ = ["adapt"]
@@ -91,12 +90,9 @@ class _Decoder:
         mime = media_type(content_type)
         if mime == JSON or mime.endswith("+json"):
             try:
-                return json.loads(body)
-            except RecursionError:
-                why = "it is nested too deeply"
-            except ValueError as exc:  # not JSON, not UTF-8, or a number of 4,300+ digits
-                why = str(exc)
-            raise _UndecodableBody(f"the {mime} body is not valid JSON: {why}")
+                return parse_json(body)
+            except BodyNotJson as exc:
+                raise _UndecodableBody(f"the {mime} body is not valid JSON: {exc}") from None
         if mime in _IMAGE_TYPES:
             try:
                 with self._image.open(io.BytesIO(body)) as picture:
