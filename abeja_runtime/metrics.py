@@ -21,6 +21,7 @@ lower-case variable and has no gauge mode that keeps the most recent value; both
 from __future__ import annotations
 
 import bisect
+import glob
 import itertools
 import logging
 import os
@@ -148,7 +149,11 @@ class FrontMetrics:
         self._events.start[part] = seconds
 
     def worker_gone(self, pid: int) -> None:
-        """Drop a dead handler process's live gauges; its counters stay in the sums."""
+        """Drop a dead handler process's live gauges; its counters stay in the sums. Only a
+        process that kept a live gauge wrote such a file: for the others prometheus_client is
+        not imported (its import pauses the front's loop for tens of milliseconds)."""
+        if not glob.glob(os.path.join(glob.escape(self._directory), f"gauge_live*_{pid}.db")):
+            return
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid, self._directory)  # type: ignore[no-untyped-call]
