@@ -58,7 +58,7 @@ __all__ = [
     "name_this_process",
     "obey",
     "serve",
-    "set_up",
+    "start",
     "start_frame",
 ]
 
@@ -68,15 +68,24 @@ _log = logging.getLogger("abeja_runtime")
 _PR_SET_PDEATHSIG: Final = 1
 
 
-def prepare() -> tuple[socket.socket, int]:
-    """This process's socket with the front, and the front's pid (from its command line), once
-    the process obeys the front and runs as a batch process."""
+def start() -> tuple[WorkerChannel, Start, int]:
+    """This process's channel with the front (its descriptor and the front's pid on its command
+    line), the front's first frame, and the front's pid; the process set up as the settings
+    say (its logs, its ``print``, its image limit), obeying the front, as a batch process."""
     fd, front = int(sys.argv[1]), int(sys.argv[2])
     os.set_inheritable(fd, False)  # the handler's own subprocesses do not get it
     os.register_at_fork(after_in_child=_default_stop_signals)
     obey(front)
     run_as_batch()
-    return socket.socket(fileno=fd), front
+    worker = WorkerChannel(socket.socket(fileno=fd))
+    first = start_frame(worker.channel)
+    if first is None:
+        os._exit(2)  # not started by a front of this version
+    config = first.config
+    configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
+    capture_prints()
+    limit_image_pixels(config.max_image_pixels)
+    return worker, first, front
 
 
 def main(worker: WorkerChannel, config: Config) -> NoReturn:
@@ -137,13 +146,6 @@ def start_frame(channel: BlockingChannel) -> Start | None:
     if not isinstance(start, Start) or start.version != VERSION:
         return None
     return start
-
-
-def set_up(config: Config) -> None:
-    """The process as the settings say: its logs, its ``print``, its image limit."""
-    configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
-    capture_prints()
-    limit_image_pixels(config.max_image_pixels)
 
 
 def end(code: int, tracing: Tracing | None) -> NoReturn:
