@@ -53,7 +53,8 @@ def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
     name_this_process(b"abeja-template")
     # Before the handler is imported: its own tracer provider is this one.
     tracing = tracing_from(os.environ, "worker")
-    threads, tasks, sockets = _python_threads(), _tasks(), _sockets()
+    threads = {thread.ident for thread in threading.enumerate()}
+    tasks, sockets = _tasks(), _sockets()
     loaded = load(config)
     if isinstance(loaded, LoadFailed):
         channel.write(loaded)
@@ -99,7 +100,7 @@ _OPENBLAS_THREADS: Final = (
 )
 
 
-def fork_hazard(threads: set[int], tasks: set[str], sockets: set[int]) -> str:
+def fork_hazard(threads: set[int | None], tasks: set[str], sockets: set[int]) -> str:
     """Why a process forked from this one would not work (empty: it would), given the Python
     threads, the system's threads and the sockets of this process from before the handler's
     import.
@@ -230,10 +231,6 @@ def _wait_for_adoption(front: int) -> None:
             os.close(exited)
 
 
-def _python_threads() -> set[int]:
-    return {ident for thread in threading.enumerate() if (ident := thread.ident) is not None}
-
-
 def _tasks() -> set[str]:
     with contextlib.suppress(OSError):
         return set(os.listdir("/proc/self/task"))
@@ -241,7 +238,6 @@ def _tasks() -> set[str]:
 
 
 def _sockets() -> set[int]:
-    """This process's descriptors that are sockets."""
     found = set()
     with contextlib.suppress(OSError):
         for fd in os.listdir("/proc/self/fd"):
