@@ -57,8 +57,6 @@ if TYPE_CHECKING:
 __all__ = [
     "WORKER_NAME",
     "ImportedHandler",
-    "MainThread",
-    "Threads",
     "WorkerChannel",
     "end",
     "load",

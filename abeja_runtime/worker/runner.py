@@ -181,13 +181,21 @@ class Runner:
         spans: dict[int, HandlerSpan],
         requests: list[Request],
     ) -> list[int]:
-        """The calls' requests, into ``requests``, and their calls' ids; a call whose request
-        cannot be built is answered now and left out."""
+        """The calls' requests (each decoded in a span of its own, traced), into ``requests``,
+        and their calls' ids; a call whose request cannot be built is answered now and left out,
+        as is one past its latest start (``504``: its handler never starts too late to answer)."""
         ids: list[int] = []
         # A decode span is the current span's child: the call's own only when it is alone.
         decoding = spans if len(spans) < 2 else _NO_SPANS
         for call, fd in calls:
-            request = self._request(call, fd, decoding.get(call.id))
+            span = decoding.get(call.id)
+            if _too_late(call, fd):
+                request: Request | EncodedResponse = self._invoker.error_reply(NotStartedInTime())
+            elif span is None:
+                request = self._decode(call, fd)
+            else:
+                with span.decode():
+                    request = self._decode(call, fd)
             if type(request) is Request:
                 request.watch_cancellation(self._cancellations, call.id)
                 requests.append(request)
@@ -206,18 +214,6 @@ class Runner:
             if span is not None:
                 spans[call.id] = span.__enter__()
         return spans
-
-    def _request(
-        self, call: Call, fd: int | None, span: HandlerSpan | None
-    ) -> Request | EncodedResponse:
-        """The handler's request (in a span of its own, traced), or the error reply (``504``
-        when its latest start has passed: its handler never starts too late to answer)."""
-        if _too_late(call, fd):
-            return self._invoker.error_reply(NotStartedInTime())
-        if span is not None:
-            with span.decode():
-                return self._decode(call, fd)
-        return self._decode(call, fd)
 
     def _decode(self, call: Call, fd: int | None) -> Request | EncodedResponse:
         body: IO[bytes]
