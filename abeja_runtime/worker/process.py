@@ -248,7 +248,6 @@ def serve(
         return 1
     handler, config = loaded.handler, loaded.config
     word_errors_for(handler.style)
-    rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
     invoker = Invoker(config, handler, tracing)
     runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
     executor = _executor(handler, config, runner)
@@ -256,7 +255,7 @@ def serve(
         VERSION,
         handler.style,
         handler.front_paths,
-        rpc_methods,
+        handler.rpc.methods if handler.rpc is not None else (),
         loaded.batch,
         loaded.seconds,
         loaded.forked_at is not None,
