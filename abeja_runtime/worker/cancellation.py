@@ -2,8 +2,8 @@
 
 Whichever thread reads a :class:`~abeja_runtime.frames.Cancel` marks its call here, and the
 call's code looks: a streamed answer stops at its next chunk; a ``def`` handler may watch
-``request.cancelled`` (a :class:`threading.Event`, made on first use: most handlers never look);
-with ``--cancel-raises`` a ``def`` handler is interrupted, :class:`~abeja_runtime.errors.
+``request.cancelled`` (an event made on first use: most handlers never look); with
+``--cancel-raises`` a ``def`` handler is interrupted, :class:`~abeja_runtime.errors.
 CallCancelled` raised in its thread as Cog does (on the main thread by a signal, which also ends
 a ``time.sleep`` or a blocking read; on a handler thread at its next bytecode).
 """
@@ -61,7 +61,6 @@ class Cancellations:
         self._running.add(call_id)
 
     def finished(self, call_id: int) -> None:
-        """The call is over: nothing is kept of it."""
         self._running.discard(call_id)
         if self._cancelled or self._events or self._interruptible:
             with self._lock:

@@ -2,20 +2,17 @@
 
 On the front's direct path, a call to a process whose calls run on an event loop comes with its
 client's connection (a :class:`~abeja_runtime.frames.Client` frame and its descriptor, just
-before the :class:`~abeja_runtime.frames.Call`). If the handler streams, the process writes the
-answer's head and each chunk to the client as the generator yields it: no chunk crosses the
-front, which would read it, write it again, and take a turn on the core for each. The socket's
-own buffer is the stream's window (a slow client holds up its own generator, as credit does on
-the front's way). The process says :class:`~abeja_runtime.frames.Answer` ``written`` before its
-first byte goes out, and at the end :class:`~abeja_runtime.frames.End` with what it wrote
-(:class:`~abeja_runtime.frames.Written`: how it ended, its size, chunks and times), which the
-front counts, logs and traces as it does a stream it wrote. The front writes nothing on the
-connection from the moment it hands it over until the process is done with the call.
+before the :class:`~abeja_runtime.frames.Call`). A streamed answer's head and chunks go to the
+client from here as the generator yields them, none through the front; the socket's own buffer
+is the stream's window. :class:`~abeja_runtime.frames.Answer` ``written`` goes to the front
+before the first byte to the client, and :class:`~abeja_runtime.frames.End` with what was
+written (:class:`~abeja_runtime.frames.Written`) at the end, for the front to count, log and
+trace; the front writes nothing on the connection until the process is done with the call.
 
-The limits of a stream (``--stream-idle-timeout``, ``--stream-timeout``) are kept here as the
-front keeps them (:mod:`abeja_runtime.stream_limits`). A stream cut short (its generator
-raised, a limit, the client gone) ends without the body's last chunk: the front closes the
-connection, and it ends once this process has closed its copy too.
+The stream's limits are kept here as the front keeps them
+(:mod:`abeja_runtime.stream_limits`). A stream cut short (its generator raised, a limit, the
+client gone) ends without the body's last chunk: the front closes the connection, which ends
+once this process has closed its copy too.
 """
 
 from __future__ import annotations
@@ -29,19 +26,21 @@ import socket
 import time
 from collections.abc import AsyncGenerator, Callable
 
+from abeja_runtime.encode import EncodedResponse
 from abeja_runtime.frames import STREAM_WINDOW, Answer, BlockingChannel, Client, End, Written
-from abeja_runtime.http_head import LAST_CHUNK, Headers, answer_head, chunk, server_line
+from abeja_runtime.http_head import EMPTY_BODY_STATUSES, LAST_CHUNK, answer_head, chunk, server_line
+from abeja_runtime.logs import request_id_var
 from abeja_runtime.stream_limits import StreamEnd, StreamIdle, StreamLimits, StreamTooLong
 from abeja_runtime.worker.cancellation import Cancellations
 from abeja_runtime.worker.invoke import close_stream
 
-__all__ = ["ClientConnections", "write_to_client"]
+__all__ = ["ClientConnections"]
 
 _log = logging.getLogger("abeja_runtime")
 
 
 class ClientConnections:
-    """The client connections the front handed over, by call id, until their calls are over."""
+    """The client connections the front lent, by call id, until their calls are over."""
 
     __slots__ = ("_by_call",)
 
@@ -64,57 +63,62 @@ class ClientConnections:
             self.drop(frame.id)
             self._by_call[frame.id] = (fd, frame.close)
 
-    def take(self, call_id: int) -> tuple[int, bool] | None:
-        """Call ``call_id``'s connection and whether its answer ends it, now this caller's to
-        close; ``None`` when it came without one."""
-        return self._by_call.pop(call_id, None)
-
     def drop(self, call_id: int) -> None:
         """The call is over without a stream written here: its copy of the connection closed."""
         held = self._by_call.pop(call_id, None)
         if held is not None:
             os.close(held[0])
 
+    async def write(
+        self,
+        call_id: int,
+        reply: EncodedResponse,
+        body: AsyncGenerator[bytes, None],
+        channel: BlockingChannel,
+        cancellations: Cancellations,
+        limits: tuple[float | None, float | None],
+    ) -> bool:
+        """Write the streamed answer ``body`` to the connection lent with call ``call_id``: its
+        head with the first chunk, each chunk as it comes, the body's end; the :class:`End` says
+        what was written. The generator is closed, the connection's copy here closed, and the
+        :class:`End` sent, however it ends. ``False`` (nothing done) when the call came without
+        a connection; also, its copy closed, when the answer has no body or a head that cannot
+        be sent (the front answers that one's ``500``)."""
+        client = self._by_call.pop(call_id, None)
+        if client is None:
+            return False
+        request_id = request_id_var.get() or ""
+        try:
+            head = answer_head(reply.status, reply.headers, request_id, None, close=client[1])
+        except ValueError:
+            head = b""
+        if not head or reply.status in EMPTY_BODY_STATUSES:
+            os.close(client[0])
+            return False
+        stream = _Stream(client[0], head)
+        # Sent before any byte reaches the client: the front must know the answer is written.
+        channel.write(Answer(call_id, reply.status, reply.headers, None, True, written=True))
+        try:
+            with StreamLimits(asyncio.get_running_loop(), *limits) as watch:
+                stream.end = await stream.write(
+                    body, watch, lambda: cancellations.is_cancelled(call_id)
+                )
+        except asyncio.CancelledError:  # the front cancelled the call: nobody waits for it
+            stream.end = StreamEnd.CLIENT_LEFT
+            raise
+        except Exception as exc:
+            stream.end = _ended_by(exc)
+        finally:
+            stream.close()
+            try:
+                await close_stream(body)
+            finally:  # also when cancelled meanwhile: the front waits for it
+                channel.write(End(call_id, stream.end == StreamEnd.FAILED, stream.written()))
+        return True
+
 
 class _ClientLeft(Exception):
     """A write to the client failed: it left (a reset, a broken pipe)."""
-
-
-async def write_to_client(
-    client: tuple[int, bool],
-    call_id: int,
-    request_id: str,
-    status: int,
-    headers: Headers,
-    body: AsyncGenerator[bytes, None],
-    channel: BlockingChannel,
-    cancellations: Cancellations,
-    limits: tuple[float | None, float | None],
-) -> None:
-    """Write the streamed answer ``body`` (its head checked already) to ``client``: its head with
-    the first chunk, each chunk as it comes, the body's end; the :class:`End` says what was
-    written. The generator is closed, the connection's copy here closed, and the :class:`End`
-    sent, however it ends."""
-    loop = asyncio.get_running_loop()
-    stream = _Stream(client[0], answer_head(status, headers, request_id, None, close=client[1]))
-    # Sent before any byte reaches the client: the front must know the answer is written.
-    channel.write(Answer(call_id, status, headers, None, True, written=True))
-    try:
-        with StreamLimits(loop, *limits) as watch:
-            stream.end = await stream.write(
-                body, watch, lambda: cancellations.is_cancelled(call_id)
-            )
-    except asyncio.CancelledError:  # the front cancelled the call: nobody waits for it
-        stream.end = StreamEnd.CLIENT_LEFT
-        raise
-    except Exception as exc:
-        stream.end = _ended_by(exc)
-    finally:
-        stream.close()
-        try:
-            await close_stream(body)
-        finally:  # also when cancelled meanwhile: the front waits for it
-            channel.write(End(call_id, stream.end == StreamEnd.FAILED, stream.written()))
 
 
 def _ended_by(exc: Exception) -> StreamEnd:

@@ -58,7 +58,7 @@ def decode_request(
             kept.append((name, value))
             if content_type is None and lower == "content-type":
                 content_type = value
-    path = _unquote(raw_path, "URL path") if "%" in raw_path else raw_path
+    path = _unquote_path(raw_path) if "%" in raw_path else raw_path
     query = _parse_query(raw_query) if raw_query else _NO_QUERY
     scratch = None  # made for a multipart body's parts only
     try:
@@ -96,11 +96,11 @@ def decode_request(
     )
 
 
-def _unquote(text: str, what: str) -> str:
+def _unquote_path(raw_path: str) -> str:
     try:
-        return urllib.parse.unquote(text, errors="strict")
+        return urllib.parse.unquote(raw_path, errors="strict")
     except UnicodeDecodeError:
-        raise BadRequest(f"the {what} is not valid percent-encoded UTF-8") from None
+        raise BadRequest("the URL path is not valid percent-encoded UTF-8") from None
 
 
 def _parse_query(raw_query: str) -> MultiDictProxy[str]:

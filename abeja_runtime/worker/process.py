@@ -1,8 +1,10 @@
 """A handler process (``python -m abeja_runtime.worker FD FRONT_PID``), started by the front
 (``front/processes.py``) with its end of a socket pair (``frames.py``), or forked from the
 template that loaded the handler (``template.py``): it loads the handler (``loader.py``) unless
-the template did, warms it up (``warmup.py``), says :class:`~abeja_runtime.frames.Ready`, and runs
-the calls (``runner.py``) on the executor chosen at start (``executors.py``, ``event_loop.py``).
+the template did, warms it up (``warmup.py``) where its calls will run, says
+:class:`~abeja_runtime.frames.Ready`, and runs the calls (``runner.py``) where the executor
+chosen at start runs them: on the main thread (:class:`MainThread`), on N threads
+(:class:`Threads`), or on the event loop (``event_loop.py``).
 
 Every decision about this process's life is the front's: SIGTERM and SIGINT are ignored, and the
 front closing the socket means "stop": the handler's teardown runs, and the process exits.
@@ -15,12 +17,14 @@ import ctypes
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from typing import Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from abeja_runtime.batched import declared_batch
 from abeja_runtime.config import Config
@@ -42,11 +46,13 @@ from abeja_runtime.styles import LoadedHandler
 from abeja_runtime.tracing import Tracing, tracing_from
 from abeja_runtime.worker.cancellation import Cancellations
 from abeja_runtime.worker.credits import StreamCredits
-from abeja_runtime.worker.executors import Executor, MainThread, Threads
 from abeja_runtime.worker.invoke import Invoker, finish, settled
 from abeja_runtime.worker.loader import load_handler
-from abeja_runtime.worker.runner import Runner
+from abeja_runtime.worker.runner import Held, Runner
 from abeja_runtime.worker.warmup import Warmup, WarmupFailed
+
+if TYPE_CHECKING:
+    from abeja_runtime.worker.event_loop import EventLoop
 
 __all__ = [
     "WORKER_NAME",
@@ -58,7 +64,7 @@ __all__ = [
     "name_this_process",
     "obey",
     "serve",
-    "set_up",
+    "start",
     "start_frame",
 ]
 
@@ -68,15 +74,22 @@ _log = logging.getLogger("abeja_runtime")
 _PR_SET_PDEATHSIG: Final = 1
 
 
-def prepare() -> tuple[socket.socket, int]:
-    """This process's socket with the front, and the front's pid (from its command line), once
-    the process obeys the front and runs as a batch process."""
+def start() -> tuple[WorkerChannel, Start, int]:
+    """This process's channel with the front (its descriptor and the front's pid on its command
+    line), the front's first frame, and the front's pid; the process set up as the settings
+    say (its logs, its ``print``, its image limit), obeying the front, as a batch process."""
     fd, front = int(sys.argv[1]), int(sys.argv[2])
     os.set_inheritable(fd, False)  # the handler's own subprocesses do not get it
     os.register_at_fork(after_in_child=_default_stop_signals)
     obey(front)
     run_as_batch()
-    return socket.socket(fileno=fd), front
+    worker = WorkerChannel(socket.socket(fileno=fd))
+    first = start_frame(worker.channel)
+    config = first.config
+    configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
+    capture_prints()
+    limit_image_pixels(config.max_image_pixels)
+    return worker, first, front
 
 
 def main(worker: WorkerChannel, config: Config) -> NoReturn:
@@ -129,21 +142,14 @@ class WorkerChannel:
         self.credits.stop_waiting(call_id)
 
 
-def start_frame(channel: BlockingChannel) -> Start | None:
-    """The front's first frame, or ``None`` if it is not a front of this version's
-    :class:`Start`."""
+def start_frame(channel: BlockingChannel) -> Start:
+    """The front's first frame, its :class:`Start`; the process exits (2) when it is not a
+    front of this version's."""
     first = channel.read()
     start = first[0] if first is not None else None
     if not isinstance(start, Start) or start.version != VERSION:
-        return None
+        os._exit(2)
     return start
-
-
-def set_up(config: Config) -> None:
-    """The process as the settings say: its logs, its ``print``, its image limit."""
-    configure_logging(config.log_level, config.platform.log_fields(), log_format=config.log_format)
-    capture_prints()
-    limit_image_pixels(config.max_image_pixels)
 
 
 def end(code: int, tracing: Tracing | None) -> NoReturn:
@@ -242,7 +248,6 @@ def serve(
         return 1
     handler, config = loaded.handler, loaded.config
     word_errors_for(handler.style)
-    rpc_methods = handler.rpc.methods if handler.rpc is not None else ()
     invoker = Invoker(config, handler, tracing)
     runner = Runner(config, invoker, channel, worker.cancellations, worker.credits, tracing)
     executor = _executor(handler, config, runner)
@@ -250,7 +255,7 @@ def serve(
         VERSION,
         handler.style,
         handler.front_paths,
-        rpc_methods,
+        handler.rpc.methods if handler.rpc is not None else (),
         loaded.batch,
         loaded.seconds,
         loaded.forked_at is not None,
@@ -271,7 +276,9 @@ def serve(
     return code
 
 
-def _executor(handler: LoadedHandler, config: Config, runner: Runner) -> Executor:
+def _executor(
+    handler: LoadedHandler, config: Config, runner: Runner
+) -> MainThread | Threads | EventLoop:
     """Where the calls run, chosen once: an ``async def`` handler's (or an async gRPC
     service's) on the event loop; a ``def`` handler's on the main thread, or on threads."""
     if handler.is_async or (handler.rpc is not None and handler.rpc.is_async):
@@ -281,3 +288,78 @@ def _executor(handler: LoadedHandler, config: Config, runner: Runner) -> Executo
     if config.concurrency == 1:
         return MainThread(runner)
     return Threads(runner, config.concurrency)
+
+
+#: How often the main thread's watch looks whether its call is slow, and then gives back the
+#: calls the front takes back (the front asks for them 50 ms into a call).
+_SLOW_CALL_LOOK: Final = 0.02
+
+
+class MainThread:
+    """A ``def`` handler at ``--concurrency 1``: each call on the main thread, the one that
+    imported the handler, which reads the next frame only once the call is answered (a crash
+    loses only the call that ran: the calls sent and not started are still the front's)."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        runner.credits.wait_reading(runner.channel, runner.give_back)
+        self._calls_started = 0
+        self._in_call = False
+
+    def serve(self, warmup: Warmup) -> None:
+        finish(self._serve(warmup))
+
+    async def _serve(self, warmup: Warmup) -> None:
+        await warmup.run()
+        runner = self._runner
+        stopped = threading.Event()
+        threading.Thread(
+            target=self._watch, args=(stopped,), name="abeja-slow-call-watch", daemon=True
+        ).start()
+        for calls in runner.calls():
+            self._calls_started += 1
+            self._in_call = True
+            await runner.run(calls)
+            self._in_call = False
+        stopped.set()
+
+    def _watch(self, stopped: threading.Event) -> None:
+        """While a call runs on the main thread, nothing reads the socket: this thread does once
+        the call is slow, and gives back the calls behind it that the front takes back. The
+        main thread only counts its calls: no lock, clock or system call per call."""
+        seen = -1
+        while not stopped.wait(_SLOW_CALL_LOOK):
+            started = self._calls_started
+            if self._in_call and started == seen:  # the same call as a look ago
+                for frame, fd in self._runner.channel.taken_back():
+                    self._runner.give_back(frame, fd)
+            seen = started
+
+
+class Threads:
+    """A ``def`` handler at ``--concurrency N``: ``N`` handler threads, fed in the order the
+    calls came, each writing its own answers."""
+
+    def __init__(self, runner: Runner, count: int) -> None:
+        self._runner = runner
+        self._count = count
+
+    def serve(self, warmup: Warmup) -> None:
+        finish(warmup.run())
+        jobs: queue.SimpleQueue[list[Held] | None] = queue.SimpleQueue()
+        pool = [
+            threading.Thread(target=finish, args=(self._work(jobs),), name=f"abeja-handler-{i}")
+            for i in range(self._count)
+        ]
+        for thread in pool:
+            thread.start()
+        for calls in self._runner.calls():
+            jobs.put(calls)
+        for _ in pool:
+            jobs.put(None)
+        for thread in pool:
+            thread.join()
+
+    async def _work(self, jobs: queue.SimpleQueue[list[Held] | None]) -> None:
+        while (calls := jobs.get()) is not None:
+            await self._runner.run(calls)

@@ -1,10 +1,9 @@
 """Running the front's calls in a handler process: call frames in, answer frames out.
 
-:meth:`Runner.calls` reads the frames (or the event loop does, ``event_loop.py``, each through
-:meth:`Runner.dispatch`) and says which calls run now: a call alone (a batch of one), or those a
-:class:`~abeja_runtime.frames.RunBatch` names. :meth:`Runner.run` runs them: the
-handler invoked once for all (``invoke.py``), each answer written whole (in the frame, or a memfd
-above the inline limit) or streamed as its credit allows (``credits.py``).
+:meth:`Runner.dispatch` says which calls a frame read starts: a call alone (a batch of one), or
+those a :class:`~abeja_runtime.frames.RunBatch` names. :meth:`Runner.run` runs them: the handler
+invoked once for all (``invoke.py``), each answer written whole (in the frame, or a memfd above
+the inline limit) or streamed as its credit allows (``credits.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from abeja_runtime.frames import (
     header_text,
     memfd,
 )
-from abeja_runtime.http_head import EMPTY_BODY_STATUSES, checked_head
 from abeja_runtime.logs import request_id_var, requester_id_var
 from abeja_runtime.mapped import SharedBodies
 from abeja_runtime.tracing import HandlerSpan, Tracing
@@ -183,13 +181,21 @@ class Runner:
         spans: dict[int, HandlerSpan],
         requests: list[Request],
     ) -> list[int]:
-        """The calls' requests, into ``requests``, and their calls' ids; a call whose request
-        cannot be built is answered now and left out."""
+        """The calls' requests (each decoded in a span of its own, traced), into ``requests``,
+        and their calls' ids; a call whose request cannot be built is answered now and left out,
+        as is one past its latest start (``504``: its handler never starts too late to answer)."""
         ids: list[int] = []
         # A decode span is the current span's child: the call's own only when it is alone.
         decoding = spans if len(spans) < 2 else _NO_SPANS
         for call, fd in calls:
-            request = self._request(call, fd, decoding.get(call.id))
+            span = decoding.get(call.id)
+            if _too_late(call, fd):
+                request: Request | EncodedResponse = self._invoker.error_reply(NotStartedInTime())
+            elif span is None:
+                request = self._decode(call, fd)
+            else:
+                with span.decode():
+                    request = self._decode(call, fd)
             if type(request) is Request:
                 request.watch_cancellation(self._cancellations, call.id)
                 requests.append(request)
@@ -208,20 +214,6 @@ class Runner:
             if span is not None:
                 spans[call.id] = span.__enter__()
         return spans
-
-    def _request(
-        self, call: Call, fd: int | None, span: HandlerSpan | None
-    ) -> Request | EncodedResponse:
-        """The handler's request (in a span of its own, traced), or the error reply (``504``
-        when its latest start has passed: its handler never starts too late to answer)."""
-        if _too_late(call):
-            if fd is not None:  # its body, never read
-                os.close(fd)
-            return self._invoker.error_reply(NotStartedInTime())
-        if span is not None:
-            with span.decode():
-                return self._decode(call, fd)
-        return self._decode(call, fd)
 
     def _decode(self, call: Call, fd: int | None) -> Request | EncodedResponse:
         body: IO[bytes]
@@ -265,9 +257,7 @@ class Runner:
     async def _rpc(self, call: RpcCall, fd: int | None, span: HandlerSpan | None) -> None:
         rpc = self._invoker.handler.rpc
         assert rpc is not None, "the front sends gRPC calls only to styles that have them"
-        if _too_late(call):
-            if fd is not None:
-                os.close(fd)
+        if _too_late(call, fd):
             late = NotStartedInTime()
             self.channel.write(RpcAnswer(call.id, _DEADLINE_EXCEEDED, b"", late.message, 504))
             return
@@ -302,18 +292,12 @@ class Runner:
         if span is not None:
             span.status(reply.status)
         body = chunks(cast("Iterator[bytes] | AsyncIterator[bytes]", reply.body))
-        client = self._lent(call_id, reply)
+        clients = self.clients
         try:
-            if client is None:
+            if clients is None or not await clients.write(
+                call_id, reply, body, self.channel, self._cancellations, self._limits
+            ):
                 await self._send_stream(call_id, reply, body)
-            else:
-                # (Only on an event loop, which imported it: a def handler's process does not.)
-                from abeja_runtime.worker.client_streams import write_to_client
-
-                await write_to_client(
-                    client, call_id, request_id_var.get() or "", reply.status, reply.headers,
-                    body, self.channel, self._cancellations, self._limits,
-                )  # fmt: skip
         finally:
             if span is not None:
                 span.end()
@@ -349,22 +333,6 @@ class Runner:
             finally:  # else the front would wait for it, and keep its slot, for good
                 self.channel.write(End(call_id, failed))
 
-    def _lent(self, call_id: int, reply: EncodedResponse) -> tuple[int, bool] | None:
-        """The client's connection that came with call ``call_id``, when its streamed answer is
-        written to it here: it has a body, and a head that can be sent (else the front answers
-        with its ``500``)."""
-        client = None if self.clients is None else self.clients.take(call_id)
-        if client is None:
-            return None
-        try:
-            checked_head(reply.status, reply.headers)
-            if reply.status not in EMPTY_BODY_STATUSES:
-                return client
-        except ValueError:
-            pass
-        os.close(client[0])
-        return None
-
     def _write_memfd(self, frame: Frame, data: bytes) -> None:
         fd = memfd([data])
         try:
@@ -393,6 +361,10 @@ class Runner:
             self.channel.write(RpcAnswer(frame.id, _DEADLINE_EXCEEDED, b"", "cancelled", 504))
 
 
-def _too_late(call: Call | RpcCall) -> bool:
-    """Whether ``call`` is past its latest start (or less than :data:`_LEAST_LEFT` before it)."""
-    return bool(call.start_by) and time.time() + _LEAST_LEFT >= call.start_by
+def _too_late(call: Call | RpcCall, fd: int | None) -> bool:
+    """Whether ``call`` is past its latest start (or less than :data:`_LEAST_LEFT` before it);
+    then its body's descriptor, never to be read, is closed."""
+    late = bool(call.start_by) and time.time() + _LEAST_LEFT >= call.start_by
+    if late and fd is not None:
+        os.close(fd)
+    return late

@@ -1,16 +1,14 @@
-"""The template (``python -m abeja_runtime.worker FD FRONT_PID``, told so by its first frame;
-``abeja-template`` in ``ps -o comm``): a process that imports the handler once and serves
-nothing. Every handler process is forked from it, the first ones and their replacements alike,
-so that the pages of a loaded model are shared copy-on-write by all of them, and a replacement
-is ready in the time of a fork and its warm-up (gunicorn's ``--preload``, Android's zygote).
+"""The template (``abeja-template`` in ``ps -o comm``): a process that imports the handler once
+and serves nothing. Every handler process is forked from it, so that the pages of a loaded model
+are shared copy-on-write, and a replacement is ready in the time of a fork and its warm-up
+(gunicorn's ``--preload``, Android's zygote).
 
-The front sends :class:`~abeja_runtime.frames.Start`; the template loads the handler
-(``process.load``), looks for what would make a fork unsafe (:func:`fork_hazard`), and says
-:class:`~abeja_runtime.frames.Loaded`. Then, for each :class:`~abeja_runtime.frames.Fork` and the
-descriptor of the new process's socket, it forks twice: the middle process exits at once, so
-that the handler process is adopted by the front (a child subreaper), which watches and reaps it
-as one it started itself; the template answers :class:`~abeja_runtime.frames.Forked` with its
-pid. The front closing the socket ends the template; the processes forked from it live on.
+It loads the handler, says :class:`~abeja_runtime.frames.Loaded` (with what would make a fork
+unsafe: :func:`fork_hazard`), then, for each :class:`~abeja_runtime.frames.Fork` and the
+descriptor of the new process's socket, forks twice: the middle process exits at once, so that
+the front (a child subreaper) adopts the handler process, whose pid the template answers
+(:class:`~abeja_runtime.frames.Forked`). The front closing the socket ends the template; the
+processes forked from it live on.
 """
 
 from __future__ import annotations
@@ -55,7 +53,8 @@ def serve_template(channel: BlockingChannel, config: Config, front: int) -> int:
     name_this_process(b"abeja-template")
     # Before the handler is imported: its own tracer provider is this one.
     tracing = tracing_from(os.environ, "worker")
-    threads, tasks, sockets = _python_threads(), _tasks(), _sockets()
+    threads = {thread.ident for thread in threading.enumerate()}
+    tasks, sockets = _tasks(), _sockets()
     loaded = load(config)
     if isinstance(loaded, LoadFailed):
         channel.write(loaded)
@@ -101,7 +100,7 @@ _OPENBLAS_THREADS: Final = (
 )
 
 
-def fork_hazard(threads: set[int], tasks: set[str], sockets: set[int]) -> str:
+def fork_hazard(threads: set[int | None], tasks: set[str], sockets: set[int]) -> str:
     """Why a process forked from this one would not work (empty: it would), given the Python
     threads, the system's threads and the sockets of this process from before the handler's
     import.
@@ -211,8 +210,7 @@ class _Forks:
             name_this_process(WORKER_NAME)
             os.environ.update(fork.environment)
             worker = WorkerChannel(socket.socket(fileno=channel))
-            if start_frame(worker.channel) is None:
-                end(2, tracing)
+            start_frame(worker.channel)
             loaded = dataclasses.replace(self.loaded, forked_at=forked_at)
             code = serve(loaded, worker, tracing)
         except BaseException:  # (SystemExit too: this process ends here, not in the template)
@@ -233,10 +231,6 @@ def _wait_for_adoption(front: int) -> None:
             os.close(exited)
 
 
-def _python_threads() -> set[int]:
-    return {ident for thread in threading.enumerate() if (ident := thread.ident) is not None}
-
-
 def _tasks() -> set[str]:
     with contextlib.suppress(OSError):
         return set(os.listdir("/proc/self/task"))
@@ -244,7 +238,6 @@ def _tasks() -> set[str]:
 
 
 def _sockets() -> set[int]:
-    """This process's descriptors that are sockets."""
     found = set()
     with contextlib.suppress(OSError):
         for fd in os.listdir("/proc/self/fd"):

@@ -98,7 +98,6 @@ def test_a_def_handler_s_process_imports_neither_aiohttp_nor_asyncio_nor_email()
         imported_by(
             "abeja_runtime.worker.process",
             "abeja_runtime.worker.template",
-            "abeja_runtime.worker.executors",
         )
     )
     assert "abeja_runtime.worker.runner" in modules
