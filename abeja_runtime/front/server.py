@@ -27,8 +27,7 @@ from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, error_reply, status_body, status_reply
 from abeja_runtime.errors import HttpError, ServiceUnavailable, Unauthorized
 from abeja_runtime.frames import INLINE_LIMIT, Call
-from abeja_runtime.front.arms import ASYNC_ID_HEADER
-from abeja_runtime.front.async_jobs import AsyncJobs
+from abeja_runtime.front.async_jobs import ASYNC_ID_HEADER, AsyncJobs
 from abeja_runtime.front.body import Body
 from abeja_runtime.front.call import FrontCall
 from abeja_runtime.front.connection import Connection

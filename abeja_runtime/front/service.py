@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
@@ -31,9 +31,6 @@ from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.front.tenants import NORMAL, OTHER, PRIORITIES, Tenants
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.tracing import tracing_from
-
-if TYPE_CHECKING:
-    from abeja_runtime.tracing import CallTrace
 
 __all__ = ["CallHead", "CallService"]
 
@@ -176,31 +173,6 @@ class CallService:
         if given is not None:
             entry.note("deadline", round(given, 6))
         return entry
-
-    def begin_job(
-        self, answered: FrontCall, trace: CallTrace | None, responder: Responder
-    ) -> FrontCall:
-        """The call of an async request's job, whose call was ``answered`` (``202``): its entry
-        counts nothing, its spans hang from ``trace`` (the job's), it is its request's tenant's
-        and class's. The drain waits for it until its responder says its result is sent
-        (``accounting.release()``)."""
-        self.accounting.hold()
-        request = answered.entry
-        entry = CallEntry(
-            None,
-            "POST",
-            request.path,
-            request.received,
-            request.request_id,
-            request.requester_id,
-        )
-        entry.trace = trace
-        if request.noted and "caller" in request.noted:  # (its tenant, with api-key tenants)
-            entry.note("caller", request.noted["caller"])
-        call = FrontCall(self, entry, responder)
-        call.deadline = self.caller_deadlines.deadline(request.received, None)
-        call.tenant, call.priority = answered.tenant, answered.priority
-        return call
 
     def caller(self, headers: Mapping[str, str]) -> str | None:
         """Who sends a request with these ``headers`` (or gRPC metadata), with API keys on: its
