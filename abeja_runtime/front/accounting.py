@@ -35,13 +35,13 @@ __all__ = ["Accounting", "CallEntry"]
 class Accounting:
     """The access log, the metrics, and the calls in flight."""
 
-    __slots__ = ("_access_log", "_idle", "_metrics", "in_flight", "tracing")
+    __slots__ = ("_access_log", "_idle", "in_flight", "metrics", "tracing")
 
     def __init__(
         self, access_log: AccessLog, metrics: FrontMetrics, tracing: Tracing | None = None
     ) -> None:
         self._access_log = access_log
-        self._metrics = metrics
+        self.metrics = metrics
         #: Each call's server span (:mod:`abeja_runtime.tracing`), when tracing is on.
         self.tracing = tracing
         #: Calls open (and async requests until their result is sent): the drain waits.
@@ -86,42 +86,19 @@ class Accounting:
         """Write the access records kept so far (before the event loop ends)."""
         self._access_log.flush()
 
-    def record(
-        self,
-        method: str,
-        path: str,
-        status: int,
-        received: float,
-        request_id: str,
-        requester_id: str | None,
-        streamed: StreamedBody | None = None,
-        trace: CallTrace | None = None,
-        noted: dict[str, Any] | None = None,
-    ) -> None:
+    def record(self, entry: CallEntry, status: int, streamed: StreamedBody | None = None) -> None:
+        """``entry``'s access record and metrics, with ``status``."""
         responded = time.time()
+        trace = entry.trace
         self._access_log.record(
-            method, path, status, received, responded, request_id, requester_id, streamed,
-            None if trace is None else trace.ids, noted,
+            entry.method, entry.path, status, entry.received, responded, entry.request_id,
+            entry.requester_id, streamed, None if trace is None else trace.ids, entry.noted,
         )  # fmt: skip
-        self._metrics.observe(status, responded - received)
-
-    def abandoned(self, stage: str) -> None:
-        """A call whose client left at ``stage`` (counted ``499`` beside)."""
-        self._metrics.abandoned(stage)
-
-    def first_chunk(self, seconds: float) -> None:
-        """A stream's first chunk went ``seconds`` after its request came."""
-        self._metrics.first_chunk(seconds)
-
-    def between_chunks(self, seconds: float) -> None:
-        """A stream's chunk went ``seconds`` after the one before."""
-        self._metrics.between_chunks(seconds)
+        self.metrics.observe(status, responded - entry.received)
 
 
 class CallEntry:
-    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over
-    (one without ``accounting`` counts nothing: an async request's job, whose ``202`` was
-    counted)."""
+    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over."""
 
     __slots__ = (
         "_accounting", "_last_chunk", "bytes_sent", "chunks", "first_byte", "left_at", "method",
@@ -131,7 +108,7 @@ class CallEntry:
 
     def __init__(
         self,
-        accounting: Accounting | None,
+        accounting: Accounting,
         method: str,
         path: str,
         received: float,
@@ -182,10 +159,7 @@ class CallEntry:
             self.trace.status(status)
         accounting = self._accounting
         if accounting is not None:
-            accounting.record(
-                self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, None, self.trace, self.noted,
-            )  # fmt: skip
+            accounting.record(self, status)
 
     def streaming(self, status: int, *, chunked: bool) -> None:
         """A streamed answer's head leaves now (``chunked``: a stream of chunks, not a body
@@ -208,11 +182,11 @@ class CallEntry:
         if not self.chunks:
             seconds = now - self.received
             if accounting is not None:
-                accounting.first_chunk(seconds)
+                accounting.metrics.first_chunk(seconds)
             if self.trace is not None:
                 self.trace.first_chunk(seconds)
         elif accounting is not None:
-            accounting.between_chunks(now - self._last_chunk)
+            accounting.metrics.between_chunks(now - self._last_chunk)
         self.chunks += 1
         self._last_chunk = now
 
@@ -224,9 +198,9 @@ class CallEntry:
             seconds = report.first_chunk_at - self.received
             accounting = self._accounting
             if accounting is not None:
-                accounting.first_chunk(seconds)
+                accounting.metrics.first_chunk(seconds)
                 for gap in report.gaps:
-                    accounting.between_chunks(gap)
+                    accounting.metrics.between_chunks(gap)
             if self.trace is not None:
                 self.trace.first_chunk(seconds)
         self.chunks = report.chunks
@@ -251,20 +225,17 @@ class CallEntry:
         if accounting is None:
             return
         if not self.status:
-            accounting.abandoned(self.left_at or "receiving")
+            accounting.metrics.abandoned(self.left_at or "receiving")
             self.count(CLIENT_CLOSED)
         elif self.first_byte:
             end = self.stream_end or StreamEnd.CLIENT_LEFT  # its writing was cancelled
             status = end.status or self.status
             if end is StreamEnd.CLIENT_LEFT:
-                accounting.abandoned(self.left_at or "answering")
+                accounting.metrics.abandoned(self.left_at or "answering")
             if self.trace is not None and status != self.status:
                 self.trace.status(status)
             streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent, self.chunks)
-            accounting.record(
-                self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, streamed, self.trace, self.noted,
-            )  # fmt: skip
+            accounting.record(self, status, streamed)
         if self.trace is not None:
             self.trace.end()
         self._accounting = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from abeja_runtime.errors import (
@@ -111,6 +112,9 @@ class CallServices(Protocol):
     #: The front drains: every answer ends its connection.
     draining: bool
 
+    def caller(self, headers: Mapping[str, str]) -> str | None:
+        """Its API key's short hash (``None``: keys are off), or ``Unauthorized``."""
+
 
 class FrontCall:
     """One call's life (see the module). Made by the call service's ``begin``."""
@@ -122,8 +126,7 @@ class FrontCall:
 
     def __init__(self, service: CallServices, entry: CallEntry, responder: Responder) -> None:
         self.service = service
-        #: Its counts: its status, its access record, its span (an async request's job has an
-        #: entry that counts nothing: its ``202`` was counted).
+        #: Its counts: its status, its access record, its span.
         self.entry = entry
         #: Writes its answers; let go once it finishes (they hold each other: see finish).
         self.responder = responder
@@ -153,6 +156,14 @@ class FrontCall:
         return self._stage
 
     # -- the way in ---------------------------------------------------------------------------
+
+    def admit(self, headers: Mapping[str, str]) -> None:
+        """Its caller checked and noted, with API keys on (else ``401``: ``Unauthorized``), and
+        ``503`` (``ServiceUnavailable``) while no handler process takes calls."""
+        if (caller := self.service.caller(headers)) is not None:
+            self.entry.note("caller", caller)
+        if not self.service.pool.admitting:
+            raise ServiceUnavailable()
 
     def frame(
         self,

@@ -31,6 +31,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -44,7 +45,6 @@ from abeja_runtime.errors import (
     HandlerTimeout,
     HttpError,
     ServiceBusy,
-    ServiceUnavailable,
     Unauthorized,
 )
 from abeja_runtime.frames import INLINE_LIMIT, RpcAnswer, RpcCall
@@ -134,8 +134,9 @@ class RpcServer:
             service_name, name = method.lstrip("/").split("/", 1)
             # Served as client-streaming (the same on the wire as a unary call) so that the
             # message is read only when ``_forward`` asks for it: see the module.
-            forward: Any = grpc.stream_unary_rpc_method_handler(self._forwarder(method))
-            services.setdefault(service_name, {})[name] = forward
+            forward = functools.partial(self._forward, method)
+            handler: Any = grpc.stream_unary_rpc_method_handler(forward)
+            services.setdefault(service_name, {})[name] = handler
         self._server.add_generic_rpc_handlers(
             [
                 grpc.method_handlers_generic_handler(name, forwards)
@@ -158,13 +159,9 @@ class RpcServer:
         """New calls are refused at once; running ones get ``grace`` seconds (0: no limit)."""
         await self._server.stop(grace if grace > 0 else _NO_LIMIT)
 
-    def _forwarder(self, method: str) -> Any:
-        async def forward(_: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            return await self._forward(method, context)
-
-        return forward
-
-    async def _forward(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    async def _forward(
+        self, method: str, _: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
         received = time.time()
         sent = tuple(
             (key, value)
@@ -183,18 +180,13 @@ class RpcServer:
         budget = None if remaining is None or remaining > _NO_LIMIT else max(1e-6, remaining)
         head = CallHead("POST", method, received, request_id, None, given, True, budget)
         call = service.begin(head, responder)
-        size = 0
         try:
             try:
-                if (caller := service.caller(given)) is not None:
-                    call.entry.note("caller", caller)
-                if not service.admitting:
-                    raise ServiceUnavailable()
+                call.admit(given)
                 frame, body = await self._message(method, metadata, call, context)
             except HttpError as exc:
                 call.refuse(exc)
             else:
-                size = body.size
                 call.submit(frame, body)
             try:
                 result = await responder.result
@@ -213,7 +205,7 @@ class RpcServer:
             call.entry.count(status)
         finally:
             call.finish()
-            if size > INLINE_LIMIT:
+            if call.body is not None and call.body.size > INLINE_LIMIT:
                 self._trim_soon()
         await context.abort(code, message)
         raise AssertionError("abort raises")  # pragma: no cover
@@ -234,14 +226,12 @@ class RpcServer:
         call: FrontCall,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> tuple[RpcCall, Body]:
-        """The call's frame and body, read once it has a body's place (its size is not known
-        before: see the module) and its connection's turn. Waiting for the place counts as
-        waiting in the queue: ``RESOURCE_EXHAUSTED`` when the queue could not take the call,
-        ``DEADLINE_EXCEEDED`` at the deadline; a client that leaves meanwhile (or whose own
-        deadline passes) cancels the wait. Up to the inline limit the message travels in the
-        frame and the place is given back at once; above it, in a shared buffer, and the place
-        is kept until grpcio is done with the call (its answer sent, or the client gone): grpcio
-        holds the answer twice until then."""
+        """The call's frame and body, read once it has a body's place and its connection's
+        turn (see the module); the wait for the place is the queue's wait (``503`` when the
+        queue could not take the call, ``504`` at the deadline). A message up to the inline
+        limit travels in the frame, its place given back at once; a bigger one in a shared
+        buffer, its place kept until grpcio is done with the call (it holds the answer twice
+        until then)."""
         service = self._service
         gate = service.bodies.gate
         await service.bodies.enter(call.deadline, call.caller_budget)
@@ -256,19 +246,19 @@ class RpcServer:
         if payload is grpc.aio.EOF:  # a client that half-closed without its one message
             gate.leave()
             raise BadRequest("the call sent no request message")
-        trace = carrier(call.entry.trace)
-        request_id = call.entry.request_id
-        size = len(payload)
-        start_by = call.start_by()
-        if size <= INLINE_LIMIT:
+        body = IN_FRAME
+        if len(payload) <= INLINE_LIMIT:
             gate.leave()
-            return RpcCall(
-                call.id, method, payload, metadata, request_id, 0, trace, start_by
-            ), IN_FRAME
-        body, mapped = service.bodies.held(size)
-        body.gate = None  # left when grpcio is done with the call
-        # grpc-stubs types the callback as a class of its own, which no function is
-        context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
-        mapped[:size] = payload
-        del payload  # the front holds the message once, in the buffer, while the call runs
-        return RpcCall(call.id, method, b"", metadata, request_id, size, trace, start_by), body
+        else:
+            body, mapped = service.bodies.held(len(payload))
+            body.gate = None  # left when grpcio is done with the call
+            # grpc-stubs types the callback as a class of its own, which no function is
+            context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
+            mapped[: body.size] = payload
+            payload = b""  # the front holds the message once, in the buffer, while the call runs
+        entry = call.entry
+        trace, start_by = carrier(entry.trace), call.start_by()
+        frame = RpcCall(
+            call.id, method, payload, metadata, entry.request_id, body.size, trace, start_by
+        )
+        return frame, body

@@ -1,13 +1,16 @@
-"""What a way into the front talks to (:class:`CallService`): it begins calls, says whether the
-front is ready or draining, and holds what calls share: the pool, the deadlines, the places and
-buffers for bodies (:class:`Body`), the accounting and the traces.
+"""Where calls begin (:class:`CallService`): each way in (aiohttp's request handling in
+``server.py``, the direct path, gRPC) parses its request into a :class:`CallHead` and begins a
+:class:`~abeja_runtime.front.call.FrontCall` with it; the service holds what calls share (the
+pool, the deadlines, the places for bodies, the accounting, the traces) and says whether the
+front is ready or draining. The direct path asks first whether the pool would refuse the request
+at once (:meth:`CallService.turned_away`): it is refused at the door, no call begun for it.
 
-Three ways lead into the front: aiohttp's request handling (``server.py``), the direct path
-(``direct.py``, ``direct_body.py``) and gRPC (``rpc.py``). Each parses its request into a
-:class:`CallHead`, begins a :class:`~abeja_runtime.front.call.FrontCall` with it, reads the
-body and submits the call; the call's life is written once, in ``call.py``. The direct path
-asks first whether the pool would refuse the request at once (:meth:`CallService.turned_away`):
-such a request is refused at the door, counted and recorded, and no call is begun for it.
+A call's deadline is the nearer of ``--timeout`` and what its caller says it waits. An HTTP
+caller says it in a header: ``--deadline-header`` (by default Envoy's
+``x-envoy-expected-rq-timeout-ms``, which Istio and Envoy-based gateways send), milliseconds when
+its name ends in ``-ms``, else seconds; and ``Request-Timeout``, in seconds. A gRPC caller's
+deadline is gRPC's own (``grpc-timeout``). A value that is not a positive number is ignored: a
+gateway's header never breaks a request.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.body import BodyPlaces
 from abeja_runtime.front.call import FrontCall, Responder
-from abeja_runtime.front.caller_deadlines import CallerDeadlines
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
@@ -37,6 +39,10 @@ __all__ = ["CallHead", "CallService"]
 #: The access records of this many seconds are written at once (not a write per loop
 #: iteration); at shutdown too.
 _ACCESS_LOG_EVERY: Final = 0.05
+#: The plain header read besides ``--deadline-header``: seconds.
+_REQUEST_TIMEOUT: Final = "request-timeout"
+#: Longer than this (a year) is no deadline (also ``inf``, and NaN, which fails every test).
+_LONGEST: Final = 365 * 24 * 3600.0
 
 
 class CallHead(NamedTuple):
@@ -72,7 +78,6 @@ class CallService:
         self.metrics = metrics
         #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
         self.loop = asyncio.get_running_loop()
-        self._config = config
         #: Every call's deadline is this many seconds after its request came (``None``: none).
         self.timeout = config.timeout or None
         #: The longest a streamed answer may go without progress, and may last (``None``: no
@@ -82,8 +87,12 @@ class CallService:
         #: The places and buffers of bodies above the inline limit.
         self.bodies = BodyPlaces(config, pool, self.loop)
         self.deadlines = Deadlines(self.loop, self._expire)
-        #: Each call's deadline: the nearer of ``--timeout`` and what its caller gives.
-        self.caller_deadlines = CallerDeadlines(config)
+        named = config.deadline_header.strip().lower()
+        #: The headers a caller's deadline is read from, each with the seconds of its unit.
+        self._deadline_headers = tuple(
+            (name, 0.001 if name.endswith("-ms") else 1.0)
+            for name in dict.fromkeys(filter(None, (named, _REQUEST_TIMEOUT)))
+        )
         pool.scheduler.expired = self._timed_out
         #: Whose each call is, and its priority class (``None``: all alike, in arrival order).
         self.tenants: Tenants | None = Tenants(config)
@@ -153,15 +162,31 @@ class CallService:
         """A call's deadline, from its head: the seconds its caller gave (``None``: none), its
         deadline (``time.time()``; ``None``: none), the nearer of theirs and ``--timeout``'s,
         and its caller's seconds again when they set it (0: ``--timeout`` did, or none)."""
-        caller_deadlines = self.caller_deadlines
         given = head.budget
         if given is None and head.carrier is not None and not head.rpc:
-            given = caller_deadlines.budget(head.carrier)
+            given = self._budget(head.carrier)
         timeout = self.timeout
         if given is None:  # (most calls)
             return None, None if timeout is None else head.received + timeout, 0.0
-        deadline = caller_deadlines.deadline(head.received, given)
-        return given, deadline, given if timeout is None or given < timeout else 0.0
+        if timeout is not None and timeout <= given:
+            return given, head.received + timeout, 0.0
+        return given, head.received + given, given
+
+    def _budget(self, headers: Mapping[str, str]) -> float | None:
+        """The seconds the caller of a request with these ``headers`` waits, if it says so (the
+        smallest it says)."""
+        found: float | None = None
+        for name, unit in self._deadline_headers:
+            text = headers.get(name)
+            if text is None:
+                continue
+            try:
+                seconds = float(text) * unit
+            except ValueError:
+                continue
+            if 0 < seconds < _LONGEST and (found is None or seconds < found):
+                found = seconds
+        return found
 
     def _open(self, head: CallHead, given: float | None) -> CallEntry:
         """The entry of a request with this head, counted in flight until it ends (``given``:
@@ -206,5 +231,5 @@ class CallService:
         if pending.answer.done():
             return
         if late is None:
-            late = deadline_passed(pending.caller_budget, self._config.timeout)
+            late = deadline_passed(pending.caller_budget, self.timeout or 0.0)
         pending.answer.set_exception(late)
