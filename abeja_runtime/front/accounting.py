@@ -1,35 +1,37 @@
-"""What the front counts of each call, in one place: its access record, its metrics, and the
-calls in flight that a drain waits for.
+"""What the front counts of each call, in one place (:class:`Accounting`): its access record, its
+metrics, its span, and the calls in flight that a drain waits for.
 
-Every call that enters the front, by any way in (aiohttp's request handling, the direct path,
-gRPC), opens a :class:`CallEntry` and ends it, on every path it can take (``finally``). Its
-status is counted once, before the answer's first byte leaves (so that a client never holds an
-answer a scrape does not count); a call that ends without one, because its client left before
-it was answered (or an error escaped), is counted as ``499`` (nginx's "client closed request"),
-by the stage it reached.
-
-A streamed answer (or a big one written from its file) is counted when it ends
-(:meth:`CallEntry.streaming`), so that its duration covers the whole of it, with the time to its
-first byte, how it ended (:class:`StreamEnd`) and the bytes sent beside it. One that did not go
-out whole is counted with the status of how it ended (``499`` when its client left, ``500``
-when the generator raised, ``502`` when its worker died, ``504`` at a stream limit), not with
-the head's ``200``. Every ``499`` is also counted in ``abandoned_requests_total`` with the stage
-the call had reached (:meth:`CallEntry.client_left`), so the two always agree.
+Every call, by any way in, opens a :class:`CallEntry` and ends it on every path it can take. Its
+status is counted once, before the answer's first byte leaves (a client never holds an answer a
+scrape does not count); a call that ends without one, because its client left before it was
+answered (or an error escaped), is counted ``499`` (nginx's "client closed request"). A streamed
+answer (or a big one written from its file) is counted when it ends, its duration the whole of
+it, with the time to its first byte, how it ended (:class:`StreamEnd`) and the bytes sent; one
+that did not go out whole with the status of how it ended (``499`` when its client left, ``500``
+when the generator raised, ``502`` when its worker died, ``504`` at a stream limit), not the
+head's ``200``. Every ``499`` is also counted in ``abandoned_requests_total`` with the stage the
+call had reached (``CallEntry.left_at``), so the two always agree.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from typing import Any
+from typing import Any, Final
 
 from abeja_runtime.access_log import AccessLog, StreamedBody
+from abeja_runtime.config import Config
 from abeja_runtime.frames import Written
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.stream_limits import CLIENT_CLOSED, StreamEnd
-from abeja_runtime.tracing import CallTrace, Tracing
+from abeja_runtime.tracing import CallTrace, tracing_from
 
 __all__ = ["Accounting", "CallEntry"]
+
+#: The access records of this many seconds are written at once (not a write per loop
+#: iteration); at shutdown too.
+_ACCESS_LOG_EVERY: Final = 0.05
 
 
 class Accounting:
@@ -37,13 +39,12 @@ class Accounting:
 
     __slots__ = ("_access_log", "_idle", "in_flight", "metrics", "tracing")
 
-    def __init__(
-        self, access_log: AccessLog, metrics: FrontMetrics, tracing: Tracing | None = None
-    ) -> None:
-        self._access_log = access_log
+    def __init__(self, config: Config, metrics: FrontMetrics) -> None:
+        self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
         self.metrics = metrics
-        #: Each call's server span (:mod:`abeja_runtime.tracing`), when tracing is on.
-        self.tracing = tracing
+        #: Each call's server span (:mod:`abeja_runtime.tracing`), when OpenTelemetry's
+        #: variables ask for traces.
+        self.tracing = tracing_from(os.environ, "front")
         #: Calls open (and async requests until their result is sent): the drain waits.
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -85,6 +86,12 @@ class Accounting:
     def flush(self) -> None:
         """Write the access records kept so far (before the event loop ends)."""
         self._access_log.flush()
+
+    def close(self) -> None:
+        """At the end of serving: the access records kept and the spans buffered go out."""
+        self.flush()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     def record(self, entry: CallEntry, status: int, streamed: StreamedBody | None = None) -> None:
         """``entry``'s access record and metrics, with ``status``."""
@@ -131,7 +138,8 @@ class CallEntry:
         #: A stream's chunks sent so far (``None``: not a stream), and when the last one went.
         self.chunks: int | None = None
         self._last_chunk = 0.0
-        #: The stage the call had reached when its client left (``None``: it did not leave).
+        #: The stage the call had reached when its client left (``queued``, ``running``,
+        #: ``answering``; ``None``: it did not leave): counted with its ``499``.
         self.left_at: str | None = None
         #: Its spans, when tracing is on.
         self.trace: CallTrace | None = None
@@ -205,12 +213,6 @@ class CallEntry:
                 self.trace.first_chunk(seconds)
         self.chunks = report.chunks
         self.stream_ended(report.end, report.size)
-
-    def client_left(self, stage: str) -> None:
-        """Its client left at ``stage`` (``queued``, ``running``, ``answering``): counted
-        ``499`` with it when the call ends, unless its status was counted already."""
-        if self.left_at is None:
-            self.left_at = stage
 
     def stream_ended(self, end: StreamEnd, bytes_sent: int) -> None:
         """How a streamed answer ended, and the bytes of its body written."""

@@ -1,23 +1,14 @@
 """One call's life in the front, from its parsed request to its outcome (:class:`FrontCall`).
 
-Every way in (the direct path, aiohttp's request handling, gRPC, an async request's job) parses
-its request into a head, begins a call (:meth:`~abeja_runtime.front.service.CallService.begin`)
-with the :class:`Responder` that writes its answers, reads the body, and submits the call. The
-call does the rest, the same on every way in:
-
-* it moves through its :class:`Stage` (received, queued, running, answering, done);
-* it hands its ticket (:class:`~abeja_runtime.front.pending.PendingCall`) to the pool, its
-  deadline watched (:mod:`~abeja_runtime.front.deadlines`);
-* the answer's callback gives the answer, or the front's refusal (``503``, ``504``, ``502``),
-  to the responder, the refusal's reason counted here;
-* the client leaving (:meth:`FrontCall.client_left`) withdraws it from the pool, its stage told
-  to its access entry for the ``499``;
-* :meth:`FrontCall.finish`, which every way out goes through, once: it ends the access entry
-  and the span, leaves the deadline set, closes what the call holds, and keeps its
-  :class:`Outcome`.
-
-It is callback-first: the direct path writes a whole answer from the answer's callback, with no
-task or coroutine; the coroutine ways in await their responder.
+Every way in (the direct path, aiohttp's request handling, gRPC, an async request's job) begins
+a call from its request's head (:meth:`~abeja_runtime.front.service.CallService.begin`) with the
+:class:`Responder` that writes its answers, reads the body, and submits the call. The call does
+the rest, the same on every way in: its :class:`Stage`, its ticket in the pool
+(:class:`~abeja_runtime.front.pending.PendingCall`), its deadline, the answer or the front's
+refusal handed to the responder, its client's leaving, and the one :meth:`FrontCall.finish`
+that every way out goes through, which keeps its :class:`Outcome`. It is callback-first: the
+direct path writes a whole answer from the answer's callback, with no task or coroutine; the
+coroutine ways in await their responder.
 """
 
 from __future__ import annotations
@@ -271,7 +262,7 @@ class FrontCall:
         if ticket is not None and not ticket.abandoned:
             answered = ticket.answer.done()
             running = answered or self.service.pool.running(ticket)
-            self.entry.client_left("answering" if answered else "running" if running else "queued")
+            self.entry.left_at = "answering" if answered else "running" if running else "queued"
             if not answered or ticket.streaming:
                 self.service.pool.withdraw(ticket)
         self.finish(Outcome.CLIENT_LEFT)

@@ -16,11 +16,9 @@ gateway's header never breaks a request.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
-from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HttpError, deadline_passed
 from abeja_runtime.front.accounting import Accounting, CallEntry
@@ -32,13 +30,9 @@ from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.front.tenants import NORMAL, OTHER, PRIORITIES, Tenants
 from abeja_runtime.metrics import FrontMetrics
-from abeja_runtime.tracing import tracing_from
 
 __all__ = ["CallHead", "CallService"]
 
-#: The access records of this many seconds are written at once (not a write per loop
-#: iteration); at shutdown too.
-_ACCESS_LOG_EVERY: Final = 0.05
 #: The plain header read besides ``--deadline-header``: seconds.
 _REQUEST_TIMEOUT: Final = "request-timeout"
 #: Longer than this (a year) is no deadline (also ``inf``, and NaN, which fails every test).
@@ -101,11 +95,8 @@ class CallService:
             metrics.tenants((*self.tenants.weights, OTHER))
         else:
             self.tenants = None
-        access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
-        #: The calls' spans, when OpenTelemetry's variables ask for traces.
-        self.tracing = tracing_from(os.environ, "front")
-        #: Every call's counts, and the calls in flight, which the drain waits for.
-        self.accounting = Accounting(access_log, metrics, self.tracing)
+        #: Every call's counts and spans, and the calls in flight, which the drain waits for.
+        self.accounting = Accounting(config, metrics)
         #: Set at SIGTERM: readiness says 503 and every answer closes its connection; calls are
         #: still taken (balancers send until they see readiness fail), until the service port
         #: stops accepting and gRPC stops (``serving.py``).
@@ -125,13 +116,11 @@ class CallService:
         return call
 
     def turned_away(self, head: CallHead, caller: str | None) -> CallEntry | None:
-        """The entry of a request refused at the door, before a call is begun for it: the pool
-        would refuse its call at once (its tenant holds its share of the queue's places, or the
-        queue is full with no call of a lower class to make room), so it is answered ``503``
-        (the way in writes it, and ends the entry) and counted as the pool's refusal is, for a
-        fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins
-        (and one its caller's deadline would refuse is refused for that, as a call).
-        ``caller``: its API key's short hash, with keys on."""
+        """The entry of a request refused at the door, no call begun for it, when the pool
+        would refuse its call at once (its tenant holds its share of the queue, or the queue is
+        full with no call of a lower class to make room): the way in answers it ``503`` and
+        ends the entry, counted as the pool's refusal is, for a fraction of a call's cost.
+        ``None``: its call begins. ``caller``: its API key's short hash, with keys on."""
         tenants = self.tenants
         tenant, priority = "", NORMAL
         if tenants is not None:
@@ -203,12 +192,6 @@ class CallService:
         """Who sends a request with these ``headers`` (or gRPC metadata), with API keys on: its
         key's short hash, or :class:`~abeja_runtime.errors.Unauthorized`; ``None`` with none."""
         return None if self.keys is None else self.keys.caller(headers)
-
-    def close(self) -> None:
-        """At the end of serving: the access records kept and the spans buffered go out."""
-        self.accounting.flush()
-        if self.tracing is not None:
-            self.tracing.shutdown()
 
     @property
     def admitting(self) -> bool:
