@@ -302,8 +302,7 @@ class FrontCall:
             ticket.client = None
         self.entry.end()
         # Its responder and it hold each other (as the ticket held the responder, to lend its
-        # connection): let go, so that a call's objects are freed as it ends, not left to the
-        # collector (2.8 µs a small request, before).
+        # connection): let go, so that a call's objects are freed as it ends, not by the collector.
         del self.responder
 
     def _leave_deadline(self) -> None:

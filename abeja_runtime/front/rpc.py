@@ -28,12 +28,11 @@ place: a big answer to a small message is not bounded here, as on the HTTP port.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import ctypes
-import functools
 import time
-from collections.abc import AsyncIterator
+import weakref
+from functools import partial
 from typing import Any, Final
 
 import grpc
@@ -59,19 +58,15 @@ __all__ = ["RpcServer"]
 #: grpc's stop(grace=None) cancels running calls at once; a grace period of 0 means no limit.
 _NO_LIMIT: Final = 365 * 24 * 3600.0
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
-
-
 #: Seconds after the last big message before the heap is trimmed.
 _TRIM_AFTER: Final = 1.0
+#: The metadata that carries an API key (``api_keys.py``), kept from the style with keys on.
+_CREDENTIALS: Final = ("authorization", "x-api-key")
 
 
 def _trim_heap() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
         ctypes.CDLL(None).malloc_trim(0)
-
-
-#: The metadata that carries an API key (``api_keys.py``), kept from the style with keys on.
-_CREDENTIALS: Final = ("authorization", "x-api-key")
 
 
 def _status_of(exc: HttpError) -> grpc.StatusCode:
@@ -89,26 +84,18 @@ def _status_of(exc: HttpError) -> grpc.StatusCode:
 
 class _ConnectionTurns:
     """Each connection's messages received one at a time (see the module): the others of the
-    connection wait their turn, unread in their client."""
+    connection wait their turn, unread in their client. A connection's lock is kept while a
+    call holds it or waits for it, and no longer."""
 
     def __init__(self) -> None:
-        self._turns: dict[str, asyncio.Lock] = {}
-        self._calls: collections.Counter[str] = collections.Counter()
+        self._turns: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    @contextlib.asynccontextmanager
-    async def turn(self, connection: str) -> AsyncIterator[None]:
+    def turn(self, connection: str) -> asyncio.Lock:
         """Held while a message of ``connection`` (its peer address) is received."""
         turn = self._turns.get(connection)
         if turn is None:
             turn = self._turns[connection] = asyncio.Lock()
-        self._calls[connection] += 1
-        try:
-            async with turn:
-                yield
-        finally:
-            self._calls[connection] -= 1
-            if not self._calls[connection]:
-                del self._calls[connection], self._turns[connection]
+        return turn
 
 
 class RpcServer:
@@ -134,9 +121,8 @@ class RpcServer:
             service_name, name = method.lstrip("/").split("/", 1)
             # Served as client-streaming (the same on the wire as a unary call) so that the
             # message is read only when ``_forward`` asks for it: see the module.
-            forward = functools.partial(self._forward, method)
-            handler: Any = grpc.stream_unary_rpc_method_handler(forward)
-            services.setdefault(service_name, {})[name] = handler
+            forward: Any = grpc.stream_unary_rpc_method_handler(partial(self._forward, method))
+            services.setdefault(service_name, {})[name] = forward
         self._server.add_generic_rpc_handlers(
             [
                 grpc.method_handlers_generic_handler(name, forwards)
