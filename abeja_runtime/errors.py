@@ -254,7 +254,7 @@ class ServiceBusy(HttpError):
 
 class DeadlineTooNear(ServiceBusy):
     """The caller's deadline comes before the call would even start: refused at once, not
-    after a wait for nothing (``caller_deadlines.py``)."""
+    after a wait for nothing (``service.py``)."""
 
     def __init__(self, wait: float, left: float) -> None:
         HttpError.__init__(

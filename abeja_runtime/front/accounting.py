@@ -1,49 +1,50 @@
-"""What the front counts of each call, in one place: its access record, its metrics, and the
-calls in flight that a drain waits for.
+"""What the front counts of each call, in one place (:class:`Accounting`): its access record, its
+metrics, its span, and the calls in flight that a drain waits for.
 
-Every call that enters the front, by any way in (aiohttp's request handling, the direct path,
-gRPC), opens a :class:`CallEntry` and ends it, on every path it can take (``finally``). Its
-status is counted once, before the answer's first byte leaves (so that a client never holds an
-answer a scrape does not count); a call that ends without one, because its client left before
-it was answered (or an error escaped), is counted as ``499`` (nginx's "client closed request"),
-by the stage it reached.
-
-A streamed answer (or a big one written from its file) is counted when it ends
-(:meth:`CallEntry.streaming`), so that its duration covers the whole of it, with the time to its
-first byte, how it ended (:class:`StreamEnd`) and the bytes sent beside it. One that did not go
-out whole is counted with the status of how it ended (``499`` when its client left, ``500``
-when the generator raised, ``502`` when its worker died, ``504`` at a stream limit), not with
-the head's ``200``. Every ``499`` is also counted in ``abandoned_requests_total`` with the stage
-the call had reached (:meth:`CallEntry.client_left`), so the two always agree.
+Every call, by any way in, opens a :class:`CallEntry` and ends it on every path it can take. Its
+status is counted once, before the answer's first byte leaves (a client never holds an answer a
+scrape does not count); a call that ends without one, because its client left before it was
+answered (or an error escaped), is counted ``499`` (nginx's "client closed request"). A streamed
+answer (or a big one written from its file) is counted when it ends, its duration the whole of
+it, with the time to its first byte, how it ended (:class:`StreamEnd`) and the bytes sent; one
+that did not go out whole with the status of how it ended (``499`` when its client left, ``500``
+when the generator raised, ``502`` when its worker died, ``504`` at a stream limit), not the
+head's ``200``. Every ``499`` is also counted in ``abandoned_requests_total`` with the stage the
+call had reached (``CallEntry.left_at``), so the two always agree.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from typing import Any
+from typing import Any, Final
 
 from abeja_runtime.access_log import AccessLog, StreamedBody
+from abeja_runtime.config import Config
 from abeja_runtime.frames import Written
 from abeja_runtime.metrics import FrontMetrics
 from abeja_runtime.stream_limits import CLIENT_CLOSED, StreamEnd
-from abeja_runtime.tracing import CallTrace, Tracing
+from abeja_runtime.tracing import CallTrace, tracing_from
 
 __all__ = ["Accounting", "CallEntry"]
+
+#: The access records of this many seconds are written at once (not a write per loop
+#: iteration); at shutdown too.
+_ACCESS_LOG_EVERY: Final = 0.05
 
 
 class Accounting:
     """The access log, the metrics, and the calls in flight."""
 
-    __slots__ = ("_access_log", "_idle", "_metrics", "in_flight", "tracing")
+    __slots__ = ("_access_log", "_idle", "in_flight", "metrics", "tracing")
 
-    def __init__(
-        self, access_log: AccessLog, metrics: FrontMetrics, tracing: Tracing | None = None
-    ) -> None:
-        self._access_log = access_log
-        self._metrics = metrics
-        #: Each call's server span (:mod:`abeja_runtime.tracing`), when tracing is on.
-        self.tracing = tracing
+    def __init__(self, config: Config, metrics: FrontMetrics) -> None:
+        self._access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
+        self.metrics = metrics
+        #: Each call's server span (:mod:`abeja_runtime.tracing`), when OpenTelemetry's
+        #: variables ask for traces.
+        self.tracing = tracing_from(os.environ, "front")
         #: Calls open (and async requests until their result is sent): the drain waits.
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -86,42 +87,25 @@ class Accounting:
         """Write the access records kept so far (before the event loop ends)."""
         self._access_log.flush()
 
-    def record(
-        self,
-        method: str,
-        path: str,
-        status: int,
-        received: float,
-        request_id: str,
-        requester_id: str | None,
-        streamed: StreamedBody | None = None,
-        trace: CallTrace | None = None,
-        noted: dict[str, Any] | None = None,
-    ) -> None:
+    def close(self) -> None:
+        """At the end of serving: the access records kept and the spans buffered go out."""
+        self.flush()
+        if self.tracing is not None:
+            self.tracing.shutdown()
+
+    def record(self, entry: CallEntry, status: int, streamed: StreamedBody | None = None) -> None:
+        """``entry``'s access record and metrics, with ``status``."""
         responded = time.time()
+        trace = entry.trace
         self._access_log.record(
-            method, path, status, received, responded, request_id, requester_id, streamed,
-            None if trace is None else trace.ids, noted,
+            entry.method, entry.path, status, entry.received, responded, entry.request_id,
+            entry.requester_id, streamed, None if trace is None else trace.ids, entry.noted,
         )  # fmt: skip
-        self._metrics.observe(status, responded - received)
-
-    def abandoned(self, stage: str) -> None:
-        """A call whose client left at ``stage`` (counted ``499`` beside)."""
-        self._metrics.abandoned(stage)
-
-    def first_chunk(self, seconds: float) -> None:
-        """A stream's first chunk went ``seconds`` after its request came."""
-        self._metrics.first_chunk(seconds)
-
-    def between_chunks(self, seconds: float) -> None:
-        """A stream's chunk went ``seconds`` after the one before."""
-        self._metrics.between_chunks(seconds)
+        self.metrics.observe(status, responded - entry.received)
 
 
 class CallEntry:
-    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over
-    (one without ``accounting`` counts nothing: an async request's job, whose ``202`` was
-    counted)."""
+    """One call's counts: :meth:`count` once with its status, :meth:`end` once when it is over."""
 
     __slots__ = (
         "_accounting", "_last_chunk", "bytes_sent", "chunks", "first_byte", "left_at", "method",
@@ -131,7 +115,7 @@ class CallEntry:
 
     def __init__(
         self,
-        accounting: Accounting | None,
+        accounting: Accounting,
         method: str,
         path: str,
         received: float,
@@ -154,7 +138,8 @@ class CallEntry:
         #: A stream's chunks sent so far (``None``: not a stream), and when the last one went.
         self.chunks: int | None = None
         self._last_chunk = 0.0
-        #: The stage the call had reached when its client left (``None``: it did not leave).
+        #: The stage the call had reached when its client left (``queued``, ``running``,
+        #: ``answering``; ``None``: it did not leave): counted with its ``499``.
         self.left_at: str | None = None
         #: Its spans, when tracing is on.
         self.trace: CallTrace | None = None
@@ -182,10 +167,7 @@ class CallEntry:
             self.trace.status(status)
         accounting = self._accounting
         if accounting is not None:
-            accounting.record(
-                self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, None, self.trace, self.noted,
-            )  # fmt: skip
+            accounting.record(self, status)
 
     def streaming(self, status: int, *, chunked: bool) -> None:
         """A streamed answer's head leaves now (``chunked``: a stream of chunks, not a body
@@ -208,11 +190,11 @@ class CallEntry:
         if not self.chunks:
             seconds = now - self.received
             if accounting is not None:
-                accounting.first_chunk(seconds)
+                accounting.metrics.first_chunk(seconds)
             if self.trace is not None:
                 self.trace.first_chunk(seconds)
         elif accounting is not None:
-            accounting.between_chunks(now - self._last_chunk)
+            accounting.metrics.between_chunks(now - self._last_chunk)
         self.chunks += 1
         self._last_chunk = now
 
@@ -224,19 +206,13 @@ class CallEntry:
             seconds = report.first_chunk_at - self.received
             accounting = self._accounting
             if accounting is not None:
-                accounting.first_chunk(seconds)
+                accounting.metrics.first_chunk(seconds)
                 for gap in report.gaps:
-                    accounting.between_chunks(gap)
+                    accounting.metrics.between_chunks(gap)
             if self.trace is not None:
                 self.trace.first_chunk(seconds)
         self.chunks = report.chunks
         self.stream_ended(report.end, report.size)
-
-    def client_left(self, stage: str) -> None:
-        """Its client left at ``stage`` (``queued``, ``running``, ``answering``): counted
-        ``499`` with it when the call ends, unless its status was counted already."""
-        if self.left_at is None:
-            self.left_at = stage
 
     def stream_ended(self, end: StreamEnd, bytes_sent: int) -> None:
         """How a streamed answer ended, and the bytes of its body written."""
@@ -251,20 +227,17 @@ class CallEntry:
         if accounting is None:
             return
         if not self.status:
-            accounting.abandoned(self.left_at or "receiving")
+            accounting.metrics.abandoned(self.left_at or "receiving")
             self.count(CLIENT_CLOSED)
         elif self.first_byte:
             end = self.stream_end or StreamEnd.CLIENT_LEFT  # its writing was cancelled
             status = end.status or self.status
             if end is StreamEnd.CLIENT_LEFT:
-                accounting.abandoned(self.left_at or "answering")
+                accounting.metrics.abandoned(self.left_at or "answering")
             if self.trace is not None and status != self.status:
                 self.trace.status(status)
             streamed = StreamedBody(self.first_byte, end.value, self.bytes_sent, self.chunks)
-            accounting.record(
-                self.method, self.path, status, self.received, self.request_id,
-                self.requester_id, streamed, self.trace, self.noted,
-            )  # fmt: skip
+            accounting.record(self, status, streamed)
         if self.trace is not None:
             self.trace.end()
         self._accounting = None

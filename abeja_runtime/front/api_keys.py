@@ -48,39 +48,49 @@ def api_keys(config: Config) -> ApiKeys | None:
         )
     if not config.api_keys_file:
         return ApiKeys(keys) if keys else None
-    file = KeysFile(Path(config.api_keys_file))
-    return ApiKeys(keys, file)
+    return ApiKeys(keys, Path(config.api_keys_file))
 
 
-class KeysFile:
-    """``--api-keys-file``: its keys, and whether it changed since they were read."""
+class ApiKeys:
+    """The keys a caller may send (see the module): the setting's, and the file's as it is."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, keys: Iterable[str], file: Path | None = None) -> None:
+        self._given = tuple(keys)
+        self._file = file
+        #: The file's identity when it was read (``None``: gone, or never read).
         self._seen: tuple[int, int, int, int] | None = None
+        self._digests = self._digests_of(self._read() if file is not None else [])
+        #: When the file is looked at next (``time.monotonic()``).
+        self._look_at = time.monotonic() + _LOOK_EVERY
 
-    def changed(self) -> bool:
-        """Whether the file is not the one read last: a new inode (as the kubelet swaps a
-        Secret's files), new content in place, or gone (each said once)."""
-        return self._signature() != self._seen
+    def _digests_of(self, found: list[str]) -> tuple[bytes, ...]:
+        return tuple({_digest(key) for key in (*self._given, *found)})
+
+    def __len__(self) -> int:
+        return len(self._digests)
 
     def _signature(self) -> tuple[int, int, int, int] | None:
+        """The file's identity: a new inode (as the kubelet swaps a Secret's files), new
+        content in place, or gone (``None``) tells a change."""
+        assert self._file is not None
         try:
-            found = os.stat(self.path)
+            found = os.stat(self._file)
         except OSError:
             return None
         return (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size)
 
-    def keys(self) -> list[str]:
-        """Its keys; ``ValueError`` with a sentence when it cannot be read or holds none."""
+    def _read(self) -> list[str]:
+        """The file's keys; ``ValueError`` with a sentence when it cannot be read or holds
+        none."""
+        assert self._file is not None
         self._seen = self._signature()
         try:
-            lines = self.path.read_text("utf-8-sig").splitlines()
+            lines = self._file.read_text("utf-8-sig").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
             raise ValueError(
                 f"cannot read the API keys of --api-keys-file (ABEJA_RUNTIME_API_KEYS_FILE) "
-                f"{self.path}: {reason}; give a readable file, one key a line"
+                f"{self._file}: {reason}; give a readable file, one key a line"
             ) from None
         keys = [
             key.strip()
@@ -91,41 +101,23 @@ class KeysFile:
         ]
         if not keys:
             raise ValueError(
-                f"--api-keys-file (ABEJA_RUNTIME_API_KEYS_FILE) {self.path} holds no key; "
+                f"--api-keys-file (ABEJA_RUNTIME_API_KEYS_FILE) {self._file} holds no key; "
                 "write one key a line (lines beginning with # are comments)"
             )
         return keys
 
-
-class ApiKeys:
-    """The keys a caller may send (see the module): the setting's, and the file's as it is."""
-
-    def __init__(self, keys: Iterable[str], file: KeysFile | None = None) -> None:
-        self._given = tuple(keys)
-        self._file = file
-        self._digests = self._digests_of(file.keys() if file is not None else [])
-        #: When the file is looked at next (``time.monotonic()``).
-        self._look_at = time.monotonic() + _LOOK_EVERY
-
-    def _digests_of(self, found: list[str]) -> tuple[bytes, ...]:
-        return tuple({_digest(key) for key in (*self._given, *found)})
-
-    def __len__(self) -> int:
-        return len(self._digests)
-
     def _look(self) -> None:
-        """Read the file again if it changed; a file without keys leaves the old ones."""
-        file = self._file
-        assert file is not None
-        if not file.changed():
+        """Read the file again if it changed (each change said once); a file without keys
+        leaves the old ones."""
+        if self._signature() == self._seen:
             return
         try:
-            found = file.keys()
+            found = self._read()
         except ValueError as exc:
             _log.warning("%s; the keys read before stay in force", exc)
             return
         self._digests = self._digests_of(found)
-        _log.info("read the API keys of %s again: %d key(s) in force", file.path, len(self))
+        _log.info("read the API keys of %s again: %d key(s) in force", self._file, len(self))
 
     def caller(self, headers: Mapping[str, str]) -> str:
         """The name of the caller whose request has these ``headers`` (or gRPC metadata, its

@@ -34,7 +34,7 @@ from abeja_runtime.errors import HttpError, ServiceBusy, Unauthorized
 from abeja_runtime.frames import INLINE_LIMIT, Answer, Call, RpcAnswer, Written
 from abeja_runtime.front.aiohttp_private import whole_body
 from abeja_runtime.front.answers import ConnectionSink, send_whole, write_stream
-from abeja_runtime.front.arms import ASYNC_ID_HEADER
+from abeja_runtime.front.async_jobs import ASYNC_ID_HEADER
 from abeja_runtime.front.body import IN_FRAME, Body
 from abeja_runtime.front.call import FrontCall, Stage
 from abeja_runtime.front.connection import Connection

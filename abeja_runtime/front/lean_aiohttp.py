@@ -3,7 +3,7 @@
 ``import aiohttp.web`` first runs ``aiohttp/__init__.py``, which imports aiohttp's whole HTTP
 client (the connector, whose SSL contexts load the system's CA bundle, cookies, tracing, happy
 eyeballs): 4 MiB of the front's memory for a client it uses only to send the results of ABEJA's
-async requests (:mod:`.arms`), which most deployments never receive.
+async requests (:mod:`.async_jobs`), which most deployments never receive.
 
 :func:`install` puts into ``sys.modules`` the ``aiohttp`` package as the import system would make
 it, and its ``__version__`` (``aiohttp.http`` needs it for the ``Server`` header), without running

@@ -28,11 +28,11 @@ place: a big answer to a small message is not bounded here, as on the HTTP port.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import ctypes
 import time
-from collections.abc import AsyncIterator
+import weakref
+from functools import partial
 from typing import Any, Final
 
 import grpc
@@ -44,7 +44,6 @@ from abeja_runtime.errors import (
     HandlerTimeout,
     HttpError,
     ServiceBusy,
-    ServiceUnavailable,
     Unauthorized,
 )
 from abeja_runtime.frames import INLINE_LIMIT, RpcAnswer, RpcCall
@@ -59,19 +58,15 @@ __all__ = ["RpcServer"]
 #: grpc's stop(grace=None) cancels running calls at once; a grace period of 0 means no limit.
 _NO_LIMIT: Final = 365 * 24 * 3600.0
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
-
-
 #: Seconds after the last big message before the heap is trimmed.
 _TRIM_AFTER: Final = 1.0
+#: The metadata that carries an API key (``api_keys.py``), kept from the style with keys on.
+_CREDENTIALS: Final = ("authorization", "x-api-key")
 
 
 def _trim_heap() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
         ctypes.CDLL(None).malloc_trim(0)
-
-
-#: The metadata that carries an API key (``api_keys.py``), kept from the style with keys on.
-_CREDENTIALS: Final = ("authorization", "x-api-key")
 
 
 def _status_of(exc: HttpError) -> grpc.StatusCode:
@@ -89,26 +84,18 @@ def _status_of(exc: HttpError) -> grpc.StatusCode:
 
 class _ConnectionTurns:
     """Each connection's messages received one at a time (see the module): the others of the
-    connection wait their turn, unread in their client."""
+    connection wait their turn, unread in their client. A connection's lock is kept while a
+    call holds it or waits for it, and no longer."""
 
     def __init__(self) -> None:
-        self._turns: dict[str, asyncio.Lock] = {}
-        self._calls: collections.Counter[str] = collections.Counter()
+        self._turns: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    @contextlib.asynccontextmanager
-    async def turn(self, connection: str) -> AsyncIterator[None]:
+    def turn(self, connection: str) -> asyncio.Lock:
         """Held while a message of ``connection`` (its peer address) is received."""
         turn = self._turns.get(connection)
         if turn is None:
             turn = self._turns[connection] = asyncio.Lock()
-        self._calls[connection] += 1
-        try:
-            async with turn:
-                yield
-        finally:
-            self._calls[connection] -= 1
-            if not self._calls[connection]:
-                del self._calls[connection], self._turns[connection]
+        return turn
 
 
 class RpcServer:
@@ -134,7 +121,7 @@ class RpcServer:
             service_name, name = method.lstrip("/").split("/", 1)
             # Served as client-streaming (the same on the wire as a unary call) so that the
             # message is read only when ``_forward`` asks for it: see the module.
-            forward: Any = grpc.stream_unary_rpc_method_handler(self._forwarder(method))
+            forward: Any = grpc.stream_unary_rpc_method_handler(partial(self._forward, method))
             services.setdefault(service_name, {})[name] = forward
         self._server.add_generic_rpc_handlers(
             [
@@ -158,13 +145,9 @@ class RpcServer:
         """New calls are refused at once; running ones get ``grace`` seconds (0: no limit)."""
         await self._server.stop(grace if grace > 0 else _NO_LIMIT)
 
-    def _forwarder(self, method: str) -> Any:
-        async def forward(_: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            return await self._forward(method, context)
-
-        return forward
-
-    async def _forward(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    async def _forward(
+        self, method: str, _: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
         received = time.time()
         sent = tuple(
             (key, value)
@@ -183,18 +166,13 @@ class RpcServer:
         budget = None if remaining is None or remaining > _NO_LIMIT else max(1e-6, remaining)
         head = CallHead("POST", method, received, request_id, None, given, True, budget)
         call = service.begin(head, responder)
-        size = 0
         try:
             try:
-                if (caller := service.caller(given)) is not None:
-                    call.entry.note("caller", caller)
-                if not service.admitting:
-                    raise ServiceUnavailable()
+                call.admit(given)
                 frame, body = await self._message(method, metadata, call, context)
             except HttpError as exc:
                 call.refuse(exc)
             else:
-                size = body.size
                 call.submit(frame, body)
             try:
                 result = await responder.result
@@ -213,7 +191,7 @@ class RpcServer:
             call.entry.count(status)
         finally:
             call.finish()
-            if size > INLINE_LIMIT:
+            if call.body is not None and call.body.size > INLINE_LIMIT:
                 self._trim_soon()
         await context.abort(code, message)
         raise AssertionError("abort raises")  # pragma: no cover
@@ -234,14 +212,12 @@ class RpcServer:
         call: FrontCall,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> tuple[RpcCall, Body]:
-        """The call's frame and body, read once it has a body's place (its size is not known
-        before: see the module) and its connection's turn. Waiting for the place counts as
-        waiting in the queue: ``RESOURCE_EXHAUSTED`` when the queue could not take the call,
-        ``DEADLINE_EXCEEDED`` at the deadline; a client that leaves meanwhile (or whose own
-        deadline passes) cancels the wait. Up to the inline limit the message travels in the
-        frame and the place is given back at once; above it, in a shared buffer, and the place
-        is kept until grpcio is done with the call (its answer sent, or the client gone): grpcio
-        holds the answer twice until then."""
+        """The call's frame and body, read once it has a body's place and its connection's
+        turn (see the module); the wait for the place is the queue's wait (``503`` when the
+        queue could not take the call, ``504`` at the deadline). A message up to the inline
+        limit travels in the frame, its place given back at once; a bigger one in a shared
+        buffer, its place kept until grpcio is done with the call (it holds the answer twice
+        until then)."""
         service = self._service
         gate = service.bodies.gate
         await service.bodies.enter(call.deadline, call.caller_budget)
@@ -256,19 +232,19 @@ class RpcServer:
         if payload is grpc.aio.EOF:  # a client that half-closed without its one message
             gate.leave()
             raise BadRequest("the call sent no request message")
-        trace = carrier(call.entry.trace)
-        request_id = call.entry.request_id
-        size = len(payload)
-        start_by = call.start_by()
-        if size <= INLINE_LIMIT:
+        body = IN_FRAME
+        if len(payload) <= INLINE_LIMIT:
             gate.leave()
-            return RpcCall(
-                call.id, method, payload, metadata, request_id, 0, trace, start_by
-            ), IN_FRAME
-        body, mapped = service.bodies.held(size)
-        body.gate = None  # left when grpcio is done with the call
-        # grpc-stubs types the callback as a class of its own, which no function is
-        context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
-        mapped[:size] = payload
-        del payload  # the front holds the message once, in the buffer, while the call runs
-        return RpcCall(call.id, method, b"", metadata, request_id, size, trace, start_by), body
+        else:
+            body, mapped = service.bodies.held(len(payload))
+            body.gate = None  # left when grpcio is done with the call
+            # grpc-stubs types the callback as a class of its own, which no function is
+            context.add_done_callback(lambda _: gate.leave())  # type: ignore[arg-type]
+            mapped[: body.size] = payload
+            payload = b""  # the front holds the message once, in the buffer, while the call runs
+        entry = call.entry
+        trace, start_by = carrier(entry.trace), call.start_by()
+        frame = RpcCall(
+            call.id, method, payload, metadata, entry.request_id, body.size, trace, start_by
+        )
+        return frame, body

@@ -25,10 +25,9 @@ from aiohttp.web_response import Response, StreamResponse
 
 from abeja_runtime.config import Config
 from abeja_runtime.encode import EncodedResponse, error_reply, status_body, status_reply
-from abeja_runtime.errors import HttpError, ServiceUnavailable, Unauthorized
+from abeja_runtime.errors import HttpError, Unauthorized
 from abeja_runtime.frames import INLINE_LIMIT, Call
-from abeja_runtime.front.arms import ASYNC_ID_HEADER
-from abeja_runtime.front.async_jobs import AsyncJobs
+from abeja_runtime.front.async_jobs import ASYNC_ID_HEADER, AsyncJobs
 from abeja_runtime.front.body import Body
 from abeja_runtime.front.call import FrontCall
 from abeja_runtime.front.connection import Connection
@@ -124,10 +123,7 @@ class HttpServer:
         """Read the request's body and submit its call, or refuse it; an async request's id,
         whose call is left to :class:`~abeja_runtime.front.async_jobs.AsyncJobs`."""
         try:
-            if (caller := self.call_service.caller(request.headers)) is not None:
-                call.entry.note("caller", caller)
-            if not self.call_service.admitting:
-                raise ServiceUnavailable()
+            call.admit(request.headers)
             check_method(request.method)
             check_declared_length(request.content_length, self._limits)
             body = await self._read_body(request, call)

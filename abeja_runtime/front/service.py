@@ -1,45 +1,42 @@
-"""What a way into the front talks to (:class:`CallService`): it begins calls, says whether the
-front is ready or draining, and holds what calls share: the pool, the deadlines, the places and
-buffers for bodies (:class:`Body`), the accounting and the traces.
+"""Where calls begin (:class:`CallService`): each way in (aiohttp's request handling in
+``server.py``, the direct path, gRPC) parses its request into a :class:`CallHead` and begins a
+:class:`~abeja_runtime.front.call.FrontCall` with it; the service holds what calls share (the
+pool, the deadlines, the places for bodies, the accounting, the traces) and says whether the
+front is ready or draining. The direct path asks first whether the pool would refuse the request
+at once (:meth:`CallService.turned_away`): it is refused at the door, no call begun for it.
 
-Three ways lead into the front: aiohttp's request handling (``server.py``), the direct path
-(``direct.py``, ``direct_body.py``) and gRPC (``rpc.py``). Each parses its request into a
-:class:`CallHead`, begins a :class:`~abeja_runtime.front.call.FrontCall` with it, reads the
-body and submits the call; the call's life is written once, in ``call.py``. The direct path
-asks first whether the pool would refuse the request at once (:meth:`CallService.turned_away`):
-such a request is refused at the door, counted and recorded, and no call is begun for it.
+A call's deadline is the nearer of ``--timeout`` and what its caller says it waits. An HTTP
+caller says it in a header: ``--deadline-header`` (by default Envoy's
+``x-envoy-expected-rq-timeout-ms``, which Istio and Envoy-based gateways send), milliseconds when
+its name ends in ``-ms``, else seconds; and ``Request-Timeout``, in seconds. A gRPC caller's
+deadline is gRPC's own (``grpc-timeout``). A value that is not a positive number is ignored: a
+gateway's header never breaks a request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
-from abeja_runtime.access_log import AccessLog
 from abeja_runtime.config import Config
 from abeja_runtime.errors import HttpError, deadline_passed
 from abeja_runtime.front.accounting import Accounting, CallEntry
 from abeja_runtime.front.api_keys import ApiKeys
 from abeja_runtime.front.body import BodyPlaces
 from abeja_runtime.front.call import FrontCall, Responder
-from abeja_runtime.front.caller_deadlines import CallerDeadlines
 from abeja_runtime.front.deadlines import Deadlines
 from abeja_runtime.front.pending import PendingCall
 from abeja_runtime.front.pool import HandlerPool
 from abeja_runtime.front.tenants import NORMAL, OTHER, PRIORITIES, Tenants
 from abeja_runtime.metrics import FrontMetrics
-from abeja_runtime.tracing import tracing_from
-
-if TYPE_CHECKING:
-    from abeja_runtime.tracing import CallTrace
 
 __all__ = ["CallHead", "CallService"]
 
-#: The access records of this many seconds are written at once (not a write per loop
-#: iteration); at shutdown too.
-_ACCESS_LOG_EVERY: Final = 0.05
+#: The plain header read besides ``--deadline-header``: seconds.
+_REQUEST_TIMEOUT: Final = "request-timeout"
+#: Longer than this (a year) is no deadline (also ``inf``, and NaN, which fails every test).
+_LONGEST: Final = 365 * 24 * 3600.0
 
 
 class CallHead(NamedTuple):
@@ -75,7 +72,6 @@ class CallService:
         self.metrics = metrics
         #: Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid() system call.
         self.loop = asyncio.get_running_loop()
-        self._config = config
         #: Every call's deadline is this many seconds after its request came (``None``: none).
         self.timeout = config.timeout or None
         #: The longest a streamed answer may go without progress, and may last (``None``: no
@@ -85,8 +81,12 @@ class CallService:
         #: The places and buffers of bodies above the inline limit.
         self.bodies = BodyPlaces(config, pool, self.loop)
         self.deadlines = Deadlines(self.loop, self._expire)
-        #: Each call's deadline: the nearer of ``--timeout`` and what its caller gives.
-        self.caller_deadlines = CallerDeadlines(config)
+        named = config.deadline_header.strip().lower()
+        #: The headers a caller's deadline is read from, each with the seconds of its unit.
+        self._deadline_headers = tuple(
+            (name, 0.001 if name.endswith("-ms") else 1.0)
+            for name in dict.fromkeys(filter(None, (named, _REQUEST_TIMEOUT)))
+        )
         pool.scheduler.expired = self._timed_out
         #: Whose each call is, and its priority class (``None``: all alike, in arrival order).
         self.tenants: Tenants | None = Tenants(config)
@@ -95,11 +95,8 @@ class CallService:
             metrics.tenants((*self.tenants.weights, OTHER))
         else:
             self.tenants = None
-        access_log = AccessLog(config.platform.log_fields(), every=_ACCESS_LOG_EVERY)
-        #: The calls' spans, when OpenTelemetry's variables ask for traces.
-        self.tracing = tracing_from(os.environ, "front")
-        #: Every call's counts, and the calls in flight, which the drain waits for.
-        self.accounting = Accounting(access_log, metrics, self.tracing)
+        #: Every call's counts and spans, and the calls in flight, which the drain waits for.
+        self.accounting = Accounting(config, metrics)
         #: Set at SIGTERM: readiness says 503 and every answer closes its connection; calls are
         #: still taken (balancers send until they see readiness fail), until the service port
         #: stops accepting and gRPC stops (``serving.py``).
@@ -119,13 +116,11 @@ class CallService:
         return call
 
     def turned_away(self, head: CallHead, caller: str | None) -> CallEntry | None:
-        """The entry of a request refused at the door, before a call is begun for it: the pool
-        would refuse its call at once (its tenant holds its share of the queue's places, or the
-        queue is full with no call of a lower class to make room), so it is answered ``503``
-        (the way in writes it, and ends the entry) and counted as the pool's refusal is, for a
-        fraction of a call's cost: a flood is refused mostly here. ``None``: its call begins
-        (and one its caller's deadline would refuse is refused for that, as a call).
-        ``caller``: its API key's short hash, with keys on."""
+        """The entry of a request refused at the door, no call begun for it, when the pool
+        would refuse its call at once (its tenant holds its share of the queue, or the queue is
+        full with no call of a lower class to make room): the way in answers it ``503`` and
+        ends the entry, counted as the pool's refusal is, for a fraction of a call's cost.
+        ``None``: its call begins. ``caller``: its API key's short hash, with keys on."""
         tenants = self.tenants
         tenant, priority = "", NORMAL
         if tenants is not None:
@@ -156,15 +151,31 @@ class CallService:
         """A call's deadline, from its head: the seconds its caller gave (``None``: none), its
         deadline (``time.time()``; ``None``: none), the nearer of theirs and ``--timeout``'s,
         and its caller's seconds again when they set it (0: ``--timeout`` did, or none)."""
-        caller_deadlines = self.caller_deadlines
         given = head.budget
         if given is None and head.carrier is not None and not head.rpc:
-            given = caller_deadlines.budget(head.carrier)
+            given = self._budget(head.carrier)
         timeout = self.timeout
         if given is None:  # (most calls)
             return None, None if timeout is None else head.received + timeout, 0.0
-        deadline = caller_deadlines.deadline(head.received, given)
-        return given, deadline, given if timeout is None or given < timeout else 0.0
+        if timeout is not None and timeout <= given:
+            return given, head.received + timeout, 0.0
+        return given, head.received + given, given
+
+    def _budget(self, headers: Mapping[str, str]) -> float | None:
+        """The seconds the caller of a request with these ``headers`` waits, if it says so (the
+        smallest it says)."""
+        found: float | None = None
+        for name, unit in self._deadline_headers:
+            text = headers.get(name)
+            if text is None:
+                continue
+            try:
+                seconds = float(text) * unit
+            except ValueError:
+                continue
+            if 0 < seconds < _LONGEST and (found is None or seconds < found):
+                found = seconds
+        return found
 
     def _open(self, head: CallHead, given: float | None) -> CallEntry:
         """The entry of a request with this head, counted in flight until it ends (``given``:
@@ -177,41 +188,10 @@ class CallService:
             entry.note("deadline", round(given, 6))
         return entry
 
-    def begin_job(
-        self, answered: FrontCall, trace: CallTrace | None, responder: Responder
-    ) -> FrontCall:
-        """The call of an async request's job, whose call was ``answered`` (``202``): its entry
-        counts nothing, its spans hang from ``trace`` (the job's), it is its request's tenant's
-        and class's. The drain waits for it until its responder says its result is sent
-        (``accounting.release()``)."""
-        self.accounting.hold()
-        request = answered.entry
-        entry = CallEntry(
-            None,
-            "POST",
-            request.path,
-            request.received,
-            request.request_id,
-            request.requester_id,
-        )
-        entry.trace = trace
-        if request.noted and "caller" in request.noted:  # (its tenant, with api-key tenants)
-            entry.note("caller", request.noted["caller"])
-        call = FrontCall(self, entry, responder)
-        call.deadline = self.caller_deadlines.deadline(request.received, None)
-        call.tenant, call.priority = answered.tenant, answered.priority
-        return call
-
     def caller(self, headers: Mapping[str, str]) -> str | None:
         """Who sends a request with these ``headers`` (or gRPC metadata), with API keys on: its
         key's short hash, or :class:`~abeja_runtime.errors.Unauthorized`; ``None`` with none."""
         return None if self.keys is None else self.keys.caller(headers)
-
-    def close(self) -> None:
-        """At the end of serving: the access records kept and the spans buffered go out."""
-        self.accounting.flush()
-        if self.tracing is not None:
-            self.tracing.shutdown()
 
     @property
     def admitting(self) -> bool:
@@ -234,5 +214,5 @@ class CallService:
         if pending.answer.done():
             return
         if late is None:
-            late = deadline_passed(pending.caller_budget, self._config.timeout)
+            late = deadline_passed(pending.caller_budget, self.timeout or 0.0)
         pending.answer.set_exception(late)

@@ -82,15 +82,12 @@ class Front:
         self._draining = False
         #: Seconds the front still answers after the signal (see the module).
         self._delay = 0.0
-        #: The service port's stop, begun at the signal when there is no delay.
-        self._stopping: asyncio.Future[None] | None = None
         self._killed = False
         self._rpc: RpcServer | None = None
         self._service: CallService | None = None
         self._service_server: SocketServer | None = None
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_starting: asyncio.Task[None] | None = None
-        self._rpc_listening = False
         self._prestarted = prestarted
 
     async def run(self) -> int:
@@ -120,7 +117,7 @@ class Front:
             for server in servers:
                 await server.close()
             if self._service is not None:
-                self._service.close()  # the access records kept, the spans buffered
+                self._service.accounting.close()  # the access records kept, the spans buffered
             for signum in SIGNALS:
                 loop.remove_signal_handler(signum)
         return self._exit_code
@@ -184,7 +181,7 @@ class Front:
     def _is_ready(self) -> bool:
         """Ready: a worker takes calls, and the gRPC port, when one is asked for, listens (its
         clients are sent here once the readiness probe passes)."""
-        grpc_open = self._config.grpc_port is None or self._rpc_listening
+        grpc_open = self._config.grpc_port is None or self._rpc is not None
         return not self._draining and self._pool.serving and grpc_open
 
     def _on_first_ready(self) -> None:
@@ -217,21 +214,19 @@ class Front:
 
         assert self._service is not None
         try:
-            self._rpc = RpcServer(config, self._service, lifecycle.rpc_methods)
-            await self._rpc.start()
+            rpc = RpcServer(config, self._service, lifecycle.rpc_methods)
         except HandlerLoadError as exc:
             self._on_load_failed(str(exc), "")
             return
-        self._rpc_listening = True
+        await rpc.start()
+        self._rpc = rpc
         _log.info("serving gRPC on %s:%d", config.host, config.grpc_port)
 
     async def _drain(self, service: SocketServer) -> None:
         """The drain (see the module) after the signal; cancelled by a second signal."""
         if self._delay:
             await asyncio.sleep(self._delay)
-            await self._stop_accepting()
-        elif self._stopping is not None:
-            await self._stopping
+            self._stop_accepting()
         assert self._service is not None
         grace = self._config.grace_period
         _log.info(
@@ -313,7 +308,7 @@ class Front:
                 )
             else:  # no delay: the port stops accepting now, as readiness begins to say 503
                 _log.info("signal %s received; shutting down gracefully", name)
-                self._stopping = asyncio.ensure_future(self._stop_accepting())
+                self._stop_accepting()
             self._finished.set()
         else:
             _log.warning("second signal received; stopping at once")
@@ -323,7 +318,7 @@ class Front:
             if self._drainer is not None:
                 self._drainer.cancel()
 
-    async def _stop_accepting(self) -> None:
+    def _stop_accepting(self) -> None:
         """The service port refuses new connections; those open stay, and are answered."""
         if self._service_server is not None:
             self._service_server.stop_accepting()

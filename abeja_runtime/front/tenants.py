@@ -25,26 +25,20 @@ NORMAL: Final = PRIORITIES.index("normal")
 class Tenants:
     """The rules of ``--tenant-header``, ``--tenant-weights`` and ``--priority-header``."""
 
-    __slots__ = ("_header", "_priority", "weights")
+    __slots__ = ("_header", "_priority", "by_key", "on", "weights")
 
     def __init__(self, config: Config) -> None:
         self._header = config.tenant_header.strip().lower()
         self._priority = config.priority_header.strip().lower()
         self.weights = tenant_weights(config.tenant_weights)
-
-    @property
-    def on(self) -> bool:
-        """Whether calls are told apart at all (else one queue, in arrival order)."""
-        return bool(self._header or self._priority)
-
-    @property
-    def by_key(self) -> bool:
-        """Whether the tenant is the caller's API key (``--tenant-header api-key``)."""
-        return self._header == API_KEY
+        #: Whether calls are told apart at all (else one queue, in arrival order).
+        self.on = bool(self._header or self._priority)
+        #: Whether the tenant is the caller's API key (``--tenant-header api-key``).
+        self.by_key = self._header == API_KEY
 
     def tenant(self, headers: Mapping[str, str], caller: str | None) -> str:
         """The tenant of a call with these ``headers`` (``caller``: its key's short hash)."""
-        if self._header == API_KEY:
+        if self.by_key:
             return caller or OTHER
         if self._header:
             return (headers.get(self._header) or "").strip()[:64] or OTHER
