@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.waiting import Waiting
 
 __all__ = ["BatchRule", "NextBatch"]

@@ -22,7 +22,7 @@ from abeja_runtime.encode import word_errors_for
 from abeja_runtime.errors import ServiceUnavailable
 from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, Ready
 from abeja_runtime.front.interpreter import Prestarted
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.processes import (
     FrameSink,
     FreshInterpreter,

@@ -28,8 +28,7 @@ from abeja_runtime.frames import (
 from abeja_runtime.front.answer_file import ANSWER_FILE_ABOVE, AnswerFile
 from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.lifecycle import Lifecycle, ProcessFactory
-from abeja_runtime.front.members import Member
-from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
+from abeja_runtime.front.pending import STREAM_FAILED, Member, PendingCall
 from abeja_runtime.front.scheduler import Scheduler
 from abeja_runtime.front.watch import Watch
 from abeja_runtime.metrics import handler_environment

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from abeja_runtime.config import Config
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.processes import FreshInterpreter, Launcher
 from abeja_runtime.front.template import Template
 from abeja_runtime.metrics import FrontMetrics

@@ -30,8 +30,7 @@ from abeja_runtime.errors import (
 from abeja_runtime.frames import Cancel, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
 from abeja_runtime.front.call_time import CallTime
-from abeja_runtime.front.members import Member, ProcessState
-from abeja_runtime.front.pending import STREAM_LOST, Batch, PendingCall
+from abeja_runtime.front.pending import STREAM_LOST, Batch, Member, PendingCall, ProcessState
 from abeja_runtime.front.tenants import PRIORITIES
 from abeja_runtime.front.waiting import ArrivalOrder, FairOrder, Waiting
 from abeja_runtime.metrics import FrontMetrics

@@ -11,7 +11,7 @@ from typing import Final
 
 from abeja_runtime.config import Config, MiB
 from abeja_runtime.front.lifecycle import Lifecycle
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.processes import resident_memory
 from abeja_runtime.front.scheduler import Scheduler
 
