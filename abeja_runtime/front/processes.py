@@ -41,6 +41,7 @@ __all__ = [
     "backoff",
     "describe_exit",
     "device_environment",
+    "reap",
     "reap_orphans",
     "resident_memory",
 ]
@@ -338,6 +339,20 @@ class HandlerProcess:
             self._killed = True  # once it exists
         else:
             self.child.kill()  # (a process that has exited already is left alone)
+
+
+def reap(process: HandlerProcess) -> int:
+    """An exited process's end: what it wrote before it exited taken in, its socket closed, and
+    its exit code."""
+    if process.exit_fd is not None:
+        process.loop.remove_reader(process.exit_fd)
+        os.close(process.exit_fd)
+        process.exit_fd = None
+    with contextlib.suppress(OSError):
+        process.read_available()
+    process.close_socket()
+    assert process.child is not None, "it exited, so it was started"
+    return process.child.wait()
 
 
 def device_environment(

@@ -35,6 +35,7 @@ from abeja_runtime.front.processes import (
     Launcher,
     backoff,
     describe_exit,
+    reap,
 )
 
 __all__ = ["Template", "adopt_orphans"]
@@ -224,14 +225,7 @@ class Template:
         process = self._process
         if process is None or process.child is None:
             return
-        if process.exit_fd is not None:
-            asyncio.get_running_loop().remove_reader(process.exit_fd)
-            os.close(process.exit_fd)
-            process.exit_fd = None
-        with contextlib.suppress(OSError):
-            process.read_available()  # the Forked and Loaded it wrote before it exited
-        process.close_socket()
-        how = describe_exit(process.child.wait())
+        how = describe_exit(reap(process))  # (the Forked and Loaded it wrote are taken in)
         self._process = None
         why = "" if self._stage is _Stage.STOPPED else f"the template exited ({how})"
         while self._forking:
