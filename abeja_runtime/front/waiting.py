@@ -2,9 +2,9 @@
 the default), or by priority class and weighted fairness across tenants (:class:`FairOrder`,
 ``--tenant-header`` or ``--priority-header``).
 
-Both are what the scheduler (``scheduler.py``) takes from: ``append`` a call, ``popleft`` the
-next, ``remove`` one given up, ``put_back`` one a process gave back (before the calls that came
-after it), ``first_queued_at``, iterate over all, ``len``.
+Both are what the scheduler (``scheduler.py``) takes from: ``append``, ``popleft``, ``remove``,
+``put_back`` (a call given back, before the calls that came after it), ``first_queued_at``,
+iteration, ``len``.
 
 For :class:`FairOrder` the next call is of the class whose oldest call came first, a class's
 arrivals counted ``--priority-aging`` seconds later per class below the highest: a higher class
@@ -17,14 +17,13 @@ weight, first come first served within a tenant. A tenant that kept below its sh
 lead (:data:`BURST`): its few calls wait behind the calls that run, not behind another tenant's
 backlog; each call taken early moves the earliest lead on by a turn shared among the tenants
 waiting, so that a stream of new tenants cannot hold a backlog back.
-The scheduler holds no call in a process's socket ahead of its turn with tenants on (one sent
-early would go before a newcomer's).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
@@ -97,8 +96,7 @@ class _Class:
         if queue is None:
             queue = self.queues[tenant] = deque()
         if front:  # given back: its tags kept, before the calls after it
-            ids = [call.frame.id for call in queue]
-            queue.insert(bisect.bisect_left(ids, pending.frame.id), pending)
+            bisect.insort(queue, pending, key=_id)
             return
         pending.turn = self.start_tag(tenant)
         self.finish[tenant] = pending.turn + 1 / self.weight(tenant)
@@ -135,10 +133,7 @@ class _Class:
     def ahead_of(self, tenant: str) -> int:
         """How many of its calls go before one of ``tenant`` joining now."""
         turn = self.start_tag(tenant)
-        ahead = 0
-        for queue in self.queues.values():
-            ahead += bisect.bisect_right([call.turn for call in queue], turn)
-        return ahead
+        return sum(bisect.bisect_right(queue, turn, key=_turn) for queue in self.queues.values())
 
     def __len__(self) -> int:
         return sum(len(queue) for queue in self.queues.values())
@@ -151,8 +146,9 @@ def _tag(pending: PendingCall) -> tuple[float, int]:
     return pending.turn, pending.frame.id
 
 
-def _arrival(pending: PendingCall) -> float:
-    return pending.queued_at
+_id = operator.attrgetter("frame.id")
+_turn = operator.attrgetter("turn")
+_arrival = operator.attrgetter("queued_at")
 
 
 class FairOrder:
