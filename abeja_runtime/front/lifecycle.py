@@ -63,8 +63,7 @@ class Lifecycle:
         prestarted: Prestarted | None = None,
     ) -> None:
         """``process_factory``: the unit tests' fakes; by default, processes forked from the
-        template (``--preload``) or fresh interpreters, the first one ``prestarted`` when the
-        front started it with the same environment."""
+        template (``--preload``) or fresh interpreters, the first one ``prestarted``."""
         self._config = config
         self._environment = environment
         self._scheduler = scheduler
@@ -74,7 +73,6 @@ class Lifecycle:
         #: What starts the next processes; the template they are forked from (--preload).
         self.launcher: Launcher = FreshInterpreter()
         self.template: Template | None = None
-        #: The front adopts its descendants' orphans (``--preload``), and reaps them.
         self._adopting = config.preload and process_factory is None and adopt_orphans()
         if self._adopting:
             self.launcher = self.template = Template(config, environment, self._load_failed_once)
@@ -88,8 +86,7 @@ class Lifecycle:
         self._reload: Reload | None = None
         #: The runtime's start, measured: the front says when its servers listen.
         self.start_up = StartUp()
-        #: The scheduler's list too: it places calls on the ready ones.
-        self.members = members
+        self.members = members  # the scheduler's list too
         self._ready_count = 0
         self.ever_ready = False
         self.stopping = False
@@ -104,7 +101,7 @@ class Lifecycle:
     def start(self) -> None:
         began, prestarted = time.monotonic(), self._prestarted
         if self.template is not None:
-            self._prestarted = self.template.start(self._prestarted)
+            self.template.start(self._launcher(self._environment, FreshInterpreter()))
         for _ in range(self._config.workers):
             self.spawn()
         if self._prestarted is not None:  # not the environment of the process it was for
@@ -115,11 +112,16 @@ class Lifecycle:
     def _start_process(
         self, config: Config, environment: dict[str, str], sink: FrameSink
     ) -> HandlerProcess:
-        """A process started by :attr:`launcher`, or in the prestarted interpreter."""
-        launcher: Launcher = self.launcher
-        if self._prestarted is not None and environment == self._prestarted.environment:
-            launcher, self._prestarted = self._prestarted, None
-        return HandlerProcess(config, environment, sink, launcher)
+        return HandlerProcess(config, environment, sink, self._launcher(environment, self.launcher))
+
+    def _launcher(self, environment: dict[str, str], otherwise: Launcher) -> Launcher:
+        """The interpreter the front started already if it has ``environment`` (once), else
+        ``otherwise``."""
+        prestarted = self._prestarted
+        if prestarted is None or environment != prestarted.environment:
+            return otherwise
+        self._prestarted = None
+        return prestarted
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -131,7 +133,7 @@ class Lifecycle:
     @property
     def admitting(self) -> bool:
         """A new call is taken: a process is ready, or the pool was ready and a replacement is
-        starting, unless replacements keep dying before they are ready."""
+        starting (unless replacements keep dying before they are ready)."""
         return self.serving or (
             not self.stopping
             and self.ever_ready
@@ -203,7 +205,6 @@ class Lifecycle:
             self._reload.ready(retired)
 
     def answered(self, member: Member) -> None:
-        """``member`` answered a call: retired at its request limit."""
         member.answered += 1
         if member.answered == member.request_limit:
             self.retire(member, "max_requests", f"it has served {member.answered} requests")
@@ -219,7 +220,7 @@ class Lifecycle:
         self.close_if_done(member)
 
     def retire(self, member: Member, reason: str, why: str) -> None:
-        """Replace a process that reached a limit without failing a call."""
+        """Replace ``member`` without failing a call (``reason``: the metric's label)."""
         if member.retiring or member.state is not ProcessState.READY or self.stopping:
             return
         member.retiring = reason  # from before the spawn: its replacement takes its device
@@ -233,8 +234,8 @@ class Lifecycle:
             self.metrics.worker_restarted(reason)
 
     def load_failed(self, member: Member, text: str, details: str) -> None:
-        """``member`` could not load the handler: at the first start, the service stops, as on
-        ABEJA Platform (reported once)."""
+        """``member`` could not load the handler: at the first start, the service stops (as on
+        ABEJA Platform)."""
         if self.ever_ready:
             _log.error("worker %s could not load the handler: %s", member.pid, text)
         else:
@@ -248,8 +249,8 @@ class Lifecycle:
     # -- exits --------------------------------------------------------------------------------
 
     def exited(self, member: Member) -> None:
-        """``member`` has exited (its pidfd said so, or the watch saw it): its running calls
-        fail, the others go back to the queue, and it is replaced if it should be."""
+        """``member`` has exited: its running calls fail, the others go back to the queue, and
+        it is replaced if it should be."""
         if member not in self.members:
             return  # (the watch and its pidfd may both see it)
         # Out of the pool first: an answer read now frees a slot, and the queue's next call
@@ -282,8 +283,8 @@ class Lifecycle:
             )
 
     def _replace(self, member: Member, expected: str | None, how: str) -> None:
-        """Start a replacement for a process that exited, unless it has one already.
-        ``expected``: why it exited, when it said so itself (its warm-up failed)."""
+        """A replacement for a process that exited, unless it has one; ``expected``: why it
+        exited, when it said so itself."""
         if member.state is ProcessState.STOPPING:
             return  # retired, recycled or killed as stuck: its replacement exists already
         if member.state is ProcessState.STARTING:
@@ -317,8 +318,8 @@ class Lifecycle:
             self.spawn()
 
     def reap_orphans(self) -> None:
-        """Reap the front's exited children that are none of its processes: only a front that
-        adopts orphans has any."""
+        """Reap the front's exited children that are none of its processes (orphans it
+        adopted)."""
         if not self._adopting:
             return
         known = {member.pid for member in self.members}
@@ -357,8 +358,7 @@ class Lifecycle:
             member.process.kill()
 
     def _stopping(self, *, kill: bool) -> None:
-        """The pool stops, so that none that exits is replaced; so do a reload and the
-        template."""
+        """The pool, a reload and the template stop: no process that exits is replaced."""
         self.stopping = True
         if self._reload is not None:
             self._reload.stop()

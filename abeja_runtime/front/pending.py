@@ -94,43 +94,37 @@ class PendingCall:
         trace: CallTrace | None = None,
     ) -> None:
         self.frame = frame
-        #: Its spans in the front (its queue wait is one), when tracing is on.
-        self.trace = trace
+        self.trace = trace  # its spans in the front, when tracing is on
         self.fd = fd  # sent with the frame (the spool file)
-        #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
-        self._cleanup = cleanup
+        self._cleanup = cleanup  # once the call is over: the spool file goes
         # The loop is passed, not looked up: on Python 3.11 each lookup is a getpid() call.
         self.answer: asyncio.Future[Answer | RpcAnswer] = loop.create_future()
         self.chunks: asyncio.Queue[Any] | None = None
-        #: The body of an answer that came without one (``Answer.body`` is ``None``, and it is
-        #: not streamed); whoever writes it closes it.
+        #: The body of an answer that came without one; whoever writes it closes it.
         self.answer_file: AnswerFile | None = None
         self.abandoned = False
-        #: When it was withdrawn (:meth:`abandon`), by ``time.monotonic()``; 0 before.
-        self.withdrawn_at = 0.0
-        #: The head of its streamed answer came: its handler returned, its generator runs.
+        self.withdrawn_at = 0.0  # (:meth:`abandon`, ``time.monotonic()``)
+        #: The head of its streamed answer came: its generator runs.
         self.streaming = False
         #: The handler process it was sent to (``None``: in the queue).
         self.member: Member | None = None
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
-        #: When it was submitted (:meth:`~abeja_runtime.front.scheduler.Scheduler.submit`);
-        #: whether its wait there is counted (its handler call began, or it was given up);
-        #: and in batch mode the batch it was sent in.
+        #: When it was queued; whether its wait is counted (its handler call began, or it was
+        #: given up); in batch mode the batch it was sent in.
         self.queued_at = 0.0
         self.waited = False
         self.batch: Batch | None = None
-        #: When it must be answered by (``time.time()``; infinite: never): it is never sent to
-        #: a process after that. ``caller_budget``: the seconds its caller gave, when that is
-        #: what set the deadline (0: ``--timeout`` did, or none).
+        #: When it must be answered by (``time.time()``): it is never sent after that.
+        #: ``caller_budget``: the seconds its caller gave, when that set the deadline.
         self.deadline = math.inf
         self.caller_budget = 0.0
-        #: Whose it is and its priority class (0 the highest), with tenants or priorities on
-        #: (``tenants.py``): how it waits its turn (``waiting.py``).
+        #: Whose it is, its priority class (0 the highest) and its start tag, with tenants or
+        #: priorities on (``waiting.py``).
         self.tenant = ""
         self.priority = NORMAL
-        self.turn = 0.0  # its start tag there, with tenants on
+        self.turn = 0.0
         #: Its client's connection, to lend to a process that writes streams itself; ``lent``
         #: while one holds it (the front writes nothing on it then), and what runs once it is
         #: given back (:meth:`returned`). ``written``: the process wrote the answer itself, and
@@ -142,9 +136,9 @@ class PendingCall:
         self.report: Written | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and
-        closed); :class:`StreamFailed` where it was cut short. The chunks taken give their credit
-        back (:class:`~abeja_runtime.frames.Credit`): a slow client holds up its own stream only."""
+        """The streamed body's pieces as they come; :class:`StreamFailed` where it was cut short.
+        The chunks taken give their credit back (:class:`~abeja_runtime.frames.Credit`): a slow
+        client holds up its own stream only."""
         chunks = self.chunks
         assert chunks is not None
         taken = taken_bytes = 0
@@ -171,9 +165,8 @@ class PendingCall:
                 taken = taken_bytes = 0
 
     def returned(self, *, to_queue: bool = False) -> None:
-        """Its process is done with it (answered, gave it back, or exited; ``to_queue``: it
-        goes back to the queue, in no process): the connection lent with it is the front's
-        again."""
+        """Its process is done with it (``to_queue``: it goes back to the queue): the connection
+        lent with it is the front's again."""
         if to_queue:
             self.member = None
         if self.lent:
@@ -188,8 +181,8 @@ class PendingCall:
             cleanup()
 
     def abandon(self) -> None:
-        """Nobody waits for the answer any more (timeout, client gone): drop it when it comes,
-        and the chunks of its stream held here now."""
+        """Nobody waits for the answer any more (timeout, client gone): it is dropped when it
+        comes, and so are the chunks of its stream held now."""
         self.abandoned = True
         self.withdrawn_at = time.monotonic()
         self.answer.add_done_callback(_retrieve)
@@ -210,17 +203,13 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 class ProcessState(enum.Enum):
     """Where a handler process is in its life."""
 
-    #: Loading the handler: no call yet.
-    STARTING = "starting"
-    #: Takes calls.
-    READY = "ready"
-    #: Takes no more calls; finishes once those it has are answered.
-    STOPPING = "stopping"
+    STARTING = "starting"  # loading the handler: no call yet
+    READY = "ready"  # takes calls
+    STOPPING = "stopping"  # takes no more; finishes once those it has are answered
 
 
 class Member:
-    """One handler process of the pool, and the sink of its handle's frames and of its exit:
-    each goes to the pool with this record."""
+    """One handler process of the pool, and the sink of its frames and of its exit."""
 
     __slots__ = (
         "_exited", "_received", "answered", "answered_at", "batches", "launcher", "process",
@@ -235,29 +224,26 @@ class Member:
     ) -> None:
         self._received = received
         self._exited = exited
-        #: Set once its process is started (``Lifecycle.spawn``), and what started it (a reload
-        #: tells the old version's processes by it).
+        #: Set once its process is started, and what started it (a reload tells the old
+        #: version's processes by it).
         self.process: HandlerProcess
         self.launcher: Launcher
-        #: When it was started (``time.monotonic``).
         self.started_at = time.monotonic()
         self.state = ProcessState.STARTING
-        #: It writes streamed answers to their clients itself (``Ready.writes_streams``): its
-        #: calls go with their client's connection when they have one to lend.
+        #: It writes streamed answers to their clients itself (``Ready.writes_streams``).
         self.writes_streams = False
         #: Calls sent and not answered, in the order they were sent.
         self.sent: dict[int, PendingCall] = {}
-        #: Calls it answered, and when its last answer came (``Scheduler.settle``).
+        #: Calls it answered, and when its last answer came.
         self.answered = 0
         self.answered_at = 0.0
-        #: When to look whether calls wait behind a slow one here (``scheduler.py``).
+        #: When to look whether calls wait behind a slow one here.
         self.take_back_timer: asyncio.TimerHandle | None = None
-        #: Batches it runs (batch mode: at most ``concurrency``).
-        self.batches = 0
+        self.batches = 0  # (batch mode) at most ``concurrency``
         #: The calls it serves before it is retired (``--max-requests``, spread a little).
         self.request_limit: int | None = None
-        #: Why it is replaced (``Lifecycle.retire``'s reason) while its replacement starts: it
-        #: serves until that one is ready. Empty while it is not being replaced.
+        #: Why it is replaced while its replacement starts (it serves until that one is
+        #: ready); empty while it is not being replaced.
         self.retiring = ""
         #: The retiring member it replaces, until it is ready.
         self.replaces: Member | None = None

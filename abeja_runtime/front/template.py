@@ -26,7 +26,6 @@ from typing import Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.frames import Fork, Forked, Frame, Loaded, LoadFailed
-from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.processes import (
     Adopted,
     FreshInterpreter,
@@ -87,16 +86,13 @@ class Template:
         self._loaded_once = False
         self._deaths = 0
 
-    def start(self, prestarted: Prestarted | None = None) -> Prestarted | None:
-        """Start the template's process, in ``prestarted`` (an interpreter started already) when
-        that has the template's environment; returns ``prestarted`` if it was not taken."""
-        launcher: Launcher = FreshInterpreter()
-        if prestarted is not None and prestarted.environment == self._environment:
-            launcher, prestarted = prestarted, None
+    def start(self, launcher: Launcher | None = None) -> None:
+        """Start the template's process, a fresh interpreter unless ``launcher`` is given (the
+        interpreter the front started already)."""
+        launcher = launcher or FreshInterpreter()
         self._process = HandlerProcess(
             self._config, self._environment, self, launcher, template=True
         )
-        return prestarted
 
     @property
     def pid(self) -> int:
