@@ -69,7 +69,7 @@ class HandlerPool:
             prestarted,
         )
         self._config = config
-        self._watch: asyncio.Task[None]
+        self._watcher: asyncio.Task[None]
         self._ids = itertools.count(1)
         #: A handler process answered with a stream: from now on, the calls to processes that
         #: write their streams themselves go with their client's connection (lending it costs
@@ -84,10 +84,10 @@ class HandlerPool:
 
     def start(self) -> None:
         self.lifecycle.start()
-        self._watch = asyncio.create_task(self.watch())
+        self._watcher = asyncio.create_task(self._watch())
 
     def close(self) -> None:
-        self._watch.cancel()
+        self._watcher.cancel()
         self.lifecycle.kill_all()
 
     # -- what the call service asks -----------------------------------------------------------
@@ -121,7 +121,7 @@ class HandlerPool:
 
     # -- the watch ----------------------------------------------------------------------------
 
-    async def watch(self) -> None:
+    async def _watch(self) -> None:
         """Every :data:`_TICK`: the orphans the front adopted reaped; a process that exited
         without a pidfd to say so, one stuck in its handler, one grown past
         ``--max-worker-memory``, for the lifecycle to act on."""
@@ -140,12 +140,12 @@ class HandlerPool:
                     lifecycle.exited(member)
                 elif member.state is not ProcessState.READY:
                     continue
-                elif (stuck := self.stuck(member, now)) is not None:
+                elif (stuck := self._stuck(member, now)) is not None:
                     lifecycle.recycle(member, stuck)
                 else:
                     self._check_memory(member)
 
-    def stuck(self, member: Member, now: float) -> str | None:
+    def _stuck(self, member: Member, now: float) -> str | None:
         """What is stuck in ``member``'s handler (``None``: nothing): a call not answered
         ``timeout + grace`` after it was sent, or a stream still running ``grace`` after it was
         withdrawn. A stream that goes on producing is never stuck: its limits end it
