@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 from collections import deque
 from typing import Final, Protocol
 
@@ -33,7 +34,6 @@ from abeja_runtime.front.interpreter import start_interpreter
 __all__ = [
     "DEVICE_VARIABLE",
     "Adopted",
-    "Child",
     "FrameSink",
     "FreshInterpreter",
     "HandlerProcess",
@@ -59,18 +59,6 @@ class FrameSink(Protocol):
     def received(self, frame: Frame, fd: int | None) -> None: ...
 
     def exited(self) -> None: ...
-
-
-class Child(Protocol):
-    """A started process as the front waits for it (``subprocess.Popen`` is one)."""
-
-    pid: int
-
-    def poll(self) -> int | None: ...
-
-    def wait(self) -> int: ...
-
-    def kill(self) -> None: ...
 
 
 class Launcher(Protocol):
@@ -175,7 +163,7 @@ class HandlerProcess:
         self._config = config
         self._template = template
         #: Set once the process exists (:meth:`adopt`; a fork comes a little later).
-        self.child: Child | None = None
+        self.child: subprocess.Popen[bytes] | Adopted | None = None
         self.pid = 0
         #: Readable once the process exits (``None``: not yet, or no pidfd on this system).
         self.exit_fd: int | None = None
@@ -196,7 +184,7 @@ class HandlerProcess:
         self.loop.add_reader(ours.fileno(), self.read_available)
         launcher.launch(self, theirs, environment)
 
-    def adopt(self, child: Child) -> None:
+    def adopt(self, child: subprocess.Popen[bytes] | Adopted) -> None:
         """The process exists: it is watched, and sent its settings."""
         self.child, self.pid = child, child.pid
         if self.device is not None:
