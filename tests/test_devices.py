@@ -19,7 +19,7 @@ from helpers.servers import RunningServer, ServerFactory
 from helpers.workers import handler_processes, wait_for_ready_workers
 
 from abeja_runtime.front.lifecycle import devices_held
-from abeja_runtime.front.members import ProcessState
+from abeja_runtime.front.pending import ProcessState
 from abeja_runtime.front.processes import device_environment
 
 

@@ -10,21 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.waiting import Waiting
 
-__all__ = ["BatchRule", "NextBatch"]
-
-
-class NextBatch(NamedTuple):
-    """Where the next batch goes, how many of the queue's first calls it takes, and why
-    (``full``, ``waited``, ``idle``: the batching metrics' reasons)."""
-
-    member: Member
-    size: int
-    reason: str
+__all__ = ["BatchRule"]
 
 
 class BatchRule:
@@ -44,9 +34,10 @@ class BatchRule:
 
     def next_batch(
         self, queue: Waiting, members: Sequence[Member], slots: int, now: float
-    ) -> NextBatch | None:
-        """The batch to send now (``None``: nothing goes now; a timer is set for the first
-        queued call's wait). ``slots``: batches a process runs at once."""
+    ) -> tuple[Member, int, str] | None:
+        """The batch to send now: where it goes, how many of the queue's first calls it takes,
+        and why (``full``, ``waited``, ``idle``: the metrics' reasons); ``None``, nothing goes
+        now (a timer is set for the first call's wait). ``slots``: batches a process runs."""
         if not queue:
             return None
         size = min(self.size, len(queue))
@@ -56,16 +47,16 @@ class BatchRule:
             if member.state is not ProcessState.READY:
                 continue
             if not member.batches:
-                return NextBatch(member, size, "full" if full else "idle")
+                return (member, size, "full" if full else "idle")
             if free is None and member.batches < slots:
                 free = member
         if free is None:
             return None
         if full:
-            return NextBatch(free, size, "full")
+            return (free, size, "full")
         left = queue.first_queued_at() + self.wait - now
         if left <= 0:
-            return NextBatch(free, size, "waited")
+            return (free, size, "waited")
         if self._timer is None:
             self._timer = self._loop.call_later(left, self._waited)
         return None

@@ -1,11 +1,8 @@
 """A handler process as a fresh interpreter (``python -m abeja_runtime.worker FD FRONT_PID``), and
-the first one started before the front's own imports (:class:`Prestarted`).
-
-The runtime's start is the front's imports (aiohttp's among them) and, beside them, the first
-handler process's: the template's with ``--preload``, else the first worker's. The front starts
-that interpreter as soon as its settings are known, so that both import at once on two cores;
-it is told what it is by its first frame, sent once the front's loop runs. This module imports
-nothing of the front's loop, so that it comes before them.
+the first one started before the front's own imports (:class:`Prestarted`): the template's with
+``--preload``, else the first worker's, so that both import at once on two cores (it is told
+what it is by its first frame, once the front's loop runs). This module imports nothing of the
+front's loop, so that it comes before them.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ def start_interpreter(
 
 class Prestarted:
     """The first handler process's interpreter, started before the front's loop: the launcher of
-    the first process started with the same environment, once (see the module)."""
+    the first process started with the same environment."""
 
     def __init__(self, environment: dict[str, str]) -> None:
         """Raises ``OSError`` when it cannot be started (nothing is left open)."""
@@ -55,7 +52,6 @@ class Prestarted:
         self._taken = False
 
     def channel(self) -> tuple[socket.socket, socket.socket]:
-        """Its socket's two ends: the front's, and the process's (which it has a copy of)."""
         return self._channel
 
     def launch(self, process: _Process, theirs: socket.socket, environment: dict[str, str]) -> None:
@@ -64,7 +60,7 @@ class Prestarted:
         process.adopt(self._popen)
 
     def discard(self) -> None:
-        """Unless a process took it: it is stopped and reaped (again: nothing)."""
+        """Unless a process took it: it is stopped and reaped."""
         if self._taken:
             return
         for end in self._channel:

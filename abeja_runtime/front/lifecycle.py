@@ -1,17 +1,15 @@
 """The handler processes' lives (:class:`Lifecycle`): spawn, ready, retire, replace, exit, stop.
 
 One that died is replaced (with a growing back-off while replacements die before they are
-ready); one stuck in its handler is killed and replaced (``watch.py`` judges); one that reached
-``--max-requests`` or ``--max-worker-memory`` is retired without failing a call: its replacement
-starts first, and it stops once that one is ready and its own calls are answered.
+ready); one stuck in its handler is killed and replaced (the pool's watch judges); one that
+reached ``--max-requests`` or ``--max-worker-memory`` is retired without failing a call: its
+replacement starts first, and it stops once that one is ready and its own calls are answered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -22,7 +20,7 @@ from abeja_runtime.encode import word_errors_for
 from abeja_runtime.errors import ServiceUnavailable
 from abeja_runtime.frames import EXIT_WARMUP_FAILED, Frame, Ready
 from abeja_runtime.front.interpreter import Prestarted
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.processes import (
     FrameSink,
     FreshInterpreter,
@@ -31,6 +29,7 @@ from abeja_runtime.front.processes import (
     backoff,
     describe_exit,
     device_environment,
+    reap,
     reap_orphans,
 )
 from abeja_runtime.front.reload import Reload
@@ -63,9 +62,8 @@ class Lifecycle:
         process_factory: ProcessFactory | None = None,
         prestarted: Prestarted | None = None,
     ) -> None:
-        """``process_factory``: the unit tests' fakes; by default, processes started by the
-        template (``--preload``) or as fresh interpreters, the first one ``prestarted`` when
-        the front started it with the same environment."""
+        """``process_factory``: the unit tests' fakes; by default, processes forked from the
+        template (``--preload``) or fresh interpreters, the first one ``prestarted``."""
         self._config = config
         self._environment = environment
         self._scheduler = scheduler
@@ -75,33 +73,20 @@ class Lifecycle:
         #: What starts the next processes; the template they are forked from (--preload).
         self.launcher: Launcher = FreshInterpreter()
         self.template: Template | None = None
-        #: The front adopts its descendants' orphans (``--preload``), and reaps them.
         self._adopting = config.preload and process_factory is None and adopt_orphans()
-        if config.preload and process_factory is None:
-            if self._adopting:
-                self.launcher = self.template = Template(
-                    config, environment, self._load_failed_once
-                )
-            else:
-                _log.warning(
-                    "each worker imports the handler itself (no --preload): this system cannot "
-                    "make the runtime the parent of the processes forked for it"
-                )
-        #: The first process's interpreter, started already (the template's, or a worker's).
+        if self._adopting:
+            self.launcher = self.template = Template(config, environment, self._load_failed_once)
+        elif config.preload and process_factory is None:
+            _log.warning(
+                "each worker imports the handler itself (no --preload): this system cannot "
+                "make the runtime the parent of the processes forked for it"
+            )
         self._prestarted = prestarted
-
-        def started(config: Config, environment: dict[str, str], sink: FrameSink) -> HandlerProcess:
-            launcher: Launcher = self.launcher
-            if self._prestarted is not None and environment == self._prestarted.environment:
-                launcher, self._prestarted = self._prestarted, None
-            return HandlerProcess(config, environment, sink, launcher)
-
-        self._process_factory = process_factory or started
+        self._process_factory = process_factory or self._start_process
         self._reload: Reload | None = None
         #: The runtime's start, measured: the front says when its servers listen.
         self.start_up = StartUp()
-        #: The scheduler's list too: it places calls on the ready ones.
-        self.members = members
+        self.members = members  # the scheduler's list too
         self._ready_count = 0
         self.ever_ready = False
         self.stopping = False
@@ -116,13 +101,27 @@ class Lifecycle:
     def start(self) -> None:
         began, prestarted = time.monotonic(), self._prestarted
         if self.template is not None:
-            self._prestarted = self.template.start(self._prestarted)
+            self.template.start(self._launcher(self._environment, FreshInterpreter()))
         for _ in range(self._config.workers):
             self.spawn()
         if self._prestarted is not None:  # not the environment of the process it was for
             self._prestarted.discard()
             self._prestarted = prestarted = None
         self.start_up.spawning(prestarted.started_at if prestarted is not None else began)
+
+    def _start_process(
+        self, config: Config, environment: dict[str, str], sink: FrameSink
+    ) -> HandlerProcess:
+        return HandlerProcess(config, environment, sink, self._launcher(environment, self.launcher))
+
+    def _launcher(self, environment: dict[str, str], otherwise: Launcher) -> Launcher:
+        """The interpreter the front started already if it has ``environment`` (once), else
+        ``otherwise``."""
+        prestarted = self._prestarted
+        if prestarted is None or environment != prestarted.environment:
+            return otherwise
+        self._prestarted = None
+        return prestarted
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -134,7 +133,7 @@ class Lifecycle:
     @property
     def admitting(self) -> bool:
         """A new call is taken: a process is ready, or the pool was ready and a replacement is
-        starting, unless replacements keep dying before they are ready (``processes.backoff``)."""
+        starting (unless replacements keep dying before they are ready)."""
         return self.serving or (
             not self.stopping
             and self.ever_ready
@@ -143,7 +142,6 @@ class Lifecycle:
         )
 
     def _set_state(self, member: Member, state: ProcessState) -> None:
-        """The state of a member of the pool (one that exited left the count in ``_forget``)."""
         if member.state is ProcessState.READY:
             self._ready_count -= 1
         member.state = state
@@ -207,7 +205,6 @@ class Lifecycle:
             self._reload.ready(retired)
 
     def answered(self, member: Member) -> None:
-        """``member`` answered a call: retired at its request limit."""
         member.answered += 1
         if member.answered == member.request_limit:
             self.retire(member, "max_requests", f"it has served {member.answered} requests")
@@ -219,12 +216,11 @@ class Lifecycle:
             member.process.close_socket()
 
     def _stop(self, member: Member) -> None:
-        """No more calls for ``member``; it finishes once the ones it has are answered."""
         self._set_state(member, ProcessState.STOPPING)
         self.close_if_done(member)
 
     def retire(self, member: Member, reason: str, why: str) -> None:
-        """Replace a process that reached a limit without failing a call."""
+        """Replace ``member`` without failing a call (``reason``: the metric's label)."""
         if member.retiring or member.state is not ProcessState.READY or self.stopping:
             return
         member.retiring = reason  # from before the spawn: its replacement takes its device
@@ -238,8 +234,8 @@ class Lifecycle:
             self.metrics.worker_restarted(reason)
 
     def load_failed(self, member: Member, text: str, details: str) -> None:
-        """``member`` could not load the handler: at the first start, the service stops, as on
-        ABEJA Platform (reported once)."""
+        """``member`` could not load the handler: at the first start, the service stops (as on
+        ABEJA Platform)."""
         if self.ever_ready:
             _log.error("worker %s could not load the handler: %s", member.pid, text)
         else:
@@ -250,22 +246,28 @@ class Lifecycle:
             self.stopping = True
             self._on_load_failed(text, details)
 
-    # -- exits ---------------------------------------------------------------------------------
+    # -- exits --------------------------------------------------------------------------------
 
     def exited(self, member: Member) -> None:
-        """``member`` has exited (its pidfd said so, or the watch saw it): its running calls
-        fail, the others go back to the queue, and it is replaced if it should be."""
+        """``member`` has exited: its running calls fail, the others go back to the queue, and
+        it is replaced if it should be."""
         if member not in self.members:
             return  # (the watch and its pidfd may both see it)
-        code = self._forget(member)
+        # Out of the pool first: an answer read now frees a slot, and the queue's next call
+        # must not go to this process, which would fail it unrun.
+        self.members.remove(member)
+        code = reap(member.process)
+        if member.state is ProcessState.READY:
+            self._ready_count -= 1
+        if self.metrics is not None:
+            self.metrics.worker_gone(member.pid)
         how = describe_exit(code)
         self._scheduler.fail_or_requeue(member, how)
         if self.stopping:
             if not self.members:
                 self.all_gone.set()
             return
-        # One that loaded the handler and failed its warm-up is replaced, with back-off.
-        warmup_failed = code == EXIT_WARMUP_FAILED
+        warmup_failed = code == EXIT_WARMUP_FAILED  # it loaded the handler: replaced, back-off
         if member.state is ProcessState.STARTING and not self.ever_ready and not warmup_failed:
             self.load_failed(member, f"the worker exited ({how}) while loading the handler", "")
             return
@@ -280,31 +282,9 @@ class Lifecycle:
                 )
             )
 
-    def _forget(self, member: Member) -> int:
-        """Take in what an exited process wrote before it exited, then forget it: its exit
-        code."""
-        process = member.process
-        if process.exit_fd is not None:
-            asyncio.get_running_loop().remove_reader(process.exit_fd)
-            os.close(process.exit_fd)
-            process.exit_fd = None
-        assert process.child is not None, "it exited, so it was started"
-        code = process.child.wait()
-        # Out of the pool first: an answer read now frees a slot, and the queue's next call
-        # must not go to this process, which would fail it unrun.
-        self.members.remove(member)
-        with contextlib.suppress(OSError):
-            process.read_available()
-        process.close_socket()
-        if member.state is ProcessState.READY:
-            self._ready_count -= 1
-        if self.metrics is not None:
-            self.metrics.worker_gone(member.pid)
-        return code
-
     def _replace(self, member: Member, expected: str | None, how: str) -> None:
-        """Start a replacement for a process that exited, unless it has one already.
-        ``expected``: why it exited, when it said so itself (its warm-up failed)."""
+        """A replacement for a process that exited, unless it has one; ``expected``: why it
+        exited, when it said so itself."""
         if member.state is ProcessState.STOPPING:
             return  # retired, recycled or killed as stuck: its replacement exists already
         if member.state is ProcessState.STARTING:
@@ -328,7 +308,7 @@ class Lifecycle:
             self.spawn(member.replaces)
 
     def recycle(self, member: Member, stuck: str) -> None:
-        """``member``'s handler is ``stuck`` (the watch says so): killed, and replaced."""
+        """``member``'s handler is ``stuck``: killed, and replaced."""
         _log.error("%s; this worker is killed and replaced", stuck)
         _log.warning("recycling worker %s, whose handler is stuck", member.pid)
         self._set_state(member, ProcessState.STOPPING)
@@ -337,7 +317,18 @@ class Lifecycle:
         if not member.retiring:  # a retiree's replacement is coming
             self.spawn()
 
-    # -- reload ------------------------------------------------------------------------------
+    def reap_orphans(self) -> None:
+        """Reap the front's exited children that are none of its processes (orphans it
+        adopted)."""
+        if not self._adopting:
+            return
+        known = {member.pid for member in self.members}
+        for template in (self.template, self._reload.template if self._reload else None):
+            if template is not None:
+                known.add(template.pid)
+        reap_orphans(known)
+
+    # -- reload and shutdown ------------------------------------------------------------------
 
     def reload(self) -> None:
         """A new version of the handler replaces the old one, worker by worker (``reload.py``)."""
@@ -352,41 +343,29 @@ class Lifecycle:
     def _reloaded(self) -> None:
         self._reload = None
 
-    def reap_orphans(self) -> None:
-        """Reap the front's exited children that are none of its processes (``processes.py``):
-        only a front that adopts orphans has any."""
-        if not self._adopting:
-            return
-        known = {member.pid for member in self.members}
-        for template in (self.template, self._reload.template if self._reload else None):
-            if template is not None:
-                known.add(template.pid)
-        reap_orphans(known)
-
-    # -- shutdown -----------------------------------------------------------------------------
-
     def stop(self) -> None:
         """No new calls; each process finishes once its calls are answered."""
-        self.stopping = True
-        if self._reload is not None:
-            self._reload.stop()
-        if self.template is not None:
-            self.template.stop()
+        self._stopping(kill=False)
         for member in self.members:
             self._stop(member)
         if not self.members:
             self.all_gone.set()
 
     def kill_all(self) -> None:
-        """Kill every process now (a second signal, or the end): the pool stops, so that none
-        that exits is replaced."""
+        """Kill every process now (a second signal, or the end)."""
+        self._stopping(kill=True)
+        for member in self.members:
+            member.process.kill()
+
+    def _stopping(self, *, kill: bool) -> None:
+        """The pool, a reload and the template stop: no process that exits is replaced."""
         self.stopping = True
         if self._reload is not None:
             self._reload.stop()
-        if self.template is not None:
+        if self.template is not None and kill:
             self.template.kill()
-        for member in self.members:
-            member.process.kill()
+        elif self.template is not None:
+            self.template.stop()
 
 
 def devices_held(members: Iterable[Member]) -> list[str | None]:

@@ -1,12 +1,15 @@
-"""What the pool holds of a call (:class:`PendingCall`, the call's ticket): the frame sent, the
-answer's future, the chunks of a streamed answer, and where it is. A call (``call.py``) makes its
-ticket when it is submitted; the pool moves it (``scheduler.py``) and settles it.
+"""The pool's records: of a call (:class:`PendingCall`, its ticket: the frame sent, the answer's
+future, the chunks of a streamed answer, where it is), made when the call is submitted
+(``call.py``) and moved by the scheduler; and of a handler process (:class:`Member`: its state
+and the calls it was sent), kept off the process's handle (``processes.py``) so that the unit
+tests' fake handles need none of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +20,7 @@ from abeja_runtime.frames import (
     CREDIT_STEP_BYTES,
     Answer,
     Call,
+    Client,
     Credit,
     Frame,
     RpcAnswer,
@@ -27,11 +31,12 @@ from abeja_runtime.front.answer_file import AnswerFile
 from abeja_runtime.front.tenants import NORMAL
 
 if TYPE_CHECKING:
+    from abeja_runtime.front.processes import HandlerProcess, Launcher
     from abeja_runtime.tracing import CallTrace
 
 __all__ = [
-    "STREAM_FAILED", "STREAM_LOST", "Batch", "CallHolder", "ClientLender", "PendingCall",
-    "StreamFailed",
+    "STREAM_FAILED", "STREAM_LOST", "Batch", "ClientLender", "Member", "PendingCall",
+    "ProcessState", "StreamFailed",
 ]  # fmt: skip
 
 #: Put in a streamed answer's chunks where it was cut short: its generator raised, or its
@@ -51,14 +56,6 @@ class StreamFailed(RuntimeError):
             else "the handler's streamed content failed"
         )
         self.lost = lost
-
-
-class CallHolder(Protocol):
-    """What a call sees of the handler process it was sent to (the pool's member)."""
-
-    sent: dict[int, PendingCall]
-
-    def send(self, frame: Frame, fd: int | None = None) -> None: ...
 
 
 class ClientLender(Protocol):
@@ -97,43 +94,37 @@ class PendingCall:
         trace: CallTrace | None = None,
     ) -> None:
         self.frame = frame
-        #: Its spans in the front (its queue wait is one), when tracing is on.
-        self.trace = trace
+        self.trace = trace  # its spans in the front, when tracing is on
         self.fd = fd  # sent with the frame (the spool file)
-        #: Runs once the call is over (answered, failed, withdrawn): the spool file goes.
-        self._cleanup = cleanup
+        self._cleanup = cleanup  # once the call is over: the spool file goes
         # The loop is passed, not looked up: on Python 3.11 each lookup is a getpid() call.
         self.answer: asyncio.Future[Answer | RpcAnswer] = loop.create_future()
         self.chunks: asyncio.Queue[Any] | None = None
-        #: The body of an answer that came without one (``Answer.body`` is ``None``, and it is
-        #: not streamed); whoever writes it closes it.
+        #: The body of an answer that came without one; whoever writes it closes it.
         self.answer_file: AnswerFile | None = None
         self.abandoned = False
-        #: When it was withdrawn (:meth:`abandon`), by ``time.monotonic()``; 0 before.
-        self.withdrawn_at = 0.0
-        #: The head of its streamed answer came: its handler returned, its generator runs.
+        self.withdrawn_at = 0.0  # (:meth:`abandon`, ``time.monotonic()``)
+        #: The head of its streamed answer came: its generator runs.
         self.streaming = False
         #: The handler process it was sent to (``None``: in the queue).
-        self.member: CallHolder | None = None
+        self.member: Member | None = None
         self.sent_at = 0.0
         #: Its process was asked to give it back (it waits there behind a slow call).
         self.giving_back = False
-        #: When it was submitted (:meth:`~abeja_runtime.front.scheduler.Scheduler.submit`);
-        #: whether its wait there is counted (its handler call began, or it was given up);
-        #: and in batch mode the batch it was sent in.
+        #: When it was queued; whether its wait is counted (its handler call began, or it was
+        #: given up); in batch mode the batch it was sent in.
         self.queued_at = 0.0
         self.waited = False
         self.batch: Batch | None = None
-        #: When it must be answered by (``time.time()``; infinite: never): it is never sent to
-        #: a process after that. ``caller_budget``: the seconds its caller gave, when that is
-        #: what set the deadline (0: ``--timeout`` did, or none).
+        #: When it must be answered by (``time.time()``): it is never sent after that.
+        #: ``caller_budget``: the seconds its caller gave, when that set the deadline.
         self.deadline = math.inf
         self.caller_budget = 0.0
-        #: Whose it is and its priority class (0 the highest), with tenants or priorities on
-        #: (``tenants.py``): how it waits its turn (``waiting.py``).
+        #: Whose it is, its priority class (0 the highest) and its start tag, with tenants or
+        #: priorities on (``waiting.py``).
         self.tenant = ""
         self.priority = NORMAL
-        self.turn = 0.0  # its start tag there, with tenants on
+        self.turn = 0.0
         #: Its client's connection, to lend to a process that writes streams itself; ``lent``
         #: while one holds it (the front writes nothing on it then), and what runs once it is
         #: given back (:meth:`returned`). ``written``: the process wrote the answer itself, and
@@ -145,9 +136,9 @@ class PendingCall:
         self.report: Written | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The streamed body's pieces as they come (a memfd chunk read a piece at a time, and
-        closed); :class:`StreamFailed` where it was cut short. The chunks taken give their credit
-        back (:class:`~abeja_runtime.frames.Credit`): a slow client holds up its own stream only."""
+        """The streamed body's pieces as they come; :class:`StreamFailed` where it was cut short.
+        The chunks taken give their credit back (:class:`~abeja_runtime.frames.Credit`): a slow
+        client holds up its own stream only."""
         chunks = self.chunks
         assert chunks is not None
         taken = taken_bytes = 0
@@ -174,9 +165,8 @@ class PendingCall:
                 taken = taken_bytes = 0
 
     def returned(self, *, to_queue: bool = False) -> None:
-        """Its process is done with it (answered, gave it back, or exited; ``to_queue``: it
-        goes back to the queue, in no process): the connection lent with it is the front's
-        again."""
+        """Its process is done with it (``to_queue``: it goes back to the queue): the connection
+        lent with it is the front's again."""
         if to_queue:
             self.member = None
         if self.lent:
@@ -191,8 +181,8 @@ class PendingCall:
             cleanup()
 
     def abandon(self) -> None:
-        """Nobody waits for the answer any more (timeout, client gone): drop it when it comes,
-        and the chunks of its stream held here now."""
+        """Nobody waits for the answer any more (timeout, client gone): it is dropped when it
+        comes, and so are the chunks of its stream held now."""
         self.abandoned = True
         self.withdrawn_at = time.monotonic()
         self.answer.add_done_callback(_retrieve)
@@ -208,3 +198,78 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     retrieved"."""
     if not future.cancelled():
         future.exception()
+
+
+class ProcessState(enum.Enum):
+    """Where a handler process is in its life."""
+
+    STARTING = "starting"  # loading the handler: no call yet
+    READY = "ready"  # takes calls
+    STOPPING = "stopping"  # takes no more; finishes once those it has are answered
+
+
+class Member:
+    """One handler process of the pool, and the sink of its frames and of its exit."""
+
+    __slots__ = (
+        "_exited", "_received", "answered", "answered_at", "batches", "launcher", "process",
+        "replaces", "request_limit", "retiring", "sent", "started_at", "state",
+        "take_back_timer", "writes_streams",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        received: Callable[[Member, Frame, int | None], None],
+        exited: Callable[[Member], None],
+    ) -> None:
+        self._received = received
+        self._exited = exited
+        #: Set once its process is started, and what started it (a reload tells the old
+        #: version's processes by it).
+        self.process: HandlerProcess
+        self.launcher: Launcher
+        self.started_at = time.monotonic()
+        self.state = ProcessState.STARTING
+        #: It writes streamed answers to their clients itself (``Ready.writes_streams``).
+        self.writes_streams = False
+        #: Calls sent and not answered, in the order they were sent.
+        self.sent: dict[int, PendingCall] = {}
+        #: Calls it answered, and when its last answer came.
+        self.answered = 0
+        self.answered_at = 0.0
+        #: When to look whether calls wait behind a slow one here.
+        self.take_back_timer: asyncio.TimerHandle | None = None
+        self.batches = 0  # (batch mode) at most ``concurrency``
+        #: The calls it serves before it is retired (``--max-requests``, spread a little).
+        self.request_limit: int | None = None
+        #: Why it is replaced while its replacement starts (it serves until that one is
+        #: ready); empty while it is not being replaced.
+        self.retiring = ""
+        #: The retiring member it replaces, until it is ready.
+        self.replaces: Member | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, frame: Frame, fd: int | None = None) -> None:
+        self.process.send(frame, fd)
+
+    def send_call(self, pending: PendingCall) -> None:
+        """Send ``pending``'s frame, after its client's connection when it lends it and this
+        process writes its streams itself (``frames.Client``)."""
+        client = pending.client
+        if client is not None and self.writes_streams and (lent := client.lend()) is not None:
+            self.send(Client(pending.frame.id, lent[1]), lent[0])
+            pending.lent = True
+        self.send(pending.frame, pending.fd)
+
+    def received(self, frame: Frame, fd: int | None) -> None:
+        self._received(self, frame, fd)
+
+    def exited(self) -> None:
+        self._exited(self)
+
+    def oldest_call_age(self, now: float) -> float:
+        """How long ago its oldest call was sent (it holds one)."""
+        return now - next(iter(self.sent.values())).sent_at

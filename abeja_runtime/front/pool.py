@@ -1,6 +1,7 @@
 """The front's handler processes behind one queue (:class:`HandlerPool`), as the call service
-sees them: it joins the queue (``scheduler.py``), the processes' lives (``lifecycle.py``) and
-the watch over them (``watch.py``), and takes in the frames the processes send.
+sees them: it joins the queue (``scheduler.py``) and the processes' lives (``lifecycle.py``),
+takes in the frames the processes send, and watches the processes: one that exited without a
+pidfd to say so, a handler stuck past its limits, a worker grown past ``--max-worker-memory``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, get_args
 
-from abeja_runtime.config import Config
+from abeja_runtime.config import Config, MiB
 from abeja_runtime.frames import (
     Answer,
     Cancel,
@@ -28,13 +29,15 @@ from abeja_runtime.frames import (
 from abeja_runtime.front.answer_file import ANSWER_FILE_ABOVE, AnswerFile
 from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.lifecycle import Lifecycle, ProcessFactory
-from abeja_runtime.front.members import Member
-from abeja_runtime.front.pending import STREAM_FAILED, PendingCall
+from abeja_runtime.front.pending import STREAM_FAILED, Member, PendingCall, ProcessState
+from abeja_runtime.front.processes import resident_memory
 from abeja_runtime.front.scheduler import Scheduler
-from abeja_runtime.front.watch import Watch
 from abeja_runtime.metrics import handler_environment
 
 __all__ = ["HandlerPool"]
+
+#: How often the watch looks at the processes.
+_TICK: Final = 0.25
 
 
 class HandlerPool:
@@ -65,7 +68,8 @@ class HandlerPool:
             process_factory,
             prestarted,
         )
-        self._watch = Watch(config, self.lifecycle, self.scheduler)
+        self._config = config
+        self._watcher: asyncio.Task[None]
         self._ids = itertools.count(1)
         #: A handler process answered with a stream: from now on, the calls to processes that
         #: write their streams themselves go with their client's connection (lending it costs
@@ -80,10 +84,10 @@ class HandlerPool:
 
     def start(self) -> None:
         self.lifecycle.start()
-        self._watch.start()
+        self._watcher = asyncio.create_task(self._watch())
 
     def close(self) -> None:
-        self._watch.stop()
+        self._watcher.cancel()
         self.lifecycle.kill_all()
 
     # -- what the call service asks -----------------------------------------------------------
@@ -114,6 +118,71 @@ class HandlerPool:
         if pending.member is not None:
             pending.member.send(Cancel(pending.frame.id))
             pending.withdrawn_at = time.monotonic()  # the watch's grace: then it is stuck
+
+    # -- the watch ----------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Every :data:`_TICK`: the orphans the front adopted reaped; a process that exited
+        without a pidfd to say so, one stuck in its handler, one grown past
+        ``--max-worker-memory``, for the lifecycle to act on."""
+        lifecycle = self.lifecycle
+        while True:
+            await asyncio.sleep(_TICK)
+            lifecycle.reap_orphans()
+            now = time.monotonic()
+            for member in list(lifecycle.members):
+                child = member.process.child
+                if (
+                    member.process.exit_fd is None
+                    and child is not None
+                    and child.poll() is not None
+                ):
+                    lifecycle.exited(member)
+                elif member.state is not ProcessState.READY:
+                    continue
+                elif (stuck := self._stuck(member, now)) is not None:
+                    lifecycle.recycle(member, stuck)
+                else:
+                    self._check_memory(member)
+
+    def _stuck(self, member: Member, now: float) -> str | None:
+        """What is stuck in ``member``'s handler (``None``: nothing): a call not answered
+        ``timeout + grace`` after it was sent, or a stream still running ``grace`` after it was
+        withdrawn. A stream that goes on producing is never stuck: its limits end it
+        (``stream_limits.py``)."""
+        config = self._config
+        limit = config.stuck_after
+        if limit is None:
+            return None
+        running = self.scheduler.calls_running(member)
+        for pending in itertools.islice(member.sent.values(), running):
+            if not pending.streaming:
+                if now - pending.sent_at > limit:
+                    return (
+                        f"a handler call in worker {member.pid} has been running for more than "
+                        f"{limit:g} s (timeout {config.timeout:g} s + grace "
+                        f"{config.grace_period:g} s)"
+                    )
+            elif pending.withdrawn_at and now - pending.withdrawn_at > config.grace_period:
+                return (
+                    f"a streamed answer of worker {member.pid} has gone on for more than "
+                    f"{config.grace_period:g} s (the grace period) after it was cut, its "
+                    "generator not stopping"
+                )
+        return None
+
+    def _check_memory(self, member: Member) -> None:
+        limit, lifecycle = self._config.max_worker_memory, self.lifecycle
+        if not limit or member.retiring:
+            return
+        resident = resident_memory(member.pid)
+        if resident is not None and resident > limit:
+            lifecycle.retire(
+                member,
+                "memory",
+                f"it holds {resident / MiB:.0f} MiB, more than --max-worker-memory "
+                f"{limit / MiB:.0f} MiB",
+            )
 
     # -- the processes' frames ----------------------------------------------------------------
 

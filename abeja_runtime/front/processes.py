@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 from collections import deque
 from typing import Final, Protocol
 
@@ -33,7 +34,6 @@ from abeja_runtime.front.interpreter import start_interpreter
 __all__ = [
     "DEVICE_VARIABLE",
     "Adopted",
-    "Child",
     "FrameSink",
     "FreshInterpreter",
     "HandlerProcess",
@@ -41,6 +41,7 @@ __all__ = [
     "backoff",
     "describe_exit",
     "device_environment",
+    "reap",
     "reap_orphans",
     "resident_memory",
 ]
@@ -60,23 +61,10 @@ class FrameSink(Protocol):
     def exited(self) -> None: ...
 
 
-class Child(Protocol):
-    """A started process as the front waits for it (``subprocess.Popen`` is one)."""
-
-    pid: int
-
-    def poll(self) -> int | None: ...
-
-    def wait(self) -> int: ...
-
-    def kill(self) -> None: ...
-
-
 class Launcher(Protocol):
     """Starts the process of a :class:`HandlerProcess` on ``theirs`` (its end of the socket from
-    :meth:`channel`, which the launcher closes), now or later: it calls
-    :meth:`HandlerProcess.adopt` once the process exists, or :meth:`HandlerProcess.launch_failed`.
-    """
+    :meth:`channel`, which the launcher closes), now or later, and tells it
+    (:meth:`HandlerProcess.adopt` or :meth:`HandlerProcess.launch_failed`)."""
 
     def channel(self) -> tuple[socket.socket, socket.socket]: ...
 
@@ -101,11 +89,11 @@ class FreshInterpreter:
 
 class Adopted:
     """A process forked from the template that the front adopted (a child subreaper): it waits
-    for it as for a child it started itself."""
+    for it as for a child it started itself. ``returncode`` given: one that has exited."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, returncode: int | None = None) -> None:
         self.pid = pid
-        self.returncode: int | None = None
+        self.returncode = returncode
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -158,22 +146,6 @@ def _exited(pid: int) -> bool:
         return False
 
 
-class _Unborn:
-    """A process whose launch failed: it has exited, code 1, before it began."""
-
-    pid = 0
-    returncode = 1
-
-    def poll(self) -> int:
-        return 1
-
-    def wait(self) -> int:
-        return 1
-
-    def kill(self) -> None:
-        pass
-
-
 class HandlerProcess:
     """One handler process: its start, its socket, its end."""
 
@@ -186,17 +158,17 @@ class HandlerProcess:
         *,
         template: bool = False,
     ) -> None:
-        """``template``: the process is the template (``template.py``), not a handler process."""
+        """``template``: the process is the template (``template.py``)."""
         ours, theirs = launcher.channel()
         self._config = config
         self._template = template
-        #: Set once the process exists (:meth:`adopt`): a fork may come a little later.
-        self.child: Child | None = None
+        #: Set once the process exists (:meth:`adopt`; a fork comes a little later).
+        self.child: subprocess.Popen[bytes] | Adopted | None = None
         self.pid = 0
         #: Readable once the process exits (``None``: not yet, or no pidfd on this system).
         self.exit_fd: int | None = None
         self._killed = False
-        #: Its GPU, from ``--devices`` (None without: it sees what the front sees).
+        #: Its GPU, from ``--devices``.
         self.device = environment.get(DEVICE_VARIABLE) if config.devices else None
         self._sink = sink
         self._sock = ours
@@ -212,8 +184,8 @@ class HandlerProcess:
         self.loop.add_reader(ours.fileno(), self.read_available)
         launcher.launch(self, theirs, environment)
 
-    def adopt(self, child: Child) -> None:
-        """The process exists: it is watched, and told its settings."""
+    def adopt(self, child: subprocess.Popen[bytes] | Adopted) -> None:
+        """The process exists: it is watched, and sent its settings."""
         self.child, self.pid = child, child.pid
         if self.device is not None:
             _log.info(
@@ -230,11 +202,11 @@ class HandlerProcess:
         self.send(Start(VERSION, self._config, self._template))
 
     def launch_failed(self, why: str = "") -> None:
-        """The process could not be started (``why``, for the log; empty: it is not started
-        because the runtime stops): it counts as one that exited at once."""
+        """The process could not be started (``why``; empty: the runtime stops): it counts as
+        one that exited at once."""
         if why:
             _log.error("cannot start a worker process: %s", why)
-        self.child = _Unborn()
+        self.child = Adopted(0, returncode=1)  # exited before it began
         self.loop.call_soon(self._sink.exited)
 
     # -- the socket ---------------------------------------------------------------------------
@@ -251,7 +223,6 @@ class HandlerProcess:
             self._batch_fds.append(os.dup(fd))  # the caller may close its own meanwhile
 
     def _seal(self) -> None:
-        """The batch so far becomes one write."""
         self._out.append((memoryview(b"".join(self._batch)), tuple(self._batch_fds)))
         self._batch.clear()
         self._batch_fds.clear()
@@ -322,7 +293,7 @@ class HandlerProcess:
                 return
 
     def close_socket(self) -> None:
-        """Tells the process to finish (it reads the end of its input), or forgets a dead one."""
+        """The process finishes (it reads the end of its input), or a dead one is forgotten."""
         if self._sock.fileno() < 0:
             return
         self.loop.remove_reader(self._sock.fileno())
@@ -340,14 +311,27 @@ class HandlerProcess:
             self.child.kill()  # (a process that has exited already is left alone)
 
 
+def reap(process: HandlerProcess) -> int:
+    """An exited process's exit code, what it wrote before it exited taken in."""
+    if process.exit_fd is not None:
+        process.loop.remove_reader(process.exit_fd)
+        os.close(process.exit_fd)
+        process.exit_fd = None
+    with contextlib.suppress(OSError):
+        process.read_available()
+    process.close_socket()
+    assert process.child is not None, "it exited, so it was started"
+    return process.child.wait()
+
+
 def device_environment(
     environment: dict[str, str], devices: str, held: list[str | None]
 ) -> dict[str, str]:
     """The environment of the next handler process: with ``devices`` (``--devices``), the one
-    the fewest of the processes that stay hold (``held``), the first on a tie, as its
-    :data:`DEVICE_VARIABLE`: round-robin, and a replacement gets the device of the one it
-    replaces. A numeric id is a position among the devices the runtime was given itself (as
-    ``abeja model run-local --gpus device=2,3`` sets them), as CUDA numbers them for it."""
+    the fewest of the processes that stay hold (``held``; the first on a tie) as its
+    :data:`DEVICE_VARIABLE`, so that a replacement gets its predecessor's device. A numeric id
+    is a position among the devices the runtime was given itself (``abeja model run-local
+    --gpus device=2,3``), as CUDA numbers them for it."""
     if not devices:
         return environment
     given = environment.get(DEVICE_VARIABLE, "")
@@ -373,17 +357,11 @@ def resident_memory(pid: int) -> int | None:
         return None
 
 
-#: The longest wait before a process that keeps dying is started again.
-_MAX_BACKOFF: Final = 30.0
-
-
 def backoff(deaths: int) -> float:
     """Seconds to wait before starting again a process that died ``deaths`` times in a row
     before it was ready (a worker, the template): none after the first, then 0.5 s, 1 s, 2 s,
     ... up to 30 s."""
-    if deaths <= 1:
-        return 0.0
-    return float(min(_MAX_BACKOFF, 0.5 * 2 ** (deaths - 2)))
+    return 0.0 if deaths <= 1 else float(min(30.0, 0.5 * 2 ** (deaths - 2)))
 
 
 def describe_exit(code: int | None) -> str:

@@ -3,12 +3,11 @@ now, replaces the old one worker by worker, with no request refused or failed.
 
 The new version is loaded first, by a new template (``--preload``; the old one forks the
 replacements of workers that die meanwhile), or by each new worker (``--preload off``). Then each
-worker that served when the reload began is retired as ``--max-requests`` retires one: its
-replacement, of the new version, starts; once that one is ready the old one takes no more calls
-and exits when its last is answered (the drain of a shutdown); then the next. Every request is
-answered whole by the old version or by the new. A new version that cannot be loaded, or whose
-new worker exits before it is ready (its warm-up failed), ends the reload: the old version serves
-on, and the log and ``abeja_runtime_reloads_total{outcome="failed"}`` say so.
+worker of the old version is retired in turn as ``--max-requests`` retires one: its replacement
+starts, and once that one is ready the old one takes no more calls and exits when its last is
+answered. A new version that cannot be loaded, or whose new worker exits before it is ready (its
+warm-up failed), ends the reload: the old version serves on, and the log and
+``abeja_runtime_reloads_total{outcome="failed"}`` say so.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from abeja_runtime.config import Config
-from abeja_runtime.front.members import Member, ProcessState
+from abeja_runtime.front.pending import Member, ProcessState
 from abeja_runtime.front.processes import FreshInterpreter, Launcher
 from abeja_runtime.front.template import Template
 from abeja_runtime.metrics import FrontMetrics
@@ -29,12 +28,10 @@ _log = logging.getLogger("abeja_runtime")
 
 
 class Rolled(Protocol):
-    """What a reload changes of the pool's lifecycle."""
+    """What a reload changes of the pool's lifecycle (``lifecycle.py``)."""
 
     members: list[Member]
-    #: What starts the pool's next processes.
     launcher: Launcher
-    #: The template they are forked from (``--preload``).
     template: Template | None
     metrics: FrontMetrics | None
 
@@ -54,7 +51,6 @@ class Reload:
         self._pool = pool
         self._config = config
         self._environment = environment
-        #: The lifecycle forgets this reload.
         self._ended = ended
         self._old_launcher = pool.launcher
         self._old_template = pool.template
@@ -94,8 +90,7 @@ class Reload:
 
     def _next(self) -> None:
         """The next worker of the old version is replaced, once none is being replaced; done
-        once every worker is of the new version (one of the old version still starting is
-        replaced once it is ready)."""
+        once every worker is of the new version."""
         if self._launcher is None or self._replacing is not None:
             return
         old = [
@@ -120,9 +115,8 @@ class Reload:
         self._next()
 
     def failed_to_start(self, member: Member, how: str) -> bool:
-        """``member`` exited before it was ready: if it was this reload's, the new version
-        failed and the reload ends (``True``: it is not replaced, the old one it was to replace
-        serves on; ``False`` if that one died meanwhile: the pool replaces it)."""
+        """``member`` exited before it was ready: if it was this reload's, the reload fails;
+        ``True`` when the old one it was to replace serves on (no replacement)."""
         replacing = self._replacing
         if replacing is None or member.replaces is not replacing:
             return False

@@ -30,8 +30,7 @@ from abeja_runtime.errors import (
 from abeja_runtime.frames import Cancel, GiveBack, RunBatch
 from abeja_runtime.front.batching import BatchRule
 from abeja_runtime.front.call_time import CallTime
-from abeja_runtime.front.members import Member, ProcessState
-from abeja_runtime.front.pending import STREAM_LOST, Batch, PendingCall
+from abeja_runtime.front.pending import STREAM_LOST, Batch, Member, PendingCall, ProcessState
 from abeja_runtime.front.tenants import PRIORITIES
 from abeja_runtime.front.waiting import ArrivalOrder, FairOrder, Waiting
 from abeja_runtime.metrics import FrontMetrics
@@ -105,14 +104,12 @@ class Scheduler:
     # -- admission ----------------------------------------------------------------------------
 
     def submit(self, pending: PendingCall) -> None:
-        """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full.
-        (A call is queued only while no slot is free: the queue is sent on whenever one frees.)"""
+        """Send ``pending`` to a free slot, or queue it; ``ServiceBusy`` when the pool is full."""
         full, queue = self.admitted >= self._capacity, self._queue
         if type(queue) is FairOrder:  # the call whose place it takes, if any, gets a 503
             if (taken := queue.room_for(pending, self._places, full=full)) is not None:
                 taken.abandon()
-                self._release(taken, self._clock())
-                taken.answer.set_exception(ServiceBusy())
+                self._fail(taken, ServiceBusy(), self._clock())
         elif full:
             raise ServiceBusy()
         self.admitted += 1
@@ -130,9 +127,9 @@ class Scheduler:
     def admit_before(self, deadline: float, budget: float, tenant: str, priority: int) -> None:
         """A call of ``tenant`` in class ``priority`` whose caller gave it ``budget`` seconds, to
         ``deadline``: :class:`CallerDeadlinePassed` when they passed already,
-        :class:`DeadlineTooNear` when it would be answered after them (:meth:`CallTime.expected`:
-        it waits, while no slot is free, for the calls that go before it, by class and by its
-        tenant's turns with those on); none is refused while the estimate is not trusted."""
+        :class:`DeadlineTooNear` when it would be answered after them, waiting (while no slot is
+        free) for the calls that go before it; none is refused while the estimate is not
+        trusted."""
         left = deadline - time.time()
         if left <= 0:
             raise CallerDeadlinePassed(budget)
@@ -150,10 +147,9 @@ class Scheduler:
             raise DeadlineTooNear(expected, left)
 
     def start_by(self, deadline: float) -> float:
-        """The latest a call due by ``deadline`` may start: earlier by the time a call takes,
-        but rarely more (:meth:`CallTime.bound`), while the estimate is trusted
-        (:meth:`CallTime.trusted`); a call with less time left is answered ``504`` then (here,
-        or in its handler process), rather than begun for nobody."""
+        """The latest a call due by ``deadline`` may start, while the estimate is trusted: earlier
+        by :meth:`CallTime.bound`; a call with less time left is answered ``504`` then (here, or
+        in its handler process), rather than begun for nobody."""
         trusted = self.call_time.trusted(self.admitted, self._clock())
         return deadline - self.call_time.bound() if trusted else deadline
 
@@ -173,7 +169,7 @@ class Scheduler:
         return len(member.sent) if self.batching is not None else self._concurrency
 
     def running(self, pending: PendingCall) -> bool:
-        """Whether ``pending`` runs in its process now (a batch's, always)."""
+        """Whether ``pending`` runs in its process now."""
         member = pending.member
         return member is not None and (
             self.batching is not None
@@ -181,8 +177,8 @@ class Scheduler:
         )
 
     def withdraw(self, pending: PendingCall) -> None:
-        """The caller gave up (deadline, client gone): a queued call never runs; a sent one's
-        answer is dropped when it comes. Once: a call withdrawn already is left as it is."""
+        """The caller gave up (deadline, client gone), once: a queued call never runs; a sent
+        one's answer is dropped when it comes."""
         if pending.abandoned:
             return
         pending.abandon()
@@ -213,9 +209,9 @@ class Scheduler:
 
     def _free_member(self, now: float) -> Member | None:
         """Where the next call goes: while calls are quick, a serving process whose oldest call
-        is young (see :data:`_QUICK_CALL`); else the ready process with the fewest calls (ties
-        go round, so that each stays warm) with a free slot, or room in its pipeline while its
-        oldest call is young. A call never waits in a process behind a slow one."""
+        is young (:data:`_QUICK_CALL`); else the ready process with the fewest calls (ties go
+        round, so that each stays warm) with a free slot, or room in its pipeline while its
+        oldest call is young."""
         members = self._members
         most_held = self._most_held
         if self.call_time.mean < _QUICK_CALL:
@@ -245,7 +241,6 @@ class Scheduler:
         pending.sent_at = now
         pending.giving_back = False
         member.sent[pending.frame.id] = pending
-        # Unless it waits there behind the calls that process runs (see settle).
         waits = self.batching is None and len(member.sent) > self._concurrency
         if not waits:
             self._started(pending, now)
@@ -280,15 +275,15 @@ class Scheduler:
         return bool(queue)
 
     def _expire(self, pending: PendingCall, now: float, exc: HttpError | None = None) -> None:
-        """``pending``, taken out of the queue, leaves the pool, answered by :attr:`expired`: its
-        deadline passed, or it is too late to answer in time (``exc``)."""
+        """``pending``, taken out of the queue too late, leaves the pool, answered by
+        :attr:`expired`."""
         pending.abandon()
         self._release(pending, now)
         self.expired(pending, exc)
 
     def _started(self, pending: PendingCall, now: float) -> None:
         """``pending``'s wait in the queue ends now (its handler call starts, or it is given up):
-        observed once (the queue-wait histogram, its span), however often it is requeued."""
+        observed once, however often it is requeued."""
         if pending.waited:
             return
         pending.waited = True
@@ -298,19 +293,23 @@ class Scheduler:
             pending.trace.queue_wait(now - pending.queued_at)
 
     def _release(self, pending: PendingCall, now: float) -> None:
-        """``pending`` leaves the pool (answered, failed, or given up): a wait it was still
-        counted in ends now."""
+        """``pending`` leaves the pool (answered, failed, or given up)."""
         self.admitted -= 1
         self._started(pending, now)
         pending.returned()
         pending.finish()
 
+    def _fail(self, pending: PendingCall, exc: HttpError, now: float) -> None:
+        """``pending`` leaves the pool with ``exc`` for its answer, unless it has one."""
+        self._release(pending, now)
+        if not pending.answer.done():
+            pending.answer.set_exception(exc)
+
     # -- give-back ----------------------------------------------------------------------------
 
     def _look_for_slow_call(self, member: Member) -> None:
-        """Calls wait in ``member`` behind the ones it runs: once its oldest call is
-        :data:`_PIPELINE_WHILE_YOUNGER` old, the calls behind it are taken back for the queue
-        (:class:`GiveBack`); until then, looked at again."""
+        """Once ``member``'s oldest call is :data:`_PIPELINE_WHILE_YOUNGER` old, the calls
+        waiting behind the ones it runs are taken back for the queue (:class:`GiveBack`)."""
         member.take_back_timer = None
         concurrency = self._concurrency
         if len(member.sent) <= concurrency or member.state is not ProcessState.READY:
@@ -327,8 +326,8 @@ class Scheduler:
                 member.send(GiveBack(pending.frame.id))
 
     def given_back(self, member: Member, call_id: int) -> None:
-        """``member`` did not run the call: to the queue, in the order the calls came (or
-        gone, if nobody waits for it any more), which goes on to the free slots."""
+        """``member`` did not run the call: back to the queue (or gone, if nobody waits for it
+        any more)."""
         pending = member.sent.pop(call_id, None)
         if pending is None:
             return
@@ -343,8 +342,8 @@ class Scheduler:
     # -- ends ---------------------------------------------------------------------------------
 
     def settle(self, member: Member, pending: PendingCall) -> None:
-        """``member`` answered ``pending`` whole (or ended its stream): it leaves the pool, and
-        its slot goes to the next call."""
+        """``member`` answered ``pending`` whole (or ended its stream): its slot goes to the
+        next call."""
         del member.sent[pending.frame.id]
         now = self._clock()
         if pending.batch is not None:
@@ -361,26 +360,22 @@ class Scheduler:
 
     def fail_queue(self, exc: HttpError) -> None:
         """Every queued call fails with ``exc`` (no process will take them soon)."""
-        queue, now = list(self._queue), self._clock()
-        for pending in queue:
+        now = self._clock()
+        for pending in list(self._queue):
             self._queue.remove(pending)
-            self._release(pending, now)
-            if not pending.answer.done():
-                pending.answer.set_exception(exc)
+            self._fail(pending, exc, now)
 
     def fail_or_requeue(self, member: Member, how: str) -> None:
         """``member`` exited (``how``): the calls it was running fail, the ones that had not
-        started go back to the head of the queue, which goes on to the free slots."""
+        started go back to the head of the queue."""
         running = self.calls_running(member)
         requeue: list[PendingCall] = []
         now = self._clock()
         for index, pending in enumerate(member.sent.values()):
             if index < running or pending.answer.done() or pending.abandoned:
-                self._release(pending, now)
-                if not pending.answer.done():
-                    pending.answer.set_exception(WorkerCrashed(how))
-                elif pending.chunks is not None:
+                if pending.answer.done() and pending.chunks is not None:
                     pending.chunks.put_nowait(STREAM_LOST)
+                self._fail(pending, WorkerCrashed(how), now)
             else:
                 pending.returned(to_queue=True)
                 requeue.append(pending)
@@ -391,8 +386,8 @@ class Scheduler:
 
 
 def _left_batch(member: Member, pending: PendingCall) -> None:
-    """``pending`` is out of its batch if it has one (answered, given back): the batch's slot in
-    ``member`` is free once none of its calls is left."""
+    """``pending`` is out of its batch, if it has one: the batch's slot in ``member`` is free
+    once none of its calls is left."""
     batch, pending.batch = pending.batch, None
     if batch is not None:
         batch.left -= 1

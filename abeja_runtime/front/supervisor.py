@@ -1,10 +1,7 @@
 """The front process's start (``run(config)``): its log, its working folder, the ports bound,
-the first handler process's interpreter started (``interpreter.py``), then the front at work
-(``serving.py``) on uvloop or asyncio until it stops; the exit code.
-
-The first handler process starts before this process imports its loop, its pool and its
-servers (aiohttp), so that the two processes' imports overlap: this module imports none of
-them at the top.
+the first handler process's interpreter started (``interpreter.py``) before this process imports
+its loop, its pool and its servers (so that the two imports overlap: none is imported at the
+top), then the front at work (``serving.py``) until it stops; the exit code.
 """
 
 from __future__ import annotations
@@ -146,10 +143,9 @@ def _hold_signals() -> list[int]:
 
 
 def _prestart(config: Config, environment: dict[str, str]) -> Prestarted | None:
-    """The first handler process's interpreter, before the front's own imports, which it
-    overlaps (``interpreter.py``); none where that process needs another environment (a
-    worker's ``--devices``), or where it cannot start now (the pool tries again, and says why).
-    """
+    """The first handler process's interpreter; none where that process needs another
+    environment (a worker's ``--devices``), or where it cannot start now (the pool tries again,
+    and says why)."""
     if config.devices and not config.preload:
         return None
     try:

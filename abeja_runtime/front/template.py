@@ -1,15 +1,14 @@
-"""The front's side of preforking (``--preload``, :class:`Template`): the template process that
-imports the handler once (``worker/template.py``), and the handler processes forked from it.
+"""The front's side of preforking (``--preload``, :class:`Template`, the pool's
+:class:`~abeja_runtime.front.processes.Launcher`): the template process that imports the handler
+once (``worker/template.py``), and the handler processes forked from it.
 
-A :class:`Template` is the pool's :class:`~abeja_runtime.front.processes.Launcher`. The processes
-asked for while the template loads wait; once it says :class:`~abeja_runtime.frames.Loaded`,
-each is a :class:`~abeja_runtime.frames.Fork` (with its socket's end), answered in order by a
-:class:`~abeja_runtime.frames.Forked` pid that the front adopts: the template forks through a
-middle process that exits, and the front, a child subreaper, becomes the parent of every
-handler process, as if it had started it. Where a fork is not safe (the template says why), or
-the front cannot adopt, every process is a fresh interpreter instead, as with ``--preload off``.
-A template that dies is started again (a full import), with back-off; the processes forked from
-it are not affected.
+The processes asked for while the template loads wait; once it says
+:class:`~abeja_runtime.frames.Loaded`, each is a :class:`~abeja_runtime.frames.Fork` (with its
+socket's end), answered in order by a :class:`~abeja_runtime.frames.Forked` pid: the template
+forks through a middle process that exits, and the front, a child subreaper, adopts every
+handler process. Where a fork is not safe (the template says why), every process is a fresh
+interpreter instead, as with ``--preload off``. A template that dies is started again (a full
+import), with back-off; the processes forked from it are not affected.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from typing import Final
 
 from abeja_runtime.config import Config
 from abeja_runtime.frames import Fork, Forked, Frame, Loaded, LoadFailed
-from abeja_runtime.front.interpreter import Prestarted
 from abeja_runtime.front.processes import (
     Adopted,
     FreshInterpreter,
@@ -35,6 +33,7 @@ from abeja_runtime.front.processes import (
     Launcher,
     backoff,
     describe_exit,
+    reap,
 )
 
 __all__ = ["Template", "adopt_orphans"]
@@ -54,14 +53,10 @@ def adopt_orphans() -> bool:
 
 
 class _Stage(enum.Enum):
-    #: Importing the handler: processes asked for wait.
-    LOADING = "loading"
-    #: Loaded: each process asked for is forked.
-    FORKING = "forking"
-    #: A fork is not safe: each process is a fresh interpreter.
-    REFUSED = "refused"
-    #: Stopped: no process is started any more.
-    STOPPED = "stopped"
+    LOADING = "loading"  # importing the handler: processes asked for wait
+    FORKING = "forking"  # loaded: each process asked for is forked
+    REFUSED = "refused"  # a fork is not safe: each process is a fresh interpreter
+    STOPPED = "stopped"  # no process is started any more
 
 
 class Template:
@@ -74,36 +69,30 @@ class Template:
         load_failed: Callable[[str, str], None],
         loaded: Callable[[], None] | None = None,
     ) -> None:
-        """``loaded``: called once the handler is loaded the first time (a reload's template:
-        the reload says so then; the first template says it itself)."""
+        """``load_failed``: the handler could not be loaded (text, details); ``loaded``: it is
+        loaded the first time (a reload's template: the reload logs it; else the template)."""
         self._config = config
         self._environment = environment
-        #: The handler could not be loaded (its text and details), as a worker says it.
         self._load_failed = load_failed
-        #: The handler is loaded (the first time): the processes asked for from now are started.
         self._on_loaded = loaded or (lambda: None)
         self._announce = loaded is None
         self._fresh = FreshInterpreter()
         self._stage = _Stage.LOADING
         self._process: HandlerProcess | None = None
-        #: Asked for while the template loads: each process, its end of its socket, and its
-        #: environment.
+        #: Asked for while the template loads: each process, its socket's end, its environment.
         self._waiting: deque[tuple[HandlerProcess, socket.socket, dict[str, str]]] = deque()
         #: Forks asked of the template and not answered yet, in order.
         self._forking: deque[HandlerProcess] = deque()
         self._loaded_once = False
         self._deaths = 0
 
-    def start(self, prestarted: Prestarted | None = None) -> Prestarted | None:
-        """Start the template's process, in ``prestarted`` (an interpreter started already) when
-        that has the template's environment; returns ``prestarted`` if it was not taken."""
-        launcher: Launcher = FreshInterpreter()
-        if prestarted is not None and prestarted.environment == self._environment:
-            launcher, prestarted = prestarted, None
+    def start(self, launcher: Launcher | None = None) -> None:
+        """Start the template's process, a fresh interpreter unless ``launcher`` is given (the
+        interpreter the front started already)."""
+        launcher = launcher or FreshInterpreter()
         self._process = HandlerProcess(
             self._config, self._environment, self, launcher, template=True
         )
-        return prestarted
 
     @property
     def pid(self) -> int:
@@ -169,21 +158,20 @@ class Template:
     # -- the template's frames and exit -------------------------------------------------------
 
     def received(self, frame: Frame, fd: int | None) -> None:
-        if isinstance(frame, Forked):
-            if self._forking:
+        match frame:
+            case Forked() if self._forking:
                 process = self._forking.popleft()
                 if frame.pid:
                     process.adopt(Adopted(frame.pid))
                 else:
                     process.launch_failed(frame.error)
-        elif isinstance(frame, Loaded):
-            self._loaded(frame.hazard)
-        elif isinstance(frame, LoadFailed):
-            if self._loaded_once:  # started again, it failed: its exit starts it again
+            case Loaded():
+                self._loaded(frame.hazard)
+            case LoadFailed() if self._loaded_once:  # started again: its exit starts it again
                 _log.error("the template process could not load the handler: %s", frame.text)
-                return
-            self._load_failed(frame.text, frame.details)
-            self.stop()
+            case LoadFailed():
+                self._load_failed(frame.text, frame.details)
+                self.stop()
 
     def _loaded(self, hazard: str) -> None:
         if self._stage is not _Stage.LOADING:
@@ -224,14 +212,7 @@ class Template:
         process = self._process
         if process is None or process.child is None:
             return
-        if process.exit_fd is not None:
-            asyncio.get_running_loop().remove_reader(process.exit_fd)
-            os.close(process.exit_fd)
-            process.exit_fd = None
-        with contextlib.suppress(OSError):
-            process.read_available()  # the Forked and Loaded it wrote before it exited
-        process.close_socket()
-        how = describe_exit(process.child.wait())
+        how = describe_exit(reap(process))  # (the Forked and Loaded it wrote are taken in)
         self._process = None
         why = "" if self._stage is _Stage.STOPPED else f"the template exited ({how})"
         while self._forking:

@@ -2,29 +2,28 @@
 the default), or by priority class and weighted fairness across tenants (:class:`FairOrder`,
 ``--tenant-header`` or ``--priority-header``).
 
-Both are what the scheduler (``scheduler.py``) takes from: ``append`` a call, ``popleft`` the
-next, ``remove`` one given up, ``put_back`` one a process gave back (before the calls that came
-after it), ``first_queued_at``, iterate over all, ``len``.
+Both are what the scheduler (``scheduler.py``) takes from: ``append``, ``popleft``, ``remove``,
+``put_back`` (a call given back, before the calls that came after it), ``first_queued_at``,
+iteration, ``len``.
 
 For :class:`FairOrder` the next call is of the class whose oldest call came first, a class's
-arrivals counted ``--priority-aging`` seconds later per class below the highest: a higher class
-goes first, and a lower call goes before the higher ones that came that long after it. Within a
-class, tenants take turns by start-time fair queuing (Goyal, Vin and Cheng): a call's start tag
-is the later of the class's progress (the start tag of the last call taken in its turn) and its
-tenant's previous finish tag, its finish tag its start plus 1 / the tenant's weight, and the
-smallest start tag goes next. So each tenant with calls waiting is served in proportion to its
-weight, first come first served within a tenant. A tenant that kept below its share gets a
-lead (:data:`BURST`): its few calls wait behind the calls that run, not behind another tenant's
-backlog; each call taken early moves the earliest lead on by a turn shared among the tenants
-waiting, so that a stream of new tenants cannot hold a backlog back.
-The scheduler holds no call in a process's socket ahead of its turn with tenants on (one sent
-early would go before a newcomer's).
+arrivals counted ``--priority-aging`` seconds later per class below the highest: a higher class goes
+first, and a lower call goes before the higher ones that came that long after it (so it waits at
+most that per class, plus the calls older than it). Within a class, tenants take turns by start-time
+fair queuing (Goyal, Vin and Cheng): a call's start tag is the later of the class's progress (the
+start tag of the last call taken in its turn) and its tenant's previous finish tag, its finish tag
+its start plus 1 / the tenant's weight, and the smallest start tag goes next. So each tenant with
+calls waiting is served in proportion to its weight, first come first served within a tenant. A
+tenant that kept below its share gets a lead (:data:`BURST`): its few calls wait behind the calls
+that run, not behind another tenant's backlog; each call taken early moves the earliest lead on by a
+turn shared among the tenants waiting, so that a stream of new tenants cannot hold a backlog back.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
@@ -37,9 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["BURST", "ArrivalOrder", "FairOrder", "Waiting"]
 
 #: The lead of a tenant that kept below its share: with equal weights, this many of its calls
-#: go before the next call of another tenant's backlog (a light tenant waits behind the calls
-#: that run, not behind a heavy tenant's backlog); a tenant with calls waiting all along gets
-#: no such lead.
+#: go before the next call of another tenant's backlog.
 BURST: Final = 4
 
 
@@ -72,8 +69,7 @@ class _Class:
         #: Each tenant's last finish tag, while it holds its next call back (kept when its
         #: queue empties, so that a tenant cannot leave and come back to jump the turns).
         self.finish: dict[str, float] = {}
-        #: The earliest start tag a lead gives now: each call taken early moves it on by a turn
-        #: shared among the tenants waiting, so that new tenants cannot hold the others back.
+        #: The earliest start tag a lead gives now (see the module).
         self.lead = -math.inf
 
     def next_tenant(self) -> str:
@@ -88,8 +84,7 @@ class _Class:
 
     def _earliest(self, tenant: str) -> float:
         """The earliest start tag of ``tenant``'s calls: ``BURST - 1`` of its turns before the
-        class's progress (so that, with equal weights, ``BURST`` of its calls go before the
-        next call of a backlog), and not before :attr:`lead`."""
+        class's progress, and not before :attr:`lead`."""
         return max(self.virtual - (BURST - 1) / self.weight(tenant), self.lead)
 
     def add(self, tenant: str, pending: PendingCall, *, front: bool) -> None:
@@ -97,8 +92,7 @@ class _Class:
         if queue is None:
             queue = self.queues[tenant] = deque()
         if front:  # given back: its tags kept, before the calls after it
-            ids = [call.frame.id for call in queue]
-            queue.insert(bisect.bisect_left(ids, pending.frame.id), pending)
+            bisect.insort(queue, pending, key=_id)
             return
         pending.turn = self.start_tag(tenant)
         self.finish[tenant] = pending.turn + 1 / self.weight(tenant)
@@ -135,10 +129,7 @@ class _Class:
     def ahead_of(self, tenant: str) -> int:
         """How many of its calls go before one of ``tenant`` joining now."""
         turn = self.start_tag(tenant)
-        ahead = 0
-        for queue in self.queues.values():
-            ahead += bisect.bisect_right([call.turn for call in queue], turn)
-        return ahead
+        return sum(bisect.bisect_right(queue, turn, key=_turn) for queue in self.queues.values())
 
     def __len__(self) -> int:
         return sum(len(queue) for queue in self.queues.values())
@@ -147,12 +138,10 @@ class _Class:
         return min((queue[0] for queue in self.queues.values()), key=_arrival)
 
 
-def _tag(pending: PendingCall) -> tuple[float, int]:
-    return pending.turn, pending.frame.id
-
-
-def _arrival(pending: PendingCall) -> float:
-    return pending.queued_at
+_tag = operator.attrgetter("turn", "frame.id")
+_id = operator.attrgetter("frame.id")
+_turn = operator.attrgetter("turn")
+_arrival = operator.attrgetter("queued_at")
 
 
 class FairOrder:
@@ -290,9 +279,7 @@ class FairOrder:
 
     def _next_class(self) -> _Class:
         """The class whose oldest call came first, each class's arrivals counted ``aging``
-        seconds later per class below the highest: a higher class goes first, but a call of
-        a lower class goes before higher ones that came that long after it (so neither waits
-        without end: a lower call at most ``aging`` per class, plus the calls older than it)."""
+        seconds later per class below the highest (see the module)."""
         best, best_at = self._classes[0], math.inf
         for level, klass in enumerate(self._classes):
             if klass.queues:

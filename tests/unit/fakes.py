@@ -8,7 +8,7 @@ from typing import Any
 
 from abeja_runtime.config import Config
 from abeja_runtime.frames import VERSION, Answer, Frame, Ready
-from abeja_runtime.front.members import Member
+from abeja_runtime.front.pending import Member
 from abeja_runtime.front.pool import HandlerPool
 
 _pids = itertools.count(1000)

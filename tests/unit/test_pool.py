@@ -12,8 +12,7 @@ import pytest
 
 from abeja_runtime.errors import ServiceBusy, ServiceUnavailable, WorkerCrashed
 from abeja_runtime.frames import Call, Cancel
-from abeja_runtime.front.members import ProcessState
-from abeja_runtime.front.pending import PendingCall
+from abeja_runtime.front.pending import PendingCall, ProcessState
 
 from .fakes import FakePool
 

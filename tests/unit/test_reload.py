@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from abeja_runtime.front.members import ProcessState
+from abeja_runtime.front.pending import ProcessState
 
 from .fakes import FakePool
 
