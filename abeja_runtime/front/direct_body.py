@@ -1,16 +1,11 @@
-"""The body of a request on the direct path above the inline limit: its place, its buffer, its
-reading.
+"""The body of a request on the direct path above the inline limit, with a ``Content-Length``, up
+to the spool threshold (:class:`DirectBody`).
 
-A body between the inline limit and the spool threshold, with a ``Content-Length``, is read by
-the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body.
-BodyGate` (waiting in line, unread in its connection, while all are held), then a shared
-buffer, into which the connection reads the body straight from the socket
-(:meth:`~abeja_runtime.front.capture.CapturingConnection.capture_body`). Then the call is submitted.
-A body that stops arriving, or is still arriving at its call's deadline (the nearer of the one
-its caller gave and ``--timeout``'s), fails with ``408``, and the connection closes.
-
-A body waits in line (places are handed out in arrival order) until its call's deadline at
-most: then it gets its ``504``, and the connection closes, the body unread.
+It takes a place in the front's :class:`~abeja_runtime.front.body.BodyGate` (waiting in line,
+unread in its connection, until its call's deadline at most: then ``504``), then a shared buffer,
+into which the connection reads it straight from the socket (``capture.py``); then the call is
+submitted. A body that stops arriving, or is still arriving at its call's deadline, fails with
+``408``. Each failure closes the connection.
 """
 
 from __future__ import annotations
@@ -47,9 +42,9 @@ class DirectBody:
         "_payload",
         "_ready",
         "_service",
+        "_size",
         "_timer",
         "_turn",
-        "size",
     )
 
     def __init__(
@@ -68,7 +63,7 @@ class DirectBody:
         self._service = service
         self._connection = connection
         self._payload = payload
-        self.size = size
+        self._size = size
         self._deadline, self._budget = deadline, budget
         self._ready = ready
         self._failed = failed
@@ -76,11 +71,6 @@ class DirectBody:
         self._timer: asyncio.TimerHandle | None = None
         self._capture: BodyCapture | None = None
         self._body: Body | None = None
-
-    @property
-    def reading(self) -> bool:
-        """Waiting for a place, or for the body's bytes."""
-        return self._turn is not None or self._capture is not None
 
     def start(self) -> None:
         """Take a place now, or wait in line for one, the body left in the connection."""
@@ -126,7 +116,7 @@ class DirectBody:
             self._failed(ServiceUnavailable())
             return
         try:
-            self._body, mapped = self._service.bodies.held(self.size)
+            self._body, mapped = self._service.bodies.held(self._size)
         except OSError as exc:  # its place is given back already
             self._failed(
                 ServiceUnavailable(
@@ -135,14 +125,14 @@ class DirectBody:
                 )
             )
             return
-        self._capture = connection.capture_body(payload, mapped, self.size, self._read_whole)
+        self._capture = connection.capture_body(payload, mapped, self._size, self._read_whole)
         if self._capture is None:  # it had arrived whole
             self._hand_over()
             return
         capture = self._capture
         left = self._service.bodies.time_left(self._deadline)
         connection.watch_body(
-            lambda: capture.arriving, self._stalled, lambda: capture.received, self.size, left
+            lambda: capture.arriving, self._stalled, lambda: capture.received, self._size, left
         )
         if left is not None:
             self._timer = self._service.loop.call_later(left, self._past_deadline)
@@ -173,7 +163,7 @@ class DirectBody:
         assert self._capture is not None
         self._capture.give_up()
         self._capture = None
-        self.release()
+        self._release()
         self._failed(exc)
 
     def abandon(self) -> None:
@@ -185,9 +175,9 @@ class DirectBody:
         if self._capture is not None:
             self._capture.give_up()
             self._capture = None
-        self.release()
+        self._release()
 
-    def release(self) -> None:
+    def _release(self) -> None:
         """Give the place and the buffer back (once), if the call does not own them yet."""
         body, self._body = self._body, None
         if body is not None:

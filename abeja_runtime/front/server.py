@@ -1,14 +1,10 @@
 """The front's HTTP: the service port's requests that aiohttp handles, and the health-check port.
 
-The front's modules are the only ones that serve HTTP (this one, ``connection.py``,
-``direct.py``, ``answers.py``, ``web_responder.py``) or gRPC (``rpc.py``). :class:`HttpServer`
-serves what the direct path (``direct.py``) leaves to aiohttp: ``/health_check``, then for every
-other path the request's checks (method, size, a body that makes progress), its body read whole
-(decoded, in memory, or spooled to a file above the spool threshold, which travels to the
-handler process as a descriptor), and its call (``call.py``), whose answer the
-:class:`~abeja_runtime.front.web_responder.WebResponder` writes; an async (ARMS) request's call
-is a job (``async_jobs.py``). :class:`ControlServer` serves the health-check port (readiness,
-liveness, metrics).
+:class:`HttpServer` serves what the direct path (``direct.py``) leaves to aiohttp: the front's own
+paths, then the request's checks (method, size, a body that makes progress), its body read whole
+(decoded, in memory, or spooled to a file above the spool threshold), and its call, whose answer
+the :class:`~abeja_runtime.front.web_responder.WebResponder` writes; an async (ARMS) request's
+call is a job (``async_jobs.py``). :class:`ControlServer` serves the health-check port.
 """
 
 from __future__ import annotations
@@ -149,9 +145,8 @@ class HttpServer:
         )
 
     async def _read_body(self, request: BaseRequest, call: FrontCall) -> Body:
-        """The whole body, counted against the limit: in the frame up to
-        :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
-        in a spool file above it."""
+        """The whole body, counted against the limit: in the frame, in shared memory up to the
+        spool threshold, in a spool file above it."""
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
             return Body(b"")
@@ -177,8 +172,7 @@ class HttpServer:
         *,
         in_place: bool,
     ) -> Body:
-        """The body read whole, or ``408`` when it is still arriving at the call's deadline
-        (a client trickling a byte now and then would otherwise hold its place for ever), or,
+        """The body read whole, or ``408`` when it is still arriving at the call's deadline, or,
         ``in_place``, when it arrives slower than the minimum rate."""
         left = self.call_service.bodies.time_left(call.deadline)
         if left is None or request.content.is_eof():
@@ -196,8 +190,7 @@ class HttpServer:
         in_place: bool,
         time_left: float | None,
     ) -> Body:
-        """The body, decoded (``decoder``), counted against the limit as it grows; one that
-        holds a place (``in_place``) and could not be whole within ``time_left`` is cut early
+        """The body, decoded (``decoder``), counted against the limit as it grows, watched
         (``Connection.watch_body``)."""
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
