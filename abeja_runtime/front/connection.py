@@ -110,8 +110,12 @@ class Connection(HeadLimits, CapturingConnection):
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.event_loop.time()
-        if len(data) > self._head_room and self._awaiting_head() and not self._ends_head(data):
-            # Rare: a head past its limit, or one whose end is in a later read.
+        if (
+            len(data) > self._head_room
+            and self.transport is not None
+            and not self._busy()
+            and not self._ends_head(data)
+        ):  # rare: a head past its limit, or one whose end is in a later read
             rest = self._parse_head_room(data)
             if rest is None:
                 return
@@ -247,16 +251,12 @@ class Connection(HeadLimits, CapturingConnection):
             return
         if self.transport is None:
             return
-        self._arm_idle_timer()
-        if not taking:
-            self._take_requests()
-
-    def _arm_idle_timer(self) -> None:
-        """The keep-alive period after a direct answer: the connection is closed
-        ``keepalive_timeout`` from now if it is idle then."""
+        # The keep-alive period: the connection is closed then if it is idle.
         self._idle_until = self.event_loop.time() + self._keepalive_seconds
         if self._idle_timer is None:
             self._idle_timer = self.event_loop.call_at(self._idle_until, self._idle_ends)
+        if not taking:
+            self._take_requests()
 
     def _idle_ends(self) -> None:
         self._idle_timer = None

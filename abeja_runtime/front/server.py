@@ -243,18 +243,15 @@ class HttpServer:
         return Body(None, file=file, scratch=scratch)
 
 
-async def _next_chunk(content: StreamReader) -> bytes:
-    """The body's next piece as it was received (``b""`` at its end): aiohttp's ``readany()``
-    joins all it holds, one more copy of a body that arrived whole."""
+async def _body_pieces(content: StreamReader, decoder: BodyDecoder | None) -> AsyncIterator[bytes]:
+    """The body's pieces as received (aiohttp's ``readany()`` would join all it holds, one more
+    copy of a body that arrived whole), or as decoded (then ``400`` for a stream cut short)."""
     while True:
         chunk, end_of_http_chunk = await content.readchunk()
-        if chunk or not end_of_http_chunk:  # (b"", False) is the end of the body
-            return chunk
-
-
-async def _body_pieces(content: StreamReader, decoder: BodyDecoder | None) -> AsyncIterator[bytes]:
-    """The body's pieces as received, or as decoded (then ``400`` for a stream cut short)."""
-    while chunk := await _next_chunk(content):
+        if not chunk:
+            if end_of_http_chunk:  # an HTTP chunk's end: the body goes on
+                continue
+            break  # (b"", False) is the end of the body
         if decoder is None:
             yield chunk
         else:
