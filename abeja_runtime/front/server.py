@@ -146,42 +146,31 @@ class HttpServer:
 
     async def _read_body(self, request: BaseRequest, call: FrontCall) -> Body:
         """The whole body, counted against the limit: in the frame, in shared memory up to the
-        spool threshold, in a spool file above it."""
+        spool threshold, in a spool file above it; ``408`` when it is still arriving at the
+        call's deadline. One that may pass the inline limit (a compressed one too) takes a
+        place first."""
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
             return Body(b"")
         decoder = decoder_for(request.headers.get("Content-Encoding"))
         declared = request.content_length
-        if declared is not None and declared <= INLINE_LIMIT and decoder is None:
-            return await self._read_in_time(request, call, decoder, in_place=False)
-        # A compressed body may grow past the inline limit.
-        await self.call_service.bodies.enter(call.deadline, call.caller_budget)
+        in_place = declared is None or declared > INLINE_LIMIT or decoder is not None
+        bodies = self.call_service.bodies
+        if in_place:
+            await bodies.enter(call.deadline, call.caller_budget)
+        left = bodies.time_left(call.deadline)
         try:
-            body = await self._read_in_time(request, call, decoder, in_place=True)
-        except BaseException:
-            self.call_service.bodies.gate.leave()
+            async with asyncio.timeout(None if content.is_eof() else left):
+                body = await self._read_whole(request, decoder, in_place, left)
+        except BaseException as exc:
+            if in_place:
+                bodies.gate.leave()
+            if isinstance(exc, TimeoutError):
+                raise bodies.past_deadline(call.caller_budget) from None
             raise
-        body.gate = self.call_service.bodies.gate
+        if in_place:
+            body.gate = bodies.gate
         return body
-
-    async def _read_in_time(
-        self,
-        request: BaseRequest,
-        call: FrontCall,
-        decoder: BodyDecoder | None,
-        *,
-        in_place: bool,
-    ) -> Body:
-        """The body read whole, or ``408`` when it is still arriving at the call's deadline, or,
-        ``in_place``, when it arrives slower than the minimum rate."""
-        left = self.call_service.bodies.time_left(call.deadline)
-        if left is None or request.content.is_eof():
-            return await self._read_whole(request, decoder, in_place, left)
-        try:
-            async with asyncio.timeout(left):
-                return await self._read_whole(request, decoder, in_place, left)
-        except TimeoutError:
-            raise self.call_service.bodies.past_deadline(call.caller_budget) from None
 
     async def _read_whole(
         self,
@@ -191,7 +180,7 @@ class HttpServer:
         time_left: float | None,
     ) -> Body:
         """The body, decoded (``decoder``), counted against the limit as it grows, watched
-        (``Connection.watch_body``)."""
+        (``Connection.watch_body``: a body ``in_place`` is cut when it arrives too slowly)."""
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
         threshold = self._limits.spool_threshold
