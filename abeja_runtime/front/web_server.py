@@ -143,8 +143,9 @@ def make_web_server(
     """A low-level aiohttp server (no router or middleware) with the front's connections: the
     direct path when given, unless the installed aiohttp lacks a private name it needs (then
     one warning says so, and every connection is a :class:`PublicConnection`); no lingering read
-    of a body nobody will use (the 413 path reads a bounded amount itself); bodies as sent (the
-    service decodes a ``Content-Encoding`` itself)."""
+    of a body nobody will use (the 413 path reads a bounded amount itself); a request whose
+    client left cancelled (its call is withdrawn); bodies as sent (the service decodes a
+    ``Content-Encoding`` itself)."""
     public = _aiohttp_lacks_private_names()
     return _Server(
         handler,
