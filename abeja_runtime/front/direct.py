@@ -219,14 +219,12 @@ class DirectResponder:
 
     def read_body(self, frame: Call, payload: StreamReader) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""
-        call = self.call
         self._body = DirectBody(
             self._service,
             self._connection,
             payload,
             frame.body_size,
-            call.deadline,
-            call.caller_budget,
+            self.call,
             lambda body: self._body_read(frame, body),
             self._body_failed,
         )

@@ -22,6 +22,7 @@ from abeja_runtime.front.connection import Connection
 
 if TYPE_CHECKING:
     from abeja_runtime.front.body import Body
+    from abeja_runtime.front.call import FrontCall
     from abeja_runtime.front.service import CallService
 
 __all__ = ["DirectBody"]
@@ -34,10 +35,9 @@ class DirectBody:
 
     __slots__ = (
         "_body",
-        "_budget",
+        "_call",
         "_capture",
         "_connection",
-        "_deadline",
         "_failed",
         "_payload",
         "_ready",
@@ -53,18 +53,16 @@ class DirectBody:
         connection: Connection,
         payload: StreamReader,
         size: int,
-        deadline: float | None,
-        budget: float,
+        call: FrontCall,
         ready: Callable[[Body], None],
         failed: Callable[[HttpError], None],
     ) -> None:
-        """``deadline``: the call's (``time.time()``; ``None``: none), and ``budget``, the
-        seconds its caller gave when they set it (0: ``--timeout`` did)."""
         self._service = service
         self._connection = connection
         self._payload = payload
         self._size = size
-        self._deadline, self._budget = deadline, budget
+        #: Whose body it is: its deadline is the call's.
+        self._call = call
         self._ready = ready
         self._failed = failed
         self._turn: asyncio.Future[None] | None = None
@@ -81,7 +79,7 @@ class DirectBody:
         self._turn = gate.wait()
         self._turn.add_done_callback(self._placed)
         self._connection.hold_body(self._payload)
-        left = self._service.bodies.time_left(self._deadline)
+        left = self._service.bodies.time_left(self._call.deadline)
         if left is not None:
             self._timer = self._service.loop.call_later(left, self._not_placed_in_time)
 
@@ -100,7 +98,7 @@ class DirectBody:
         assert turn is not None
         bodies = self._service.bodies
         bodies.gate.give_up(turn)
-        self._failed(bodies.not_placed_in_time(self._budget))
+        self._failed(bodies.not_placed_in_time(self._call.caller_budget))
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -130,7 +128,7 @@ class DirectBody:
             self._hand_over()
             return
         capture = self._capture
-        left = self._service.bodies.time_left(self._deadline)
+        left = self._service.bodies.time_left(self._call.deadline)
         connection.watch_body(
             lambda: capture.arriving, self._stalled, lambda: capture.received, self._size, left
         )
@@ -157,7 +155,7 @@ class DirectBody:
         """Still arriving at the request's deadline: ``408`` (the connection closes), and
         the place goes to a body that may yet be answered in time."""
         self._timer = None
-        self._stop_reading(self._service.bodies.past_deadline(self._budget))
+        self._stop_reading(self._service.bodies.past_deadline(self._call.caller_budget))
 
     def _stop_reading(self, exc: HttpError) -> None:
         assert self._capture is not None

@@ -79,7 +79,6 @@ class HttpServer:
         self._metrics = metrics
         #: Where calls begin, and what they share.
         self.call_service = service
-        self.loop = service.loop
         self._limits = BodyLimits(
             max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
         )
@@ -103,7 +102,7 @@ class HttpServer:
         request_id = request_id_from(headers.get(REQUEST_ID_HEADER))
         requester_id = requester_id_from(headers.get(REQUESTER_ID_HEADER))
         head = CallHead(request.method, path, time.time(), request_id, requester_id, headers)
-        responder = WebResponder(request, self.loop)
+        responder = WebResponder(request, self.call_service.loop)
         call = self.call_service.begin(head, responder)
         try:
             async_id = await self._submit(request, call)
