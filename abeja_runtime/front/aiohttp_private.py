@@ -2,12 +2,10 @@
 pins it below 3.15 for them).
 
 The direct path serves requests from aiohttp's queue of parsed requests without aiohttp's request
-loop: it needs the queue, the future the loop waits on, the hold on reading while the queue is
-full, and the parser. :class:`HandlerInternals`, the base of the front's connection, has them
-under the front's names (``aio_*``: aiohttp's own ``__slots__`` descriptors, as fast as the
-private names) and does with them what aiohttp's request loop does; :func:`whole_body` reads a
-small body. Where :func:`missing_names` finds one gone, the front serves every request through
-aiohttp's public request handling (``web_server.py``).
+loop. :class:`HandlerInternals`, the base of the front's connection, has what it needs under the
+front's names (``aio_*``: aiohttp's own ``__slots__`` descriptors, as fast as the private names)
+and does with them what aiohttp's request loop does. Where :func:`missing_names` finds one gone,
+the front serves every request through aiohttp's public request handling (``web_server.py``).
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ class HandlerInternals(web_protocol.RequestHandler):
         read_bufsize: int = 2**18,
         **kwargs: Any,
     ) -> None:
-        """As aiohttp's, keeping the event loop, the keep-alive period, the server, and the read
-        buffer's size and parser options (for a fresh parser)."""
+        """As aiohttp's, keeping what a fresh parser is made with."""
         super().__init__(
             manager,
             loop=loop,
@@ -85,22 +82,19 @@ class HandlerInternals(web_protocol.RequestHandler):
         self._server = manager
         self._parser_options = {name: kwargs[name] for name in _PARSER_OPTIONS if name in kwargs}
 
-    #: Parsed requests not handled yet, oldest first: each a ``(RawRequestMessage or a parse
-    #: error, StreamReader)``. aiohttp's ``data_received`` appends to it; the direct path takes
-    #: from its head (:meth:`pop_message`).
+    #: Parsed requests not handled yet, oldest first: ``(RawRequestMessage or a parse error,
+    #: StreamReader)``; the direct path takes from its head (:meth:`pop_message`).
     aio_messages: deque[tuple[Any, StreamReader]] = _slot(web_protocol.RequestHandler, "_messages")
-    #: The future aiohttp's request loop awaits while the queue is empty; set (not done):
-    #: aiohttp is idle. ``data_received`` sets its result when it queues a request, so the
-    #: connection hides it while the direct path may take the request.
+    #: The future aiohttp's request loop awaits while the queue is empty (set, not done: aiohttp
+    #: is idle); ``data_received`` sets its result when it queues a request.
     aio_waiter: asyncio.Future[None] | None = _slot(web_protocol.RequestHandler, "_waiter")
     #: Reading is held because aiohttp's queue of parsed requests is full (at
     #: ``MAX_MSG_QUEUE_SIZE``); :meth:`release_queue_hold` ends it.
     aio_buffer_paused: bool = _slot(BaseProtocol, "_buffer_paused")
 
     def pop_message(self) -> None:
-        """Take the head of :attr:`aio_messages` as aiohttp's request loop takes one: off the
-        queue, a slot freed in the parser's count of requests in flight (at
-        ``MAX_MSG_QUEUE_SIZE`` it stops parsing), counted in the server's ``requests_count``."""
+        """Take the head of :attr:`aio_messages` as aiohttp's request loop takes one: a slot
+        freed in the parser's count of requests in flight, counted in ``requests_count``."""
         self._messages.popleft()
         parser = self._parser
         if parser is not None:
@@ -109,15 +103,13 @@ class HandlerInternals(web_protocol.RequestHandler):
 
     def release_queue_hold(self) -> None:
         """Once the queue has drained to half ``MAX_MSG_QUEUE_SIZE`` while reading is held for
-        it, parse what the parser held back and read again, as aiohttp's request loop does after
-        each request it takes: a client that pipelines more requests than the queue holds, all
-        taken by the direct path, would otherwise wait for ever."""
+        it, parse what the parser held back and read again, as aiohttp's request loop does (a
+        client pipelining more than the queue holds would otherwise wait for ever)."""
         if self._buffer_paused and len(self._messages) <= web_protocol.MAX_MSG_QUEUE_SIZE // 2:
             self._resume_reading_if_drained()
 
     async def wait_as_idle(self) -> None:
-        """Wait as aiohttp's request loop waits for a request (on :attr:`aio_waiter`): until
-        ``data_received`` queues one aiohttp is to serve, or ``force_close`` cancels the wait."""
+        """Wait as aiohttp's request loop waits for a request (on :attr:`aio_waiter`)."""
         self._waiter = self.event_loop.create_future()
         try:
             await self._waiter
@@ -126,7 +118,7 @@ class HandlerInternals(web_protocol.RequestHandler):
 
     def replace_parser(self) -> None:
         """A fresh request parser, made as aiohttp makes its own, for after a body read past the
-        parser, which llhttp cannot be told to skip."""
+        parser (llhttp cannot be told to skip one)."""
         self._parser = HttpRequestParser(
             self,
             self.event_loop,
@@ -138,16 +130,15 @@ class HandlerInternals(web_protocol.RequestHandler):
 
 
 def whole_body(payload: StreamReader) -> bytes:
-    """The body of a request whose payload is whole (``is_eof()``) and small enough that it
-    never paused reading, taken for good: its pieces joined, without the cursor, chunk splits
-    and flow control that ``read_nowait()`` keeps for later reads."""
+    """The body of a whole payload that never paused reading, taken for good: its pieces joined,
+    without the bookkeeping ``read_nowait()`` keeps for later reads."""
     return b"".join(payload._buffer)
 
 
 def missing_names() -> list[str]:
     """The names of :data:`PRIVATE_NAMES` the installed aiohttp lacks, looked for on a live
-    connection handler and stream (where aiohttp sets them in ``__init__``), and the parser's
-    ``max_msg_queue_size`` argument if it takes none. Called in the running event loop."""
+    connection handler and stream, and the parser's ``max_msg_queue_size`` argument if it takes
+    none. Called in the running event loop."""
     loop = asyncio.get_running_loop()
     handler = web_protocol.RequestHandler(Server(_no_handler), loop=loop)
     owners: dict[str, object] = {

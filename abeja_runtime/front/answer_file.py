@@ -27,7 +27,7 @@ class AnswerFile:
     __slots__ = ("_fd", "size")
 
     #: How many are open in this process: each holds a descriptor, which the connection cap
-    #: counts (``connection.py``).
+    #: counts (``web_server.py``).
     held: ClassVar[int] = 0
 
     def __init__(self, fd: int) -> None:

@@ -1,22 +1,11 @@
-"""How the front writes an answer to a client, on both ways in (``server.py``, ``direct.py``).
+"""How the front writes an answer to a client (aiohttp's path writes its whole answers in
+``web_responder.py``).
 
-An answer's head is built by :mod:`abeja_runtime.http_head`; one the client could misread is
-not sent: the answer becomes the runtime's own ``500`` (:data:`~abeja_runtime.encode.
-UNEXPECTED_ERROR`), and the log says why (:func:`unsendable`).
-
-Two ways to write one here (aiohttp's path writes its whole answers in ``web_responder.py``):
-
-* A whole answer on the direct path (:func:`send_whole`): its head built here (the checked part
-  cached, :func:`checked_head`) and written with its body in one
-  :meth:`~abeja_runtime.front.connection.Connection.send_direct`, from the answer's callback.
-  It is the hot path (nearly every call): no await, no task, nothing made per request but
-  the head's bytes.
-* A streamed answer, or a big one written from its file a piece at a time
-  (:func:`write_stream`, on both paths): one loop over an :class:`AnswerSink`, the transport
-  of either path (``web_responder.ResponseSink`` for aiohttp's, :class:`ConnectionSink` for
-  the direct path's): a client that left withdraws the call, a stream cut short after its
-  head (its generator failed, its process died, it went silent) ends the connection without
-  the body's end, the only signal left.
+An answer whose head the client could misread (:mod:`abeja_runtime.http_head`) is not sent: it
+becomes the runtime's own ``500``, and the log says why (:func:`unsendable`). A whole answer on
+the direct path is written from the answer's callback (:func:`send_whole`: the hot path, nothing
+made per request but the head's bytes); a streamed answer, or a big one written from its file,
+by one loop on both paths (:func:`write_stream`) over an :class:`AnswerSink`.
 """
 
 from __future__ import annotations
@@ -55,9 +44,6 @@ def unsendable(exc: ValueError) -> EncodedResponse:
     return UNEXPECTED_ERROR
 
 
-# -- whole answers --------------------------------------------------------------------------
-
-
 def send_whole(
     connection: Connection,
     entry: CallEntry,
@@ -67,9 +53,8 @@ def send_whole(
     *,
     close: bool,
 ) -> None:
-    """Write a whole answer on the direct path: counted (its status as sent), then its head and
-    body in one write. The caller ends the entry (its call) and the connection's turn, whatever this
-    raised."""
+    """Write a whole answer on the direct path, counted (its status as sent), in one write; the
+    caller ends the entry and the connection's turn, whatever this raised."""
     request_id = entry.request_id
     try:
         head = answer_head(status, headers, request_id, len(body), close=close)
@@ -82,9 +67,6 @@ def send_whole(
         body = b""
     entry.count(status)
     connection.send_direct(head, body)
-
-
-# -- streamed answers, and those written from their file ------------------------------------
 
 
 class AnswerSink(Protocol):
@@ -108,12 +90,11 @@ class AnswerSink(Protocol):
 
 
 async def write_stream(sink: AnswerSink, call: FrontCall, status: int, headers: Headers) -> bool:
-    """Write an answer without a body in memory: streamed (chunked, each chunk written as the
-    handler process sends it), or big and written from its file (with its length), a piece at
-    a time as the client takes it: a slow reader holds a piece of it in the front, not all of
-    it. Whether it went out whole (else the connection must end); the file is closed however
-    it ends. Cut short at its limits (:mod:`~abeja_runtime.stream_limits`).
-    ``CancelledError`` (the client left) withdraws the call and is raised on."""
+    """Write an answer without a body in memory: streamed (chunked, as the handler process sends
+    it), or from its file (with its length), a piece at a time as the client takes it; cut short
+    at its limits (:mod:`~abeja_runtime.stream_limits`): after its head, the connection ends
+    without the body's end, the only signal left. Whether it went out whole (else the
+    connection must end). ``CancelledError`` (the client left) withdraws the call."""
     pending, entry, service = call.ticket, call.entry, call.service
     assert pending is not None
     file = pending.answer_file
@@ -195,9 +176,8 @@ async def _write_unsendable(sink: AnswerSink, call: FrontCall, exc: ValueError) 
 
 
 class ConnectionSink:
-    """:class:`AnswerSink` on the direct path: the head from :func:`answer_head`, the body
-    through aiohttp's ``StreamWriter`` over the connection (its chunked framing, and its wait
-    for the client to take what was written)."""
+    """:class:`AnswerSink` on the direct path: the body through aiohttp's ``StreamWriter`` (its
+    chunked framing, its wait for the client to take what was written)."""
 
     __slots__ = ("_close", "_connection", "_empty", "_writer")
 

@@ -1,15 +1,12 @@
 """The front's HTTP connection: aiohttp's connection handler, with the direct path beside aiohttp's
 own request handling.
 
-A request that came whole with its head (nearly every model call), or whose body the connection
-reads itself (``capture.py``), is handed to a :class:`DirectPath` as soon as aiohttp's parser has
-it, and answered from a callback (:meth:`Connection.send_direct`, :meth:`Connection.direct_done`):
-no request object, no task, no response object. Everything else (a chunked body, HTTP/1.0, an
-upgrade, a parse error, a request behind one aiohttp is serving) goes through aiohttp's request
-handling, in order: the direct path only takes a request while aiohttp waits for one (or before
-its loop has begun), and wakes it for the first one it leaves. After a direct answer the
-keep-alive period is the connection's own timer. Request heads are limited by
-``request_heads.py``; :class:`PublicConnection` serves without the direct path and those limits.
+A request the :class:`DirectPath` takes (``direct.py``) is handed to it as soon as aiohttp's parser
+has it, and answered from a callback (:meth:`Connection.send_direct`, :meth:`Connection.
+direct_done`). The others (and a parse error) go through aiohttp's request handling, in order:
+the direct path only takes a request while aiohttp waits for one (or before its loop has begun),
+and wakes it for the first one it leaves. After a direct answer the keep-alive period is the
+connection's own timer. :class:`PublicConnection` serves without the direct path.
 """
 
 from __future__ import annotations
@@ -45,14 +42,12 @@ class DirectCall(Protocol):
 
 
 class DirectPath(Protocol):
-    """Serves the simple requests of a connection without aiohttp's request handling."""
+    """Serves the simple requests of a connection (``direct.DirectRequests``)."""
 
     def accepts(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
     ) -> int | None:
-        """Whether this request (its head parsed, its body complete or not) is one to take:
-        ``None`` if not, else what :meth:`take` is to be given with it (the size of a body
-        still to read; ``0``, the body is whole)."""
+        """``None``: the request is not taken; else :meth:`take`'s ``captured``."""
 
     def take(
         self,
@@ -61,9 +56,9 @@ class DirectPath(Protocol):
         payload: StreamReader,
         captured: int,
     ) -> DirectCall | None:
-        """Start serving the request (it may be answered at once: ``None`` when it was, before
-        a call began). The answer is given with :meth:`Connection.send_direct`, and
-        :meth:`Connection.direct_done` ends the call."""
+        """Serve the request (``None``: answered at once, no call begun); its answer is
+        written with :meth:`Connection.send_direct`, and :meth:`Connection.direct_done` ends
+        it."""
 
 
 class _Taking:
@@ -115,8 +110,12 @@ class Connection(HeadLimits, CapturingConnection):
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.event_loop.time()
-        if len(data) > self._head_room and self._awaiting_head() and not self._ends_head(data):
-            # Rare: a head past its limit, or one whose end is in a later read.
+        if (
+            len(data) > self._head_room
+            and self.transport is not None
+            and not self._busy()
+            and not self._ends_head(data)
+        ):  # rare: a head past its limit, or one whose end is in a later read
             rest = self._parse_head_room(data)
             if rest is None:
                 return
@@ -252,16 +251,12 @@ class Connection(HeadLimits, CapturingConnection):
             return
         if self.transport is None:
             return
-        self._arm_idle_timer()
-        if not taking:
-            self._take_requests()
-
-    def _arm_idle_timer(self) -> None:
-        """The keep-alive period after a direct answer: the connection is closed
-        ``keepalive_timeout`` from now if it is idle then."""
+        # The keep-alive period: the connection is closed then if it is idle.
         self._idle_until = self.event_loop.time() + self._keepalive_seconds
         if self._idle_timer is None:
             self._idle_timer = self.event_loop.call_at(self._idle_until, self._idle_ends)
+        if not taking:
+            self._take_requests()
 
     def _idle_ends(self) -> None:
         self._idle_timer = None

@@ -71,7 +71,8 @@ class BodyDecoder:
                 return
             self._started = True
             self._head = b""
-            if not _zlib_header(data):
+            # A zlib header (RFC 1950): deflate, and a check sum.
+            if not (data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0):
                 self._inflater = zlib.decompressobj(_RAW)
         while data:
             inflater = self._inflater
@@ -111,8 +112,3 @@ def decoder_for(encoding: str | None) -> BodyDecoder | None:
     if name not in _SUPPORTED:
         raise UnsupportedEncoding(encoding)
     return BodyDecoder(name)
-
-
-def _zlib_header(data: bytes) -> bool:
-    """Whether ``data`` starts with a zlib header (RFC 1950): deflate, and a check sum."""
-    return len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0

@@ -1,21 +1,15 @@
 """The direct path: the requests served from callbacks, without aiohttp's request handling.
 
-Nearly every model call is one HTTP/1.1 request whose body (JSON, a small image) arrives with
-its head. :class:`DirectRequests` takes such a request from the connection as soon as aiohttp's
-parser has it (``connection.py``), begins its call (``call.py``) and submits it (or, when the
-pool would refuse it at once, refuses it at the door, before a call is begun); its
-:class:`DirectResponder` writes the answer from the answer's callback: no aiohttp request or
-response object, no task, no coroutine. A body above the inline limit with a
-``Content-Length``, up to the spool threshold, is read into a buffer of shared memory first
-(``direct_body.py``), straight from the socket (``capture.py``). A streamed answer, or one
-written from its file, is written from a task (``answers.py``), unless its handler process
-wrote it to the client itself (``worker/client_streams.py``): the responder lends the
-connection with the call, writes nothing on it while it is lent, and counts what the process
-says it wrote. Every other request is left to
-aiohttp's path (``server.py``): a chunked or compressed body, one above the spool threshold or
-awaiting ``100 Continue``, HTTP/1.0, an upgrade, a method the runtime refuses, the health check
-and the style's own front paths, an async (ARMS) request, a body the queue could not take, and
-any request while the pool takes no call.
+Nearly every model call is one HTTP/1.1 request whose body arrives with its head.
+:class:`DirectRequests` takes such a request from the connection as soon as aiohttp's parser has
+it (``connection.py``), begins its call and submits it, or refuses it at the door when the pool
+would refuse it at once. A body above the inline limit with a ``Content-Length``, up to the spool
+threshold, is read into shared memory first (``direct_body.py``). :class:`DirectResponder`
+writes a whole answer from the answer's callback (no request or response object, no task), a
+streamed or file-written one from a task (``answers.py``); an answer its handler process writes
+to the client itself (``worker/client_streams.py``) is only counted, the connection lent with
+the call. Every other request is left to aiohttp's path (``server.py``): see
+:meth:`DirectRequests.accepts`.
 """
 
 from __future__ import annotations
@@ -83,8 +77,10 @@ class DirectRequests:
     def accepts(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
     ) -> int | None:
-        """``None``: the request is left to aiohttp's path; else the size of its body to read
-        into a shared buffer (``0``: the body is whole already, and travels in the frame)."""
+        """``None``: the request is left to aiohttp's path (HTTP/1.0, an upgrade, a method the
+        runtime refuses, the front's own paths, an async request, a compressed or refused body,
+        while the pool takes no call); else the size of its body to read into a shared buffer
+        (``0``: the body is whole already, and travels in the frame)."""
         if not (
             message.version == HttpVersion11
             and message.method in ALLOWED_METHODS
@@ -92,9 +88,7 @@ class DirectRequests:
             and self._service.admitting
             and not self._own_path(message.url.path)
             and ASYNC_ID_HEADER not in message.headers
-            # A body with a Content-Encoding is decoded, and any wrong in it answered, on
-            # aiohttp's path (server.py with content_encoding.py).
-            and "Content-Encoding" not in message.headers
+            and "Content-Encoding" not in message.headers  # decoded on aiohttp's path
         ):
             return None
         if self._service.keys is not None:
@@ -102,24 +96,20 @@ class DirectRequests:
                 self._service.keys.caller(message.headers)
             except Unauthorized:
                 return None  # refused on aiohttp's path, which reads or drops its body
-        if self._in_frame(payload):
-            return 0
-        return self._captured_size(connection, message, payload) or None
-
-    def _in_frame(self, payload: StreamReader) -> bool:
-        """Whether the body is whole already, and small enough for the call frame."""
-        return payload is EMPTY_PAYLOAD or (
+        if payload is EMPTY_PAYLOAD or (
             payload.is_eof()
             and payload.exception() is None
             and payload.total_bytes <= self._largest_body
-        )
+        ):
+            return 0
+        return self._captured_size(connection, message, payload) or None
 
     def _captured_size(
         self, connection: Connection, message: RawRequestMessage, payload: StreamReader
     ) -> int:
-        """The size of a body above the inline limit that this path reads into a shared buffer
-        itself (0 for one it leaves to aiohttp's path: chunked, compressed, above the spool
-        threshold, awaiting ``100 Continue``, one the queue could not take)."""
+        """The size of a body above the inline limit to read into a shared buffer (0: left to
+        aiohttp's path: chunked, above the spool threshold, awaiting ``100 Continue``, one the
+        queue could not take)."""
         if payload.exception() is not None or message.method == "GET":
             return 0
         headers = message.headers
@@ -229,14 +219,12 @@ class DirectResponder:
 
     def read_body(self, frame: Call, payload: StreamReader) -> None:
         """Read the body that is not in the frame; the call is submitted once it is whole."""
-        call = self.call
         self._body = DirectBody(
             self._service,
             self._connection,
             payload,
             frame.body_size,
-            call.deadline,
-            call.caller_budget,
+            self.call,
             lambda body: self._body_read(frame, body),
             self._body_failed,
         )
@@ -362,6 +350,6 @@ class DirectResponder:
                 return
             self._writing.cancel()  # it ends the call
             return
-        if self._body is not None and self._body.reading:  # not submitted yet
+        if self._body is not None:  # not submitted yet
             self._body.abandon()
         self.call.client_left()

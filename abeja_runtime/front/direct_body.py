@@ -1,16 +1,11 @@
-"""The body of a request on the direct path above the inline limit: its place, its buffer, its
-reading.
+"""The body of a request on the direct path above the inline limit, with a ``Content-Length``, up
+to the spool threshold (:class:`DirectBody`).
 
-A body between the inline limit and the spool threshold, with a ``Content-Length``, is read by
-the direct path itself: it takes a place in the front's :class:`~abeja_runtime.front.body.
-BodyGate` (waiting in line, unread in its connection, while all are held), then a shared
-buffer, into which the connection reads the body straight from the socket
-(:meth:`~abeja_runtime.front.capture.CapturingConnection.capture_body`). Then the call is submitted.
-A body that stops arriving, or is still arriving at its call's deadline (the nearer of the one
-its caller gave and ``--timeout``'s), fails with ``408``, and the connection closes.
-
-A body waits in line (places are handed out in arrival order) until its call's deadline at
-most: then it gets its ``504``, and the connection closes, the body unread.
+It takes a place in the front's :class:`~abeja_runtime.front.body.BodyGate` (waiting in line,
+unread in its connection, until its call's deadline at most: then ``504``), then a shared buffer,
+into which the connection reads it straight from the socket (``capture.py``); then the call is
+submitted. A body that stops arriving, or is still arriving at its call's deadline, fails with
+``408``. Each failure closes the connection.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from abeja_runtime.front.connection import Connection
 
 if TYPE_CHECKING:
     from abeja_runtime.front.body import Body
+    from abeja_runtime.front.call import FrontCall
     from abeja_runtime.front.service import CallService
 
 __all__ = ["DirectBody"]
@@ -39,17 +35,16 @@ class DirectBody:
 
     __slots__ = (
         "_body",
-        "_budget",
+        "_call",
         "_capture",
         "_connection",
-        "_deadline",
         "_failed",
         "_payload",
         "_ready",
         "_service",
+        "_size",
         "_timer",
         "_turn",
-        "size",
     )
 
     def __init__(
@@ -58,29 +53,22 @@ class DirectBody:
         connection: Connection,
         payload: StreamReader,
         size: int,
-        deadline: float | None,
-        budget: float,
+        call: FrontCall,
         ready: Callable[[Body], None],
         failed: Callable[[HttpError], None],
     ) -> None:
-        """``deadline``: the call's (``time.time()``; ``None``: none), and ``budget``, the
-        seconds its caller gave when they set it (0: ``--timeout`` did)."""
         self._service = service
         self._connection = connection
         self._payload = payload
-        self.size = size
-        self._deadline, self._budget = deadline, budget
+        self._size = size
+        #: Whose body it is: its deadline is the call's.
+        self._call = call
         self._ready = ready
         self._failed = failed
         self._turn: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._capture: BodyCapture | None = None
         self._body: Body | None = None
-
-    @property
-    def reading(self) -> bool:
-        """Waiting for a place, or for the body's bytes."""
-        return self._turn is not None or self._capture is not None
 
     def start(self) -> None:
         """Take a place now, or wait in line for one, the body left in the connection."""
@@ -91,7 +79,7 @@ class DirectBody:
         self._turn = gate.wait()
         self._turn.add_done_callback(self._placed)
         self._connection.hold_body(self._payload)
-        left = self._service.bodies.time_left(self._deadline)
+        left = self._service.bodies.time_left(self._call.deadline)
         if left is not None:
             self._timer = self._service.loop.call_later(left, self._not_placed_in_time)
 
@@ -110,7 +98,7 @@ class DirectBody:
         assert turn is not None
         bodies = self._service.bodies
         bodies.gate.give_up(turn)
-        self._failed(bodies.not_placed_in_time(self._budget))
+        self._failed(bodies.not_placed_in_time(self._call.caller_budget))
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -126,7 +114,7 @@ class DirectBody:
             self._failed(ServiceUnavailable())
             return
         try:
-            self._body, mapped = self._service.bodies.held(self.size)
+            self._body, mapped = self._service.bodies.held(self._size)
         except OSError as exc:  # its place is given back already
             self._failed(
                 ServiceUnavailable(
@@ -135,14 +123,14 @@ class DirectBody:
                 )
             )
             return
-        self._capture = connection.capture_body(payload, mapped, self.size, self._read_whole)
+        self._capture = connection.capture_body(payload, mapped, self._size, self._read_whole)
         if self._capture is None:  # it had arrived whole
             self._hand_over()
             return
         capture = self._capture
-        left = self._service.bodies.time_left(self._deadline)
+        left = self._service.bodies.time_left(self._call.deadline)
         connection.watch_body(
-            lambda: capture.arriving, self._stalled, lambda: capture.received, self.size, left
+            lambda: capture.arriving, self._stalled, lambda: capture.received, self._size, left
         )
         if left is not None:
             self._timer = self._service.loop.call_later(left, self._past_deadline)
@@ -167,13 +155,13 @@ class DirectBody:
         """Still arriving at the request's deadline: ``408`` (the connection closes), and
         the place goes to a body that may yet be answered in time."""
         self._timer = None
-        self._stop_reading(self._service.bodies.past_deadline(self._budget))
+        self._stop_reading(self._service.bodies.past_deadline(self._call.caller_budget))
 
     def _stop_reading(self, exc: HttpError) -> None:
         assert self._capture is not None
         self._capture.give_up()
         self._capture = None
-        self.release()
+        self._release()
         self._failed(exc)
 
     def abandon(self) -> None:
@@ -185,9 +173,9 @@ class DirectBody:
         if self._capture is not None:
             self._capture.give_up()
             self._capture = None
-        self.release()
+        self._release()
 
-    def release(self) -> None:
+    def _release(self) -> None:
         """Give the place and the buffer back (once), if the call does not own them yet."""
         body, self._body = self._body, None
         if body is not None:

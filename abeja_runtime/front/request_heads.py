@@ -1,13 +1,12 @@
 """The limits on a request head, and the JSON answers to the heads refused.
 
-* A head may take at most ``max_head_size`` bytes (``--max-head-size``), counted as they arrive
-  once the connection awaits a request (aiohttp's own limits, 128 lines of 8190 bytes, would let
-  each connection hold 1 MiB): the client is answered ``431`` and the connection closed. The
-  bytes of a head pipelined behind a request being served are bound by aiohttp's limits only.
+* A head may take at most ``max_head_size`` bytes, counted as they arrive once the connection
+  awaits a request (aiohttp's own limits would let each connection hold 1 MiB): else ``431``, and
+  the connection closed. A head pipelined behind a request being served has aiohttp's limits.
 * A head must arrive whole within ``head_timeout`` of its first byte (or of the connection, for
   the first request): a client trickling it (slowloris) is answered ``408`` and cut off.
-* Malformed HTTP is answered ``400`` as ``{"status": ...}`` JSON, as the contract wants every
-  error, with one warning line instead of aiohttp's error record and traceback, and counted.
+* Malformed HTTP is answered ``400`` in JSON, counted, with one warning line instead of
+  aiohttp's error record and traceback.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ _HEAD_TIMEOUT_RESPONSE: Final = closing_answer(408, "request head not received i
 
 
 class HeadLimits(HandlerInternals):
-    """A connection that limits the size of its request heads and the time they take, and
-    answers malformed ones in JSON. Its ``data_received`` counts a head's bytes against
-    ``_head_room`` and arms the head timer (``_arm_head_timer``) while a head arrives."""
+    """A connection that limits its request heads (see the module). Its ``data_received`` counts
+    a head's bytes against ``_head_room`` and arms the head timer while a head arrives."""
 
     def __init__(
         self,
@@ -86,20 +84,15 @@ class HeadLimits(HandlerInternals):
         """A request of this connection is being served or waits to be: no head is awaited."""
         raise NotImplementedError
 
-    def _awaiting_head(self) -> bool:
-        return self.transport is not None and not self._busy()
-
     def _ends_head(self, data: bytes) -> bool:
         """Whether the head being received surely ends within its room in ``data``: an empty line
-        there, after the empty lines llhttp skips before a request line (one whose end straddles
-        two reads is not seen here: its room is parsed, and the parser says)."""
+        there, after the empty lines llhttp skips before a request line."""
         room = self._head_room
         begun = _NOT_EMPTY_LINE.search(data, 0, room)
         return begun is not None and data.find(b"\r\n\r\n", begun.start(), room) >= 0
 
     def _refuse_head(self) -> None:
-        """Answer ``431`` to a head longer than ``max_head_size``; :class:`_RefusedHead` takes the
-        transport until the connection ends."""
+        """Answer ``431``; :class:`_RefusedHead` takes the transport until it closes."""
         transport = self.transport
         assert transport is not None  # open: it awaited a head
         self._disarm_head_timer()
@@ -170,10 +163,9 @@ class HeadLimits(HandlerInternals):
 
 
 class _RefusedHead(asyncio.Protocol):
-    """A connection whose head was refused, from its answer to its close: what the client still
-    sends is dropped, at most :data:`_REFUSED_HEAD_READ` bytes for :data:`_REFUSED_HEAD_WAIT`
-    seconds, so that it reads its answer rather than a reset (a socket closed with bytes unread
-    is reset)."""
+    """A connection whose head was refused, until its close: what the client still sends is
+    dropped, at most :data:`_REFUSED_HEAD_READ` bytes for :data:`_REFUSED_HEAD_WAIT` seconds, so
+    that it reads its answer rather than a reset (of a socket closed with bytes unread)."""
 
     def __init__(self, connection: HeadLimits, transport: asyncio.Transport) -> None:
         self._connection = connection

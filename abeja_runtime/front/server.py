@@ -1,14 +1,10 @@
 """The front's HTTP: the service port's requests that aiohttp handles, and the health-check port.
 
-The front's modules are the only ones that serve HTTP (this one, ``connection.py``,
-``direct.py``, ``answers.py``, ``web_responder.py``) or gRPC (``rpc.py``). :class:`HttpServer`
-serves what the direct path (``direct.py``) leaves to aiohttp: ``/health_check``, then for every
-other path the request's checks (method, size, a body that makes progress), its body read whole
-(decoded, in memory, or spooled to a file above the spool threshold, which travels to the
-handler process as a descriptor), and its call (``call.py``), whose answer the
-:class:`~abeja_runtime.front.web_responder.WebResponder` writes; an async (ARMS) request's call
-is a job (``async_jobs.py``). :class:`ControlServer` serves the health-check port (readiness,
-liveness, metrics).
+:class:`HttpServer` serves what the direct path (``direct.py``) leaves to aiohttp: the front's own
+paths, then the request's checks (method, size, a body that makes progress), its body read whole
+(decoded, in memory, or spooled to a file above the spool threshold), and its call, whose answer
+the :class:`~abeja_runtime.front.web_responder.WebResponder` writes; an async (ARMS) request's
+call is a job (``async_jobs.py``). :class:`ControlServer` serves the health-check port.
 """
 
 from __future__ import annotations
@@ -82,7 +78,6 @@ class HttpServer:
         self._metrics = metrics
         #: Where calls begin, and what they share.
         self.call_service = service
-        self.loop = service.loop
         self._limits = BodyLimits(
             max_body_size=config.max_body_size, spool_threshold=config.spool_threshold
         )
@@ -106,7 +101,7 @@ class HttpServer:
         request_id = request_id_from(headers.get(REQUEST_ID_HEADER))
         requester_id = requester_id_from(headers.get(REQUESTER_ID_HEADER))
         head = CallHead(request.method, path, time.time(), request_id, requester_id, headers)
-        responder = WebResponder(request, self.loop)
+        responder = WebResponder(request, self.call_service.loop)
         call = self.call_service.begin(head, responder)
         try:
             async_id = await self._submit(request, call)
@@ -145,45 +140,32 @@ class HttpServer:
         )
 
     async def _read_body(self, request: BaseRequest, call: FrontCall) -> Body:
-        """The whole body, counted against the limit: in the frame up to
-        :data:`~abeja_runtime.frames.INLINE_LIMIT`, in shared memory up to the spool threshold,
-        in a spool file above it."""
+        """The whole body, counted against the limit: in the frame, in shared memory up to the
+        spool threshold, in a spool file above it; ``408`` when it is still arriving at the
+        call's deadline. One that may pass the inline limit (a compressed one too) takes a
+        place first."""
         content = request.content
         if request.method == "GET" or content.at_eof():  # a GET's query is its body
             return Body(b"")
         decoder = decoder_for(request.headers.get("Content-Encoding"))
         declared = request.content_length
-        if declared is not None and declared <= INLINE_LIMIT and decoder is None:
-            return await self._read_in_time(request, call, decoder, in_place=False)
-        # A compressed body may grow past the inline limit.
-        await self.call_service.bodies.enter(call.deadline, call.caller_budget)
+        in_place = declared is None or declared > INLINE_LIMIT or decoder is not None
+        bodies = self.call_service.bodies
+        if in_place:
+            await bodies.enter(call.deadline, call.caller_budget)
+        left = bodies.time_left(call.deadline)
         try:
-            body = await self._read_in_time(request, call, decoder, in_place=True)
-        except BaseException:
-            self.call_service.bodies.gate.leave()
+            async with asyncio.timeout(None if content.is_eof() else left):
+                body = await self._read_whole(request, decoder, in_place, left)
+        except BaseException as exc:
+            if in_place:
+                bodies.gate.leave()
+            if isinstance(exc, TimeoutError):
+                raise bodies.past_deadline(call.caller_budget) from None
             raise
-        body.gate = self.call_service.bodies.gate
+        if in_place:
+            body.gate = bodies.gate
         return body
-
-    async def _read_in_time(
-        self,
-        request: BaseRequest,
-        call: FrontCall,
-        decoder: BodyDecoder | None,
-        *,
-        in_place: bool,
-    ) -> Body:
-        """The body read whole, or ``408`` when it is still arriving at the call's deadline
-        (a client trickling a byte now and then would otherwise hold its place for ever), or,
-        ``in_place``, when it arrives slower than the minimum rate."""
-        left = self.call_service.bodies.time_left(call.deadline)
-        if left is None or request.content.is_eof():
-            return await self._read_whole(request, decoder, in_place, left)
-        try:
-            async with asyncio.timeout(left):
-                return await self._read_whole(request, decoder, in_place, left)
-        except TimeoutError:
-            raise self.call_service.bodies.past_deadline(call.caller_budget) from None
 
     async def _read_whole(
         self,
@@ -192,9 +174,8 @@ class HttpServer:
         in_place: bool,
         time_left: float | None,
     ) -> Body:
-        """The body, decoded (``decoder``), counted against the limit as it grows; one that
-        holds a place (``in_place``) and could not be whole within ``time_left`` is cut early
-        (``Connection.watch_body``)."""
+        """The body, decoded (``decoder``), counted against the limit as it grows, watched
+        (``Connection.watch_body``: a body ``in_place`` is cut when it arrives too slowly)."""
         content = request.content
         counter = BodyCounter(self._limits.max_body_size)
         threshold = self._limits.spool_threshold
@@ -246,18 +227,15 @@ class HttpServer:
         return Body(None, file=file, scratch=scratch)
 
 
-async def _next_chunk(content: StreamReader) -> bytes:
-    """The body's next piece as it was received (``b""`` at its end): aiohttp's ``readany()``
-    joins all it holds, one more copy of a body that arrived whole."""
+async def _body_pieces(content: StreamReader, decoder: BodyDecoder | None) -> AsyncIterator[bytes]:
+    """The body's pieces as received (aiohttp's ``readany()`` would join all it holds, one more
+    copy of a body that arrived whole), or as decoded (then ``400`` for a stream cut short)."""
     while True:
         chunk, end_of_http_chunk = await content.readchunk()
-        if chunk or not end_of_http_chunk:  # (b"", False) is the end of the body
-            return chunk
-
-
-async def _body_pieces(content: StreamReader, decoder: BodyDecoder | None) -> AsyncIterator[bytes]:
-    """The body's pieces as received, or as decoded (then ``400`` for a stream cut short)."""
-    while chunk := await _next_chunk(content):
+        if not chunk:
+            if end_of_http_chunk:  # an HTTP chunk's end: the body goes on
+                continue
+            break  # (b"", False) is the end of the body
         if decoder is None:
             yield chunk
         else:

@@ -1,12 +1,7 @@
-"""How aiohttp's path writes a call's answers (:class:`WebResponder`).
-
-The call's :class:`~abeja_runtime.front.call.Responder` on aiohttp's path hands the answer, or
-the front's refusal, to the request's coroutine, which writes it (:meth:`WebResponder.response`):
-a whole answer as an aiohttp ``Response``, checked by the same rules as on the direct path
-(``answers.py``); there the answer may come before the request's body was read, so a small rest
-of it is read and dropped (the connection then serves on) or, for a refused body, the
-connection is closed. A streamed answer, or one written from its file, goes through
-:func:`~abeja_runtime.front.answers.write_stream` over a :class:`ResponseSink`.
+"""How aiohttp's path writes a call's answers (:class:`WebResponder`): the request's coroutine
+writes the answer, or the front's refusal, once it comes: a whole one as an aiohttp ``Response``,
+checked by the same rules as on the direct path (``answers.py``), a streamed or file-written one
+through :func:`~abeja_runtime.front.answers.write_stream` over a :class:`ResponseSink`.
 """
 
 from __future__ import annotations
@@ -74,27 +69,10 @@ class WebResponder(AwaitedAnswer):
         return sink.response
 
 
-def _sendable(reply: EncodedResponse) -> EncodedResponse:
-    """``reply``, or the ``500`` sent instead when its head is refused."""
-    try:
-        checked_head(reply.status, reply.headers)
-    except ValueError as exc:
-        return unsendable(exc)
-    return reply
-
-
 def web_response(reply: EncodedResponse) -> Response:
     """An in-memory reply as an aiohttp response."""
     assert isinstance(reply.body, bytes), "streamed replies are written by write_stream"
     return Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-
-def _tagged(reply: EncodedResponse, entry: CallEntry) -> Response:
-    """The sendable ``reply`` with the request id, counted."""
-    reply = _sendable(reply)
-    entry.count(reply.status)
-    tag = (REQUEST_ID_HEADER, entry.request_id)
-    return web_response(EncodedResponse(reply.status, (*reply.headers, tag), reply.body))
 
 
 async def _send(
@@ -109,8 +87,15 @@ async def _send(
     body not read whole (413, 408, 507), the connection ends with it. An answer before the body
     was read (a 405, a 503, a refusal) is followed by a read of at most ``_REFUSED_BODY_READ``
     more bytes, for at most ``_REFUSED_BODY_WAIT`` seconds, so that a client still sending sees
-    its answer rather than a reset (and, for a small rest, keeps its connection)."""
-    response = _tagged(reply, entry)
+    its answer rather than a reset (and, for a small rest, keeps its connection). An answer
+    whose head is refused becomes the ``500`` (:func:`unsendable`)."""
+    try:
+        checked_head(reply.status, reply.headers)
+    except ValueError as exc:
+        reply = unsendable(exc)
+    entry.count(reply.status)
+    tag = (REQUEST_ID_HEADER, entry.request_id)
+    response = web_response(EncodedResponse(reply.status, (*reply.headers, tag), reply.body))
     if draining or refused:
         response.force_close()
     content = request.content
@@ -131,9 +116,8 @@ async def _send(
 
 
 class ResponseSink:
-    """:class:`AnswerSink` on aiohttp's path: an aiohttp ``StreamResponse`` (aiohttp adds
-    ``Date``, ``Server`` and the framing as :func:`answer_head` does); :attr:`response` is the
-    handler's return value."""
+    """:class:`AnswerSink` on aiohttp's path: an aiohttp ``StreamResponse``, :attr:`response`,
+    the handler's return value."""
 
     __slots__ = ("_draining", "_request", "response")
 

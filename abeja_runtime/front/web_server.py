@@ -1,8 +1,6 @@
-"""The front's aiohttp servers: aiohttp's low-level server making the front's connections, and the
-cap on the service port's connections (:func:`connection_cap`): one more is answered ``503`` and
-closed, so that idle clients never take the descriptors the health port needs for its probes.
-Where the installed aiohttp lacks a private name the direct path needs, one warning says so and
-every request goes through aiohttp's public request handling (:class:`PublicConnection`).
+"""The front's aiohttp servers (:func:`make_web_server`), and the cap on the service port's
+connections (:func:`connection_cap`): one more is answered ``503`` and closed, so that idle
+clients never take the descriptors the health port needs for its probes.
 """
 
 from __future__ import annotations
@@ -142,12 +140,12 @@ class _Server(Server):
 def make_web_server(
     handler: Any, config: Config, metrics: FrontMetrics, direct: DirectPath | None = None
 ) -> Server:
-    """A low-level aiohttp server: no router or middleware on the hot path, JSON parse errors
-    (counted in ``metrics``), the connection timeouts and head limit of ``config``, the direct
-    path when given (and the installed aiohttp has what it needs), no lingering read of a body
-    nobody will use (the 413 path reads a bounded amount itself), a request whose client left
-    cancelled (its call is withdrawn), as the direct path does, and bodies as sent: the service
-    decodes a ``Content-Encoding`` itself (``content_encoding.py``)."""
+    """A low-level aiohttp server (no router or middleware) with the front's connections: the
+    direct path when given, unless the installed aiohttp lacks a private name it needs (then
+    one warning says so, and every connection is a :class:`PublicConnection`); no lingering read
+    of a body nobody will use (the 413 path reads a bounded amount itself); a request whose
+    client left cancelled (its call is withdrawn); bodies as sent (the service decodes a
+    ``Content-Encoding`` itself)."""
     public = _aiohttp_lacks_private_names()
     return _Server(
         handler,
