@@ -162,6 +162,7 @@ class AsyncJobs:
         job's call; its span ends with the result's status once it is sent."""
         status = 500  # the job failed, unless a reply is sent
         trace = job.entry.trace
+        left = False  # the task was cancelled (the front stops)
         try:
             result = await to_platform.result
             if isinstance(result, HttpError):  # a timeout or a full queue: as a client's
@@ -183,14 +184,16 @@ class AsyncJobs:
             tag = (REQUEST_ID_HEADER, job.entry.request_id)
             await self._send_result(async_id, token, reply.with_headers((tag,)))
         except asyncio.CancelledError:
-            job.client_left()
+            left = True
             raise
         except Exception:
             _log.exception("async request %s failed", async_id)
             await self._send_failure(async_id, token)
         finally:
-            if trace is not None:
+            if trace is not None:  # before its span ends with the call
                 trace.status(status)
+            if left:
+                job.client_left()
             job.finish()
 
     async def _send_result(self, async_id: str, token: str, reply: EncodedResponse) -> None:

@@ -154,13 +154,14 @@ class HttpServer:
         if in_place:
             await bodies.enter(call.deadline, call.caller_budget)
         left = bodies.time_left(call.deadline)
+        timer = asyncio.timeout(None if content.is_eof() else left)
         try:
-            async with asyncio.timeout(None if content.is_eof() else left):
+            async with timer:
                 body = await self._read_whole(request, decoder, in_place, left)
         except BaseException as exc:
             if in_place:
                 bodies.gate.leave()
-            if isinstance(exc, TimeoutError):
+            if isinstance(exc, TimeoutError) and timer.expired():
                 raise bodies.past_deadline(call.caller_budget) from None
             raise
         if in_place:

@@ -219,6 +219,9 @@ class Front:
             self._on_load_failed(str(exc), "")
             return
         await rpc.start()
+        if self._draining:  # a signal came while it started: the drain did not see it
+            await rpc.stop(self._config.grace_period)
+            return
         self._rpc = rpc
         _log.info("serving gRPC on %s:%d", config.host, config.grpc_port)
 
