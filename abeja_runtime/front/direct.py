@@ -33,7 +33,7 @@ from abeja_runtime.front.body import IN_FRAME, Body
 from abeja_runtime.front.call import FrontCall, Stage
 from abeja_runtime.front.connection import Connection
 from abeja_runtime.front.direct_body import DirectBody
-from abeja_runtime.front.pending import StreamFailed
+from abeja_runtime.front.pending import STREAM_LOST, StreamFailed
 from abeja_runtime.front.service import CallHead
 from abeja_runtime.limits import ALLOWED_METHODS
 from abeja_runtime.logs import (
@@ -186,8 +186,8 @@ class DirectResponder:
     from the answer's callback; a streamed one, or one written from its file, from a task."""
 
     __slots__ = (
-        "_body", "_connection", "_keep_alive", "_lends", "_lent_closes", "_service", "_writing",
-        "call",
+        "_body", "_connection", "_keep_alive", "_lends", "_lent_closes", "_lent_writing",
+        "_service", "_writing", "call",
     )  # fmt: skip
 
     def __init__(
@@ -200,6 +200,8 @@ class DirectResponder:
         self._body: DirectBody | None = None
         #: The task writing a streamed or file-written answer.
         self._writing: asyncio.Task[None] | None = None
+        #: Its answer is a stream its process writes (:meth:`_lent_stream`).
+        self._lent_writing = False
         #: The connection may be lent to the call's process (``pending.ClientLender``), and
         #: whether the head its process writes ends it (said when it was lent).
         self._lends = lends
@@ -247,8 +249,10 @@ class DirectResponder:
         if answer.body is not None:
             self._write(answer.status, answer.headers, answer.body)
             return
-        stream = self._lent_stream(answer) if answer.written else self._stream(answer)
-        self._writing = asyncio.create_task(stream)
+        if answer.written:
+            self._lent_stream(answer)
+            return
+        self._writing = asyncio.create_task(self._stream(answer))
         self._writing.add_done_callback(self._written)
 
     def refuse(self, call: FrontCall, exc: HttpError) -> None:
@@ -293,30 +297,39 @@ class DirectResponder:
         call.finish()
         self._connection.direct_done(close=True)
 
-    async def _lent_stream(self, answer: Answer) -> None:
+    def _lent_stream(self, answer: Answer) -> None:
         """A streamed answer that its process writes to the client itself: counted as it says
-        when its ``End`` comes."""
+        when its ``End`` comes (:meth:`_lent_ended`), from the frame's own callback."""
+        ticket = self.call.ticket
+        assert ticket is not None
+        self.call.entry.streaming(answer.status, chunked=True)
+        self._lent_writing = True
+        ticket.when_ended(self._lent_ended)
+
+    def _lent_ended(self, end: object) -> None:
+        """The stream its process wrote is over (its ``End``, or the process's exit): counted,
+        the connection the front's again, the call finished."""
         call = self.call
         ticket, entry = call.ticket, call.entry
         assert ticket is not None
-        entry.streaming(answer.status, chunked=True)
-        lost = False
         try:
-            async for _ in ticket.stream():  # none comes: the End, or the process's exit
-                pass
-        except StreamFailed as exc:
-            lost = exc.lost
-        report = ticket.report
-        if report is None:  # its process exited, or the call was settled, without its End
-            end = StreamEnd.WORKER_LOST if lost else StreamEnd.FAILED
-            report = Written(end, 0, 0, 0.0, ())
-        entry.written(report)
-        if report.end is StreamEnd.CLIENT_LEFT:
+            report = ticket.report
+            if report is None:  # its process exited, or the call was settled, without its End
+                lost = StreamEnd.WORKER_LOST if end is STREAM_LOST else StreamEnd.FAILED
+                report = Written(lost, 0, 0, 0.0, ())
+            entry.written(report)
+            if report.end is StreamEnd.CLIENT_LEFT:
+                call.client_left()
+            elif report.end is not StreamEnd.COMPLETE:
+                call.cut(self._cut_by(report.end))
+            close = self._lent_closes or report.end is not StreamEnd.COMPLETE
+            self._connection.direct_done(close=close)
+        except Exception:  # a defect: logged, and the connection ended
+            _log.exception("ending a stream its process wrote failed")
             call.client_left()
-        elif report.end is not StreamEnd.COMPLETE:
-            call.cut(self._cut_by(report.end))
-        close = self._lent_closes or report.end is not StreamEnd.COMPLETE
-        self._connection.direct_done(close=close)
+            self._connection.direct_done(close=True)
+        finally:
+            call.finish()
 
     def _cut_by(self, end: StreamEnd) -> Exception:
         """What cut short a stream its process wrote."""
@@ -340,7 +353,7 @@ class DirectResponder:
 
     def client_gone(self) -> None:
         """The connection was lost before the answer was out: nobody waits for it."""
-        if self._writing is not None:
+        if self._writing is not None or self._lent_writing:
             ticket = self.call.ticket
             if ticket is not None and ticket.written:
                 # Its process writes it: it stops, and its End says how far the client got
@@ -348,6 +361,7 @@ class DirectResponder:
                 if ticket.lent:
                     self._service.pool.stop_stream(ticket)
                 return
+            assert self._writing is not None
             self._writing.cancel()  # it ends the call
             return
         if self._body is not None:  # not submitted yet

@@ -80,9 +80,9 @@ class PendingCall:
 
     __slots__ = (
         "_cleanup", "abandoned", "answer", "answer_file", "batch", "caller_budget", "chunks",
-        "client", "deadline", "fd", "frame", "giving_back", "lent", "member", "on_returned",
-        "priority", "queued_at", "report", "sent_at", "streaming", "tenant", "trace", "turn",
-        "waited", "withdrawn_at", "written",
+        "client", "deadline", "fd", "frame", "giving_back", "lent", "member", "on_end",
+        "on_returned", "priority", "queued_at", "report", "sent_at", "streaming", "tenant", "trace",
+        "turn", "waited", "withdrawn_at", "written",
     )  # fmt: skip
 
     def __init__(
@@ -100,6 +100,9 @@ class PendingCall:
         # The loop is passed, not looked up: on Python 3.11 each lookup is a getpid() call.
         self.answer: asyncio.Future[Answer | RpcAnswer] = loop.create_future()
         self.chunks: asyncio.Queue[Any] | None = None
+        #: Called with a written stream's end (``None``, :data:`STREAM_FAILED` or
+        #: :data:`STREAM_LOST`) as it comes, in place of the chunks' queue (:meth:`end_stream`).
+        self.on_end: Callable[[object], None] | None = None
         #: The body of an answer that came without one; whoever writes it closes it.
         self.answer_file: AnswerFile | None = None
         self.abandoned = False
@@ -163,6 +166,25 @@ class PendingCall:
                 if self.member is not None:
                     self.member.send(Credit(self.frame.id, taken, taken_bytes))
                 taken = taken_bytes = 0
+
+    def end_stream(self, end: object) -> None:
+        """Its streamed answer ended (``None``: whole; else :data:`STREAM_FAILED` or
+        :data:`STREAM_LOST`): told to whoever waits for the end of a stream its process wrote,
+        else queued after its chunks."""
+        if self.on_end is not None:
+            on_end, self.on_end = self.on_end, None
+            on_end(end)
+        elif self.chunks is not None:
+            self.chunks.put_nowait(end)
+
+    def when_ended(self, on_end: Callable[[object], None]) -> None:
+        """``on_end`` called with the end of the stream its process writes itself, now if it
+        came already."""
+        chunks = self.chunks
+        if chunks is not None and not chunks.empty():
+            on_end(chunks.get_nowait())
+        else:
+            self.on_end = on_end
 
     def returned(self, *, to_queue: bool = False) -> None:
         """Its process is done with it (``to_queue``: it goes back to the queue): the connection

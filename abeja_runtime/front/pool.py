@@ -228,7 +228,7 @@ class HandlerPool:
             os.close(fd)
         if pending is not None and not streamed:  # (a stream's chunks are dropped until End)
             if pending.chunks is not None:  # a stream whose End never came: cut short
-                pending.chunks.put_nowait(STREAM_FAILED)
+                pending.end_stream(STREAM_FAILED)
             self._settle(member, pending)
 
     def _chunk_received(self, member: Member, frame: Chunk, fd: int | None) -> None:
@@ -243,7 +243,7 @@ class HandlerPool:
         if pending is not None:
             pending.report = frame.written
             if pending.chunks is not None:
-                pending.chunks.put_nowait(STREAM_FAILED if frame.failed else None)
+                pending.end_stream(STREAM_FAILED if frame.failed else None)
             self._settle(member, pending)
 
     def _given_back_received(self, member: Member, frame: GivenBack, fd: int | None) -> None:

@@ -374,7 +374,7 @@ class Scheduler:
         for index, pending in enumerate(member.sent.values()):
             if index < running or pending.answer.done() or pending.abandoned:
                 if pending.answer.done() and pending.chunks is not None:
-                    pending.chunks.put_nowait(STREAM_LOST)
+                    pending.end_stream(STREAM_LOST)
                 self._fail(pending, WorkerCrashed(how), now)
             else:
                 pending.returned(to_queue=True)
