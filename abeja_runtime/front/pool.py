@@ -242,9 +242,11 @@ class HandlerPool:
         pending = member.sent.get(frame.id)
         if pending is not None:
             pending.report = frame.written
+            # Its slot freed first: a stream its process wrote ends in the responder now, and
+            # the connection's next request may be taken at once.
+            self._settle(member, pending)
             if pending.chunks is not None:
                 pending.end_stream(STREAM_FAILED if frame.failed else None)
-            self._settle(member, pending)
 
     def _given_back_received(self, member: Member, frame: GivenBack, fd: int | None) -> None:
         self.scheduler.given_back(member, frame.id)
