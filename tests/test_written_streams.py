@@ -58,12 +58,16 @@ def test_the_chunks_reach_the_client_while_the_front_is_stopped(
     assert 0 < record["time_to_first_byte_microsecs"] < record["elapsed_microsecs"]
 
 
+@pytest.mark.parametrize(
+    "queue", [[], ["--concurrency", "1", "--max-queue", "0"]], ids=["", "no-queue"]
+)
 def test_the_connection_serves_its_next_requests_after_a_written_stream(
-    make_server: ServerFactory,
+    make_server: ServerFactory, queue: list[str]
 ):
     """Three streams asked at once on one connection (pipelined): each answer whole and in
-    order, the next one's head after the body's end of the one before."""
-    server = lending(make_server("cn_stream", "--handler", "main:async_handler"))
+    order, the next one's head after the body's end of the one before; with one slot and no
+    room to wait, each next one is admitted too: the ended stream's slot is free by then."""
+    server = lending(make_server("cn_stream", "--handler", "main:async_handler", *queue))
     requests = b"".join(get(f"/?lines=3&tag=p{index}", f"p{index}") for index in range(3))
     sock = send_and_leave(server, requests)
     try:

@@ -6,31 +6,28 @@ relays."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Iterator
+
+import pytest
 
 from abeja_runtime.frames import Call
 from abeja_runtime.front.pending import STREAM_FAILED, STREAM_LOST, PendingCall
 
 
-def _ticket(loop: asyncio.AbstractEventLoop) -> PendingCall:
-    frame = Call(1, "POST", "/", "", (), "id-1", None, b"", "", 0)
-    ticket = PendingCall(frame, loop)
-    ticket.chunks = asyncio.Queue()
-    return ticket
+@pytest.fixture
+def ticket() -> Iterator[PendingCall]:
+    loop = asyncio.new_event_loop()
+    try:
+        pending = PendingCall(Call(1, "POST", "/", "", (), "id-1", None, b"", "", 0), loop)
+        pending.chunks = asyncio.Queue()
+        yield pending
+    finally:
+        loop.close()
 
 
-def _on_a_loop(test: Callable[[PendingCall], None]) -> None:
-    async def scenario() -> None:
-        test(_ticket(asyncio.get_running_loop()))
-
-    asyncio.run(scenario())
-
-
-def test_an_end_that_comes_after_the_responder_asked_is_told_then_once() -> None:
-    _on_a_loop(_an_end_that_comes_after_the_responder_asked_is_told_then_once)
-
-
-def _an_end_that_comes_after_the_responder_asked_is_told_then_once(ticket: PendingCall) -> None:
+def test_an_end_that_comes_after_the_responder_asked_is_told_then_once(
+    ticket: PendingCall,
+) -> None:
     told: list[object] = []
     ticket.when_ended(told.append)
     assert told == []
@@ -40,11 +37,7 @@ def _an_end_that_comes_after_the_responder_asked_is_told_then_once(ticket: Pendi
     assert ticket.chunks is not None and ticket.chunks.qsize() == 1  # queued, not told twice
 
 
-def test_an_end_that_came_before_the_responder_asked_is_told_at_once() -> None:
-    _on_a_loop(_an_end_that_came_before_the_responder_asked_is_told_at_once)
-
-
-def _an_end_that_came_before_the_responder_asked_is_told_at_once(ticket: PendingCall) -> None:
+def test_an_end_that_came_before_the_responder_asked_is_told_at_once(ticket: PendingCall) -> None:
     told: list[object] = []
     ticket.end_stream(STREAM_FAILED)
     ticket.when_ended(told.append)
@@ -52,11 +45,7 @@ def _an_end_that_came_before_the_responder_asked_is_told_at_once(ticket: Pending
     assert ticket.on_end is None
 
 
-def test_a_relayed_stream_gets_its_end_after_its_chunks() -> None:
-    _on_a_loop(_a_relayed_stream_gets_its_end_after_its_chunks)
-
-
-def _a_relayed_stream_gets_its_end_after_its_chunks(ticket: PendingCall) -> None:
+def test_a_relayed_stream_gets_its_end_after_its_chunks(ticket: PendingCall) -> None:
     assert ticket.chunks is not None
     ticket.chunks.put_nowait(b"piece")
     ticket.end_stream(None)
